@@ -1,0 +1,46 @@
+# Public entry points: make models | make serve | make test  (see README.md)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+MODELS ?= models
+HOST   ?= 127.0.0.1
+PORT   ?= 50051
+METRICS_PORT ?= 9464
+
+.PHONY: venv models serve test test-fast test-deploy bench protos clean
+
+venv: $(VENV)/.installed
+
+# torch is installed first and pinned: 2.13.0 is the local CPU wheel (an unpinned torch pulls CUDA).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[export,dev]"
+	touch $@
+
+# The default model set: MiniLM embeddings + the shipped generator and translator, each through
+# the parity gate. Skips models whose directory is already verified and up to date.
+models: venv
+	$(PY) -m export models --out $(MODELS)
+
+serve: models
+	$(PY) -m service --models $(MODELS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
+
+test: venv
+	$(PY) -m pytest -q -ra tests
+
+test-fast: venv
+	$(PY) -m pytest -q -ra -m "not slow" tests
+
+test-deploy: venv
+	$(PY) -m pytest -q -ra tests/deploy
+
+bench: models
+	$(PY) -m bench.embed_throughput --models $(MODELS)
+
+protos: venv
+	$(PY) -m service.protogen
+
+clean:
+	rm -rf $(VENV) $(MODELS) .pytest_cache

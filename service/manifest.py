@@ -1,0 +1,173 @@
+"""The model directory: the only contract between `export/` (which writes it) and `service/`.
+
+A model directory holds `model.json` (this module's `Manifest`), one or more ONNX graphs and a
+`tokenizer.json`. `load_model_dir` reads and verifies one without torch or onnxruntime: every
+file named in the manifest must exist and match its sha256, and the manifest must be complete.
+A directory that does not match is refused with `ModelDirError`, whose message names the file
+and the cause. The format is documented in docs/model-directory.md.
+
+Graph roles by kind:
+- embedding:   "encoder" (input_ids, attention_mask[, token_type_ids]) -> sentence_embedding (B, C)
+- generation:  "decoder" (input_ids, attention_mask, position_ids, past_key_values.{i}.key|value)
+               -> logits, present.{i}.key|value
+- translation: "encoder" (input_ids, attention_mask) -> cross_key_values.{i}.key|value;
+               "decoder" (input_ids, attention_mask, position_ids, encoder_attention_mask,
+               cross_key_values.{i}.key|value, past_key_values.{i}.key|value) -> logits, present.{i}.*
+Each role may come in variants: "fp32" (always), "optimized", "fp16", "int8".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_FILE = "model.json"
+FORMAT_VERSION = 1
+KINDS = ("embedding", "generation", "translation")
+ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder")}
+VARIANTS = ("fp32", "optimized", "fp16", "int8")
+
+
+class ModelDirError(ValueError):
+    """A model directory that cannot be served; the message names the file and the cause."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: "int64", "float32", "float16"
+    shape: list[int | str]  # ints for fixed axes, names for dynamic ones
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    role: str
+    variant: str
+    file: str
+    sha256: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    parity: dict[str, Any] = field(default_factory=dict)  # figures measured by the gate at export
+
+    @staticmethod
+    def from_dict(d: dict) -> "GraphSpec":
+        return GraphSpec(
+            role=d["role"],
+            variant=d["variant"],
+            file=d["file"],
+            sha256=d["sha256"],
+            inputs=[TensorSpec(**t) for t in d["inputs"]],
+            outputs=[TensorSpec(**t) for t in d["outputs"]],
+            parity=d.get("parity", {}),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    kind: str
+    architecture: dict[str, Any]  # the model's dataclass config, plus "type"
+    graphs: list[GraphSpec]
+    tokenizer: dict[str, Any]  # {"file", "sha256", "type"}
+    special_tokens: dict[str, int]  # pad, bos, eos, unk, cls, sep, decoder_start: whichever apply
+    max_input_tokens: int
+    opset: int
+    versions: dict[str, str]  # torch, onnx, onnxruntime used at export
+    parity: dict[str, Any]  # the gate's figures for the whole model
+    pooling: str | None = None  # embedding: "mean" | "cls"
+    embedding_dim: int | None = None
+    max_output_tokens: int | None = None  # generation / translation
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"
+
+    @staticmethod
+    def from_dict(d: dict) -> "Manifest":
+        d = dict(d)
+        d["graphs"] = [GraphSpec.from_dict(g) for g in d["graphs"]]
+        return Manifest(**d)
+
+    def graph(self, role: str, variant: str = "fp32") -> GraphSpec:
+        for g in self.graphs:
+            if g.role == role and g.variant == variant:
+                return g
+        have = sorted({f"{g.role}/{g.variant}" for g in self.graphs})
+        raise KeyError(f"model {self.name!r} has no {role}/{variant} graph (has: {', '.join(have)})")
+
+    def variants(self, role: str) -> list[str]:
+        return [g.variant for g in self.graphs if g.role == role]
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    path: Path
+    manifest: Manifest
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_model_dir(path: str | Path, verify_hashes: bool = True) -> ModelDir:
+    """Read and verify a model directory; raises ModelDirError naming the file and the cause."""
+    path = Path(path)
+    manifest_path = path / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise ModelDirError(f"{manifest_path}: missing (not a model directory)")
+    try:
+        manifest = Manifest.from_dict(json.loads(manifest_path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, TypeError, KeyError) as e:
+        raise ModelDirError(f"{manifest_path}: malformed manifest ({type(e).__name__}: {e})") from e
+    _check_manifest(manifest, manifest_path)
+    files = [(g.file, g.sha256) for g in manifest.graphs] + [(manifest.tokenizer["file"], manifest.tokenizer["sha256"])]
+    for name, expected in files:
+        f = path / name
+        if not f.is_file():
+            raise ModelDirError(f"{f}: missing (named in {MANIFEST_FILE})")
+        if verify_hashes:
+            actual = sha256_file(f)
+            if actual != expected:
+                raise ModelDirError(
+                    f"{f}: sha256 mismatch (manifest says {expected[:16]}..., file has {actual[:16]}...); "
+                    "the file was modified or the manifest is stale: re-export the model"
+                )
+    return ModelDir(path=path, manifest=manifest)
+
+
+def _check_manifest(m: Manifest, where: Path) -> None:
+    if m.format_version != FORMAT_VERSION:
+        raise ModelDirError(f"{where}: format_version {m.format_version} unsupported (expected {FORMAT_VERSION})")
+    if m.kind not in KINDS:
+        raise ModelDirError(f"{where}: kind {m.kind!r} is not one of {', '.join(KINDS)}")
+    for role in ROLES[m.kind]:
+        if "fp32" not in m.variants(role):
+            raise ModelDirError(f"{where}: kind {m.kind} needs an fp32 {role!r} graph")
+    for g in m.graphs:
+        if g.variant not in VARIANTS or g.role not in ROLES[m.kind]:
+            raise ModelDirError(f"{where}: graph {g.file}: unknown role/variant {g.role}/{g.variant}")
+        if Path(g.file).name != g.file:
+            raise ModelDirError(f"{where}: graph file {g.file!r} must be a plain file name inside the directory")
+    if not {"file", "sha256"} <= set(m.tokenizer):
+        raise ModelDirError(f"{where}: tokenizer entry needs 'file' and 'sha256'")
+    if m.kind == "embedding" and (m.pooling not in ("mean", "cls") or not m.embedding_dim):
+        raise ModelDirError(f"{where}: an embedding model needs pooling (mean|cls) and embedding_dim")
+    if m.max_input_tokens <= 0:
+        raise ModelDirError(f"{where}: max_input_tokens must be positive")
+
+
+def discover(root: str | Path) -> list[Path]:
+    """Model directories directly under root (those holding a model.json), sorted by name."""
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file()) if root.is_dir() else []
