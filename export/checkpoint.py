@@ -1,0 +1,70 @@
+"""Trained checkpoints: the shipped form of the generator and the translator.
+
+A checkpoint directory holds
+- `config.json`: {"name", "kind": "generation"|"translation", "architecture": "gpt-decoder"|"seq2seq",
+  "config": the model's dataclass fields, "special_tokens": {...}, "max_length": int, "training": {...}};
+- `model.safetensors`: the state dict (fp16 storage is allowed; weights load back as fp32);
+- `tokenizer.json`: the `tokenizers` library's file;
+- `README.md`: the model card.
+`export checkpoint` turns one into a model directory through the parity gate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from export.decoder import DecoderConfig, GPTDecoder
+from export.seq2seq import Seq2SeqConfig, Translator
+
+ARCHITECTURES = {
+    "gpt-decoder": (GPTDecoder, DecoderConfig, "generation"),
+    "seq2seq": (Translator, Seq2SeqConfig, "translation"),
+}
+
+
+def architecture_of(model: torch.nn.Module) -> str:
+    for arch, (cls, _, _) in ARCHITECTURES.items():
+        if isinstance(model, cls):
+            return arch
+    raise TypeError(f"no checkpoint architecture for {type(model).__name__}")
+
+
+def save_checkpoint(model, out_dir, *, name: str, tokenizer_path, special_tokens: dict, max_length: int,
+                    training: dict | None = None, fp16: bool = True) -> Path:
+    """Write config.json, model.safetensors and tokenizer.json into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    arch = architecture_of(model)
+    state = {k: (v.half() if fp16 and v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"))
+    config = {
+        "name": name,
+        "kind": ARCHITECTURES[arch][2],
+        "architecture": arch,
+        "config": asdict(model.config),
+        "special_tokens": special_tokens,
+        "max_length": max_length,
+        "training": training or {},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    src = Path(tokenizer_path)
+    if src.resolve() != (out / "tokenizer.json").resolve():
+        (out / "tokenizer.json").write_bytes(src.read_bytes())
+    return out
+
+
+def load_checkpoint(path) -> tuple[torch.nn.Module, dict]:
+    """-> (model in eval mode with fp32 weights, the config.json dict). The tokenizer is path/tokenizer.json."""
+    path = Path(path)
+    meta = json.loads((path / "config.json").read_text())
+    cls, cfg_cls, _ = ARCHITECTURES[meta["architecture"]]
+    known = {f.name for f in fields(cfg_cls)}
+    model = cls(cfg_cls(**{k: v for k, v in meta["config"].items() if k in known}))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "model.safetensors")).items()}
+    model.load_state_dict(state)
+    return model.eval(), meta

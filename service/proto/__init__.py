@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs for protos/inference/v1 (`make protos` regenerates them)."""
