@@ -68,3 +68,32 @@ def load_checkpoint(path) -> tuple[torch.nn.Module, dict]:
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "model.safetensors")).items()}
     model.load_state_dict(state)
     return model.eval(), meta
+
+
+def save_training_state(path, *, model, optimizer, scheduler_state: dict, step: int, extra: dict) -> None:
+    """Everything a resumed run needs to continue exactly: weights (fp32), AdamW moments, the
+    schedule, the step, the data cursor and the RNG states. Written atomically (tmp + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": scheduler_state,
+        "step": step,
+        "extra": extra,
+        "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_training_state(path, *, model, optimizer) -> dict:
+    """Restore weights, optimizer and RNG states in place; returns the saved dict (step, schedule, extra)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state

@@ -1,0 +1,171 @@
+"""Model directory builds: export, parity gate, variants, manifest; and the CLI commands.
+
+`python -m export models|minilm|checkpoint|tiny ...` (dispatched from export/__main__.py; each
+command's `main(argv)` gets argv with the command name first). Every build goes through
+`build_embedding` / `build_generation` / `build_translation`: fp32 graphs -> the parity gate ->
+requested variants (each measured, see export/parity.py) -> tokenizer.json -> model.json, written
+in a staging folder and moved into place only when everything passed.
+
+Tokenizer policy (docs/model-directory.md): tokenizer.json never pads (the service pads each
+batch); an embedding model's tokenizer truncates at max_input_tokens (keeping [CLS]/[SEP], as
+sentence-transformers does); generation and translation tokenizers do not truncate, the service
+checks lengths against max_input_tokens. The tokenizer's post-processor adds exactly the special
+tokens the model expects, so `tokenizer.encode(text).ids` is the model's input as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from export import onnx_export as ox
+from export import parity
+from export.modeldir import GraphFile, publish, staging_dir, write_manifest
+from service.manifest import ModelDir
+
+log = logging.getLogger(__name__)
+
+VARIANT_ORDER = ("optimized", "fp16", "int8")
+# Varied inputs for the gate: lengths, punctuation, digits, non-ASCII, one long enough to truncate.
+GATE_TEXTS = [
+    "Hello world.",
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on the street while people walk by.",
+    "Überraschung! Ça coûte 12,50 € — naïve café, Straße, 東京, Привет.",
+    "I'm not sure that's right; could you check again?",
+    "Once upon a time, there was a little girl who loved to read books about dragons and castles.",
+    " ".join(f"token{i} is number {i} of a long repetitive sentence," for i in range(60)),
+    "?",
+]
+
+
+def _parity_figures(figures: dict) -> dict:
+    return {**figures, "thresholds": {"encoder_min_cos": parity.ENCODER_MIN_COS,
+                                      "logits_max_abs": parity.LOGITS_MAX_ABS,
+                                      "greedy_new_tokens": parity.GREEDY_NEW_TOKENS}}
+
+
+def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_args: dict[str, tuple],
+                     fp16_keep_io: bool, measure: Callable[[str, dict[str, Path]], dict]) -> list[GraphFile]:
+    """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
+
+    fp16 and int8 start from the optimized graph when it was built (fused graphs run faster).
+    """
+    graphs, base = [], dict(fp32)
+    for variant in [v for v in VARIANT_ORDER if v in variants]:
+        paths = {role: staging / f"{role}.{variant}.onnx" for role in fp32}
+        started = time.perf_counter()
+        extra = {}
+        for role, dst in paths.items():
+            if variant == "optimized":
+                extra[f"{role}_fused_ops"] = ox.make_optimized(base[role], dst, *optimize_args[role])
+            elif variant == "fp16":
+                ox.make_fp16(base[role], dst, keep_io_types=fp16_keep_io)
+            else:
+                ox.make_int8(base[role], dst)
+        figures = {**measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
+        graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
+        if variant == "optimized":
+            base = paths
+    return graphs
+
+
+def _build(out: Path, body: Callable[[Path], dict]) -> ModelDir:
+    """Run body(staging) -> manifest fields incl. graphs; write, verify and publish, or clean up."""
+    staging = staging_dir(out)
+    try:
+        fields = body(staging)
+        write_manifest(staging, **fields)
+        return publish(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
+                    variants=(), extra: dict | None = None) -> ModelDir:
+    cfg = model.config
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(cfg.max_length)
+    seqs = [tokenizer.encode(t).ids for t in GATE_TEXTS]
+    batches = [seqs, seqs[:3], seqs[5:7], [seqs[-1]]]  # mixed lengths; the long one truncated to max_length
+
+    def body(staging: Path) -> dict:
+        started = time.perf_counter()
+        fp32 = staging / "encoder.onnx"
+        ox.export_encoder(model, fp32)
+        figures = parity.encoder_parity(model, fp32, batches, cfg.pad_token_id)
+        figures["export_seconds"] = round(time.perf_counter() - started, 2)
+        graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
+        graphs += _derive_variants(
+            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, True,
+            lambda v, p: parity.encoder_parity(model, p["encoder"], batches, cfg.pad_token_id, v))
+        tokenizer.save(str(staging / "tokenizer.json"))
+        return dict(graphs=graphs, name=name, kind="embedding", architecture={"type": "bert-encoder", **asdict(cfg)},
+                    special_tokens=special_tokens, max_input_tokens=cfg.max_length, parity=_parity_figures(figures),
+                    pooling=cfg.pooling, embedding_dim=cfg.d_model, extra=extra or {})
+
+    return _build(out, body)
+
+
+def _prompts(tokenizer: Tokenizer, limit: int, count: int = 4) -> list[list[int]]:
+    """Gate prompts of different lengths (at least 1, at most limit tokens)."""
+    return [tokenizer.encode(t).ids[: max(1, limit - 3 * i)] for i, t in enumerate(GATE_TEXTS[:count])]
+
+
+def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
+                     max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None) -> ModelDir:
+    cfg = model.config
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    prompts = _prompts(tokenizer, min(24, cfg.max_positions - parity.GREEDY_NEW_TOKENS))
+
+    def body(staging: Path) -> dict:
+        started = time.perf_counter()
+        fp32 = staging / "decoder.onnx"
+        ox.export_decoder(model, fp32)
+        figures = parity.decoder_parity(model, fp32, prompts)
+        figures["export_seconds"] = round(time.perf_counter() - started, 2)
+        graphs = [GraphFile("decoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
+        graphs += _derive_variants(
+            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, False,
+            lambda v, p: parity.decoder_parity(model, p["decoder"], prompts, v))
+        tokenizer.save(str(staging / "tokenizer.json"))
+        return dict(graphs=graphs, name=name, kind="generation", architecture={"type": "gpt-decoder", **asdict(cfg)},
+                    special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
+                    max_output_tokens=max_output_tokens, extra=extra or {})
+
+    return _build(out, body)
+
+
+def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
+                      max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None) -> ModelDir:
+    cfg = model.config
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    sources = _prompts(tokenizer, min(32, cfg.max_positions))
+    args = (cfg.n_heads, cfg.d_model)
+
+    def body(staging: Path) -> dict:
+        started = time.perf_counter()
+        fp32 = {"encoder": staging / "encoder.onnx", "decoder": staging / "decoder.onnx"}
+        ox.export_translator(model, fp32["encoder"], fp32["decoder"])
+        figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources)
+        figures["export_seconds"] = round(time.perf_counter() - started, 2)
+        graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
+        graphs += _derive_variants(
+            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, False,
+            lambda v, p: parity.translator_parity(model, p["encoder"], p["decoder"], sources, v))
+        tokenizer.save(str(staging / "tokenizer.json"))
+        return dict(graphs=graphs, name=name, kind="translation", architecture={"type": "seq2seq", **asdict(cfg)},
+                    special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
+                    max_output_tokens=max_output_tokens, extra=extra or {})
+
+    return _build(out, body)

@@ -1,0 +1,160 @@
+"""Quality figures for the trained models, computed in PyTorch.
+
+- translator: sacrebleu BLEU (default 13a tokenisation) and chrF on a grouped split, multi-reference
+  (every French translation of an English sentence is a reference; sentences with fewer references
+  pad the reference streams with None, which sacrebleu skips), decoding greedy (the model's own
+  `greedy_decode`, the reference the ONNX loop must match) or beam search (`beam_search`).
+- generator: held-out perplexity over non-overlapping context windows, and sampled stories.
+
+`python -m export.evaluate translator|generator CHECKPOINT_DIR [...]` prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from export import data
+
+log = logging.getLogger(__name__)
+
+
+def encode_sources(tok: Tokenizer, sentences: list[str], max_len: int) -> list[list[int]]:
+    """Source ids ending in </s> (the tokenizer's post-processor adds it), cut to max_len."""
+    out = []
+    for enc in tok.encode_batch(sentences):
+        ids = enc.ids
+        out.append(ids if len(ids) <= max_len else ids[: max_len - 1] + [ids[-1]])
+    return out
+
+
+@torch.no_grad()
+def translate(model, tok: Tokenizer, sentences: list[str], *, beam: int = 1, max_len: int = 64,
+              batch_size: int = 64) -> list[str]:
+    """Translate in length-sorted batches; beam=1 is greedy (`Translator.greedy_decode`)."""
+    model.eval()
+    cfg = model.config
+    device = next(model.parameters()).device
+    src = encode_sources(tok, sentences, max_len)
+    order = sorted(range(len(src)), key=lambda i: len(src[i]))
+    hyps: list[str] = [""] * len(src)
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        ids, mask = data.pad([src[i] for i in idx], cfg.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        limit = min(max_len, int(ids.shape[1] * 1.5) + 10)
+        if beam == 1:
+            outs = model.greedy_decode(ids, mask, limit)
+        else:
+            outs = beam_search(model, ids, mask, beam_size=beam, max_length=limit)
+        for i, out in zip(idx, outs):
+            hyps[i] = tok.decode(out, skip_special_tokens=True)
+    return hyps
+
+
+def translation_scores(hyps: list[str], refs: list[list[str]]) -> dict:
+    """Corpus BLEU and chrF against a variable number of references per sentence."""
+    width = max(len(r) for r in refs)
+    streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
+    bleu = sacrebleu.corpus_bleu(hyps, streams)
+    chrf = sacrebleu.corpus_chrf(hyps, streams)
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_signature": str(bleu.format(signature=True)),
+            "sentences": len(hyps), "references": sum(len(r) for r in refs)}
+
+
+def evaluate_translator(model, tok: Tokenizer, items: list[tuple[str, list[str]]], *, beam: int = 1,
+                        max_len: int = 64) -> tuple[dict, list[str]]:
+    hyps = translate(model, tok, [en for en, _ in items], beam=beam, max_len=max_len)
+    return translation_scores(hyps, [refs for _, refs in items]), hyps
+
+
+@torch.no_grad()
+def perplexity(model, windows: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """exp(mean next-token NLL) over every predicted token of the held-out windows."""
+    model.eval()
+    device = next(model.parameters()).device
+    nll, count = 0.0, 0
+    for x, y in windows:
+        logits, _ = model(x.to(device))
+        nll += float(F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), reduction="sum"))
+        count += y.numel()
+    return {"perplexity": round(math.exp(nll / count), 3), "nll": round(nll / count, 4), "tokens": count}
+
+
+@torch.no_grad()
+def sample_stories(model, tok: Tokenizer, prompts: list[str], *, max_new_tokens: int = 200,
+                   temperature: float = 0.8, top_k: int = 40, seed: int = 0) -> list[str]:
+    """Top-k sampled continuations of each prompt (the prompt gets the leading <|endoftext|>)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    eos = model.config.eos_token_id
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([tok.encode(prompt).ids])  # (1, T)
+        for _ in range(max_new_tokens):
+            logits, _ = model(ids[:, -model.config.max_positions :])
+            top = torch.topk(logits[0, -1] / temperature, top_k)
+            nxt = top.indices[torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen)]
+            if int(nxt) == eos:
+                break
+            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        out.append(tok.decode(ids[0].tolist(), skip_special_tokens=True))
+    return out
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m export.evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("kind", choices=["generator", "translator"])
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--data", type=Path, help="corpus (default: the shared corpus for the kind)")
+    p.add_argument("--split", choices=["dev", "test"], default="test")
+    p.add_argument("--beam", type=int, nargs="+", default=[1, 4], help="beam sizes to score (1 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="split seed used in training")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: all)")
+    p.add_argument("--hyps-out", type=Path, help="write hypotheses (translator) or samples (generator) here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from export.checkpoint import load_checkpoint
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, meta = load_checkpoint(args.checkpoint)
+    tok = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
+    path = args.data or data.DEFAULT_DATA[args.kind]
+    seed = meta.get("training", {}).get("seed", args.seed)
+    result: dict = {"checkpoint": str(args.checkpoint), "split": args.split}
+    if args.kind == "translator":
+        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed)
+        items = split.test if args.split == "test" else split.dev
+        texts = []
+        for beam in args.beam:
+            scores, hyps = evaluate_translator(model, tok, items, beam=beam, max_len=meta["max_length"])
+            result["greedy" if beam == 1 else f"beam{beam}"] = scores
+            texts += [f"[beam {beam}] {en}\t{h}" for (en, _), h in zip(items, hyps)]
+    else:
+        _, held = data.split_stories(data.load_stories(path), seed=seed)
+        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch(held)], model.config.eos_token_id)
+        result["heldout"] = perplexity(model, data.stream_windows(stream, model.config.max_positions))
+        texts = sample_stories(model, tok, ["Once upon a time", "Tom and Lily went to the park.", "One day, a little"])
+        result["samples"] = texts
+    if args.hyps_out:
+        args.hyps_out.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""PyTorch models -> ONNX graphs named as the model directory contract says (service/manifest.py).
+
+Each model family gets a thin wrapper module whose positional inputs and flat outputs carry the
+contract's tensor names, then `torch.onnx.export(..., dynamo=False, opset_version=17)` (the
+TorchScript exporter: its graphs fuse fully under onnxruntime's transformer optimizer, see
+/work/shared/FACTS.md). KV tensors are named `past_key_values.{i}.key|value` ->
+`present.{i}.key|value` (optimum's convention); prefill feeds an empty past (B, H, 0, D), so one
+decoder graph serves both prefill and decode, with no If node.
+
+The decoder is traced with a non-empty past and distinct batch / new / past lengths, so no
+dynamic axis is frozen to an example size; the parity gate then runs the graph at past 0 and > 0.
+Variants (optimized, fp16, int8) are derived from the fp32 graph by the `make_*` functions at
+the bottom of this module; `graph_io` reads back what a graph file really declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from export.decoder import GPTDecoder
+from export.encoder import SentenceEncoder
+from export.seq2seq import Translator
+from service.manifest import TensorSpec
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+# Example sizes used only for tracing; all different so the exporter cannot confuse the axes.
+_B, _T, _P, _S = 2, 5, 3, 7
+
+
+def _flat(pairs) -> list[torch.Tensor]:
+    return [t for kv in pairs for t in kv]
+
+
+def _pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def kv_names(prefix: str, n_layers: int) -> list[str]:
+    """['prefix.0.key', 'prefix.0.value', 'prefix.1.key', ...]"""
+    return [f"{prefix}.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+class EncoderGraph(nn.Module):
+    """(input_ids, attention_mask) -> sentence_embedding (B, C), pooled, not normalised."""
+
+    def __init__(self, model: SentenceEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids, attention_mask)
+
+
+class DecoderGraph(nn.Module):
+    """(input_ids, attention_mask, position_ids, *past) -> (logits, *present)."""
+
+    def __init__(self, model: GPTDecoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        logits, present = self.model(input_ids, attention_mask, position_ids, _pairs(past))
+        return (logits, *_flat(present))
+
+
+class TranslatorEncoderGraph(nn.Module):
+    """(input_ids, attention_mask) -> *cross_key_values (one K/V pair per decoder layer)."""
+
+    def __init__(self, model: Translator):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return tuple(_flat(self.model.encode(input_ids, attention_mask)))
+
+
+class TranslatorDecoderGraph(nn.Module):
+    """(input_ids, attention_mask, position_ids, encoder_attention_mask, *cross, *past) -> (logits, *present)."""
+
+    def __init__(self, model: Translator):
+        super().__init__()
+        self.model = model
+        self.n_flat = 2 * model.config.n_decoder_layers
+
+    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *kv):
+        cross, past = _pairs(kv[: self.n_flat]), _pairs(kv[self.n_flat :])
+        logits, present = self.model.decode(input_ids, attention_mask, position_ids, past, cross, encoder_attention_mask)
+        return (logits, *_flat(present))
+
+
+def _ids(name: str, *axes: str) -> TensorSpec:
+    return TensorSpec(name, "int64", list(axes))
+
+
+def _kv(names: list[str], heads: int, head_dim: int, length_axis: str, dtype: str) -> list[TensorSpec]:
+    return [TensorSpec(n, dtype, ["batch", heads, length_axis, head_dim]) for n in names]
+
+
+def encoder_specs(model: SentenceEncoder) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "sequence")]
+    return inputs, [TensorSpec("sentence_embedding", "float32", ["batch", model.config.d_model])]
+
+
+def decoder_specs(model: GPTDecoder, dtype: str = "float32") -> tuple[list[TensorSpec], list[TensorSpec]]:
+    cfg = model.config
+    heads, hd = cfg.n_heads, cfg.d_model // cfg.n_heads
+    inputs = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "total_sequence"),
+              _ids("position_ids", "batch", "sequence")]
+    inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "past_sequence", dtype)
+    outputs = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
+    outputs += _kv(kv_names("present", cfg.n_layers), heads, hd, "total_sequence", dtype)
+    return inputs, outputs
+
+
+def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tuple[list[TensorSpec], list[TensorSpec]]]:
+    cfg = model.config
+    heads, hd, n = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.n_decoder_layers
+    cross = _kv(kv_names("cross_key_values", n), heads, hd, "source_sequence", dtype)
+    enc_in = [_ids("input_ids", "batch", "source_sequence"), _ids("attention_mask", "batch", "source_sequence")]
+    dec_in = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "total_sequence"),
+              _ids("position_ids", "batch", "sequence"), _ids("encoder_attention_mask", "batch", "source_sequence")]
+    dec_in += cross + _kv(kv_names("past_key_values", n), heads, hd, "past_sequence", dtype)
+    dec_out = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
+    dec_out += _kv(kv_names("present", n), heads, hd, "total_sequence", dtype)
+    return {"encoder": (enc_in, cross), "decoder": (dec_in, dec_out)}
+
+
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+    dynamic_axes = {t.name: {i: a for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs + outputs}
+    with torch.no_grad(), warnings.catch_warnings():
+        # head_dim (a fixed model size) is read from a shape in the attention scale: expected.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        torch.onnx.export(
+            module.eval(), args, str(path),
+            input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
+            dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+        )
+    onnx.checker.check_model(str(path))
+    log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
+
+
+def _example_ids(vocab: int, batch: int, length: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+def _example_kv(batch: int, heads: int, length: int, head_dim: int, count: int) -> list[torch.Tensor]:
+    return [torch.randn(batch, heads, length, head_dim) for _ in range(count)]
+
+
+def export_encoder(model: SentenceEncoder, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs, outputs = encoder_specs(model)
+    ids = _example_ids(model.config.vocab_size, _B, _T)
+    _export(EncoderGraph(model), (ids, torch.ones_like(ids)), path, inputs, outputs)
+    return inputs, outputs
+
+
+def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    cfg = model.config
+    inputs, outputs = decoder_specs(model)
+    ids = _example_ids(cfg.vocab_size, _B, _T)
+    mask = torch.ones(_B, _P + _T, dtype=torch.long)  # (B, P+T)
+    positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
+    past = _example_kv(_B, cfg.n_heads, _P, cfg.d_model // cfg.n_heads, 2 * cfg.n_layers)
+    _export(DecoderGraph(model), (ids, mask, positions, *past), path, inputs, outputs)
+    return inputs, outputs
+
+
+def export_translator(model: Translator, encoder_path: Path, decoder_path: Path) -> dict:
+    """Two graphs; returns {"encoder": (inputs, outputs), "decoder": (inputs, outputs)}."""
+    cfg = model.config
+    specs = translator_specs(model)
+    heads, hd, n = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.n_decoder_layers
+    src = _example_ids(cfg.vocab_size, _B, _S)
+    _export(TranslatorEncoderGraph(model), (src, torch.ones_like(src)), encoder_path, *specs["encoder"])
+    tgt = _example_ids(cfg.vocab_size, _B, _T)
+    mask = torch.ones(_B, _P + _T, dtype=torch.long)  # (B, P+T)
+    positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
+    cross = _example_kv(_B, heads, _S, hd, 2 * n)
+    past = _example_kv(_B, heads, _P, hd, 2 * n)
+    args = (tgt, mask, positions, torch.ones_like(src), *cross, *past)
+    _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"])
+    return specs
+
+
+# ---- variants, derived from the fp32 graph; the gate measures each against PyTorch ---------------
+
+def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model: int) -> dict[str, int]:
+    """onnxruntime's transformer optimizer (fusions); -> the fused operator counts.
+
+    model_type "bert" for encoders (EmbedLayerNormalization, Attention, BiasGelu,
+    SkipLayerNormalization), "gpt2" for decoders (LayerNorm / Gelu / SkipLayerNorm fusions; our
+    mask-and-cache attention is left unfused, which the gate checks is still exact).
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = optimize_model(str(src), model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
+    model.save_model_to_file(str(dst))
+    counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
+    log.info("optimized %s -> %s: %s", src.name, dst.name, counts)
+    return counts
+
+
+def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
+    """float16 weights and compute (for GPU). keep_io_types=True keeps float32 inputs/outputs.
+
+    The converter clamps constants to +-1e4, so the masks' float32 minimum becomes -1e4 rather
+    than -inf and a fully masked row still gives finite values.
+    """
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=keep_io_types)
+    onnx.save(model, str(dst))
+
+
+def make_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 quantisation for CPU: per-channel weights, reduce_range (AVX2 without VNNI),
+    embeddings (Gather / EmbedLayerNormalization) left in fp32 (FACTS.md: the accurate setting)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src), str(dst), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Attention"],
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+
+
+_ONNX_DTYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+                onnx.TensorProto.INT32: "int32"}
+
+
+def graph_io(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The inputs and outputs an ONNX file really declares (names, dtypes, fixed / named axes)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+
+    def spec(value) -> TensorSpec:
+        t = value.type.tensor_type
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+        return TensorSpec(value.name, _ONNX_DTYPES.get(t.elem_type, str(t.elem_type)), shape)
+
+    return [spec(v) for v in graph.input if v.name not in initializers], [spec(v) for v in graph.output]

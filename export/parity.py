@@ -1,0 +1,243 @@
+"""The parity gate: every exported graph must compute what the PyTorch model computes.
+
+Run at every export; a miss raises `ParityError` and no model directory is written. Checks:
+- embedding: cosine of the ONNX sentence embedding vs PyTorch >= 0.99999 on batches that mix
+  short and long (up to the maximum length) inputs, padded to the batch's longest;
+- generation / translation: logits max abs diff <= 1e-4 (fp32) at prefill (empty past) and at
+  decode steps with past > 0, on left-padded batches of different lengths (attention_mask +
+  position_ids); greedy tokens of a batched ONNX KV-cache loop identical to the PyTorch no-cache
+  reference (`GPTDecoder.generate`, `Translator.greedy_decode`, EOS stopping disabled so every
+  row runs the full length) for >= 64 new tokens.
+Derived variants (optimized, fp16, int8) are measured against the same references; their
+thresholds are in `VARIANT_LIMITS`. The figures returned go into the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+log = logging.getLogger(__name__)
+
+ENCODER_MIN_COS = 0.99999
+LOGITS_MAX_ABS = 1e-4
+GREEDY_NEW_TOKENS = 64
+# Per variant: (min embedding cosine, max logits abs diff or None = recorded only, greedy must match).
+VARIANT_LIMITS = {
+    "fp32": (ENCODER_MIN_COS, LOGITS_MAX_ABS, True),
+    "optimized": (ENCODER_MIN_COS, LOGITS_MAX_ABS, True),
+    "fp16": (0.999, None, False),
+    "int8": (0.95, None, False),
+}
+
+Past = list[np.ndarray]  # flat: layer 0 key, layer 0 value, layer 1 key, ...
+Step = Callable[[np.ndarray, np.ndarray, np.ndarray, Past | None], tuple[np.ndarray, Past]]
+
+
+class ParityError(RuntimeError):
+    """An exported graph does not match its PyTorch model; the message says which check and by how much."""
+
+
+def session(path: Path) -> ort.InferenceSession:
+    """A CPU session with one thread: deterministic, and polite on a shared 2-core machine."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    """-> ids, attention_mask (B, L) padded to the longest row, on the left or the right."""
+    longest = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(seqs), longest), dtype=np.int64)
+    for row, s in enumerate(seqs):
+        cols = slice(longest - len(s), longest) if left else slice(0, len(s))
+        ids[row, cols], mask[row, cols] = s, 1
+    return ids, mask
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-30)
+
+
+def _fail(what: str, value: float, limit: float) -> None:
+    raise ParityError(f"parity gate: {what} = {value:.3g}, limit {limit:g}")
+
+
+# ---- embedding ----------------------------------------------------------------------------------
+
+def encoder_parity(model, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int,
+                   variant: str = "fp32") -> dict:
+    """ONNX embeddings vs PyTorch (pooled, unnormalised) on right-padded batches."""
+    sess = session(graph)
+    cos, diff, n = [], 0.0, 0
+    for batch in batches:
+        ids, mask = pad_batch(batch, pad_id, left=False)
+        with torch.no_grad():
+            ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()  # (B, C)
+        got = sess.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float32)
+        cos.append(_cos(ref, got))
+        diff = max(diff, float(np.abs(ref - got).max()))
+        n += len(batch)
+    cos_min = float(np.concatenate(cos).min())
+    figures = {"cos_min": cos_min, "cos_mean": float(np.concatenate(cos).mean()), "max_abs_diff": diff, "inputs": n}
+    limit = VARIANT_LIMITS[variant][0]
+    if cos_min < limit:
+        _fail(f"{variant} encoder cosine vs PyTorch (min over {n} inputs)", cos_min, limit)
+    return figures
+
+
+# ---- decoding steps -----------------------------------------------------------------------------
+
+def onnx_step(sess: ort.InferenceSession, fixed: dict[str, np.ndarray] | None = None) -> Step:
+    """A decoding step through an ONNX decoder graph; float inputs are cast to the graph's dtype."""
+    past_names = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    float_type = {i.name: np.float16 if i.type == "tensor(float16)" else np.float32 for i in sess.get_inputs()}
+    fixed = {k: v.astype(float_type[k]) if v.dtype.kind == "f" else v for k, v in (fixed or {}).items()}
+
+    def step(ids, mask, pos, past):
+        if past is None:
+            kv_shape = sess.get_inputs()[len(sess.get_inputs()) - 1].shape
+            past = [np.zeros((ids.shape[0], kv_shape[1], 0, kv_shape[3]), np.float32)] * len(past_names)
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **fixed}
+        feeds.update({n: p.astype(float_type[n]) for n, p in zip(past_names, past)})
+        logits, *present = sess.run(None, feeds)
+        return logits.astype(np.float32), [p.astype(np.float32) for p in present]
+
+    return step
+
+
+def torch_step(fn: Callable) -> Step:
+    """Wraps fn(ids, mask, pos, past pairs | None) -> (logits, present pairs) into a numpy Step."""
+
+    def step(ids, mask, pos, past):
+        pairs = None if past is None else [(torch.from_numpy(past[i]), torch.from_numpy(past[i + 1]))
+                                           for i in range(0, len(past), 2)]
+        with torch.no_grad():
+            logits, present = fn(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos), pairs)
+        return logits.numpy(), [t.numpy() for kv in present for t in kv]
+
+    return step
+
+
+def prompt_positions(mask: np.ndarray) -> np.ndarray:
+    """Position ids for a left-padded batch: 0 at each row's first real token (pads get 0)."""
+    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
+
+
+def logits_parity(ref: Step, got: Step, prompts: Sequence[Sequence[int]], pad_id: int, vocab: int) -> dict:
+    """Max abs logits diff at prefill (past 0) and at two decode steps (past > 0), left-padded batch."""
+    ids, mask = pad_batch(prompts, pad_id, left=True)
+    pos = prompt_positions(mask)
+    (ref_logits, ref_past), (got_logits, got_past) = ref(ids, mask, pos, None), got(ids, mask, pos, None)
+    valid = mask.astype(bool)  # (B, L): compare real tokens only; padded rows are fully masked
+    prefill = float(np.abs(ref_logits - got_logits)[valid].max())
+    decode, past_lengths = 0.0, []
+    rng = np.random.default_rng(0)
+    for new in (3, 1):
+        past_lengths.append(mask.shape[1])
+        ids = rng.integers(0, vocab, (len(prompts), new), dtype=np.int64)  # (B, T)
+        pos = pos[:, -1:] + 1 + np.arange(new)[None, :]  # (B, T)
+        mask = np.concatenate([mask, np.ones((len(prompts), new), np.int64)], axis=1)  # (B, P+T)
+        (ref_logits, ref_past), (got_logits, got_past) = ref(ids, mask, pos, ref_past), got(ids, mask, pos, got_past)
+        decode = max(decode, float(np.abs(ref_logits - got_logits).max()))
+    return {"prefill_max_abs_diff": prefill, "decode_max_abs_diff": decode, "decode_past_lengths": past_lengths}
+
+
+def greedy_loop(step: Step, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, n_new: int) -> np.ndarray:
+    """Batched greedy decoding with the KV cache: prefill, then one token per step. -> (B, n_new)."""
+    past, out = None, []
+    for _ in range(n_new):
+        logits, past = step(ids, mask, pos, past)
+        ids = logits[:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
+        out.append(ids)
+        mask = np.concatenate([mask, np.ones_like(ids)], axis=1)  # (B, P+1)
+        pos = pos[:, -1:] + 1  # (B, 1)
+    return np.concatenate(out, axis=1)
+
+
+def compare_tokens(ref: Sequence[Sequence[int]], got: np.ndarray, exact: bool, what: str) -> dict:
+    """Token agreement of greedy continuations; with exact=True any difference fails the gate."""
+    agree = []
+    for row, (r, g) in enumerate(zip(ref, got.tolist())):
+        first = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r))
+        if exact and (first < len(r) or len(g) != len(r)):
+            raise ParityError(f"parity gate: {what}: sequence {row} differs from the PyTorch reference at "
+                              f"new token {first} (reference {r[first:first + 4]}, onnx {g[first:first + 4]})")
+        agree.append(first / len(r))
+    return {"greedy_new_tokens": len(ref[0]), "greedy_sequences": len(ref),
+            "greedy_prefix_agreement": float(np.mean(agree)), "greedy_identical": all(a == 1.0 for a in agree)}
+
+
+def _check_logits(figures: dict, variant: str, what: str) -> None:
+    limit = VARIANT_LIMITS[variant][1]
+    for key in ("prefill_max_abs_diff", "decode_max_abs_diff"):
+        if limit is not None and figures[key] > limit:
+            _fail(f"{variant} {what} {key.replace('_', ' ')}", figures[key], limit)
+
+
+# ---- generation ---------------------------------------------------------------------------------
+
+def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant: str = "fp32",
+                   n_new: int = GREEDY_NEW_TOKENS) -> dict:
+    """GPT decoder graph vs `GPTDecoder`: logits at prefill and decode, greedy tokens vs `generate`."""
+    cfg = model.config
+    if max(len(p) for p in prompts) + n_new > cfg.max_positions:
+        raise ValueError(f"prompts too long for {n_new} new tokens within max_positions {cfg.max_positions}")
+    got = onnx_step(session(graph))
+    figures = logits_parity(torch_step(model), got, prompts, cfg.pad_token_id, cfg.vocab_size)
+    _check_logits(figures, variant, "decoder logits")
+    reference = [model.generate(torch.tensor([p]), n_new, stop_at_eos=False)[0, len(p):].tolist() for p in prompts]
+    ids, mask = pad_batch(prompts, cfg.pad_token_id, left=True)
+    tokens = greedy_loop(got, ids, mask, prompt_positions(mask), n_new)
+    figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} decoder greedy"))
+    return figures
+
+
+# ---- translation --------------------------------------------------------------------------------
+
+def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: Sequence[Sequence[int]],
+                      variant: str = "fp32", n_new: int = GREEDY_NEW_TOKENS) -> dict:
+    """Encoder + decoder graphs vs `Translator.encode/decode`, greedy tokens vs `greedy_decode`."""
+    cfg = model.config
+    src, src_mask = pad_batch(sources, cfg.pad_token_id, left=False)
+    cross = session(encoder_graph).run(None, {"input_ids": src, "attention_mask": src_mask})
+    with torch.no_grad():
+        ref_cross = model.encode(torch.from_numpy(src), torch.from_numpy(src_mask))
+    valid = src_mask.astype(bool)[:, None, :, None]  # (B, 1, S, 1): padded source slots are never attended
+    cross_diff = max(float(np.abs(np.where(valid, r.numpy() - c.astype(np.float32), 0)).max())
+                     for r, c in zip([t for kv in ref_cross for t in kv], cross))
+    got = onnx_step(session(decoder_graph), {"encoder_attention_mask": src_mask,
+                                             **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
+                                                for i, c in enumerate(cross)}})
+    ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(src_mask)))
+    prompts = [[cfg.bos_token_id, *s[: i + 1]] for i, s in enumerate(sources)]  # target prefixes, lengths differ
+    figures = {"cross_kv_max_abs_diff": cross_diff,
+               **logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size)}
+    _check_logits(figures, variant, "translator decoder logits")
+    if VARIANT_LIMITS[variant][1] is not None and cross_diff > VARIANT_LIMITS[variant][1]:
+        _fail(f"{variant} translator encoder cross K/V max abs diff", cross_diff, VARIANT_LIMITS[variant][1])
+    reference = _reference_translations(model, sources, n_new)
+    start = np.full((len(sources), 1), cfg.bos_token_id, np.int64)
+    tokens = greedy_loop(got, start, np.ones_like(start), np.zeros_like(start), n_new)
+    figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} translator greedy"))
+    return figures
+
+
+def _reference_translations(model, sources: Sequence[Sequence[int]], n_new: int) -> list[list[int]]:
+    """`greedy_decode` per source, EOS stopping disabled (eos id -1) so every row has n_new tokens."""
+    original = model.config
+    model.config = dataclasses.replace(original, eos_token_id=-1)
+    try:
+        return [model.greedy_decode(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), n_new)[0]
+                for s in sources]
+    finally:
+        model.config = original

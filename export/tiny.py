@@ -1,0 +1,100 @@
+"""Tiny random-weight models of each kind, exported through the real pipeline (tests, smoke checks).
+
+Weights are seeded, so a tiny model directory is reproducible. The tokenizers are byte-level BPE
+with no merges (every UTF-8 byte is one token, plus the kind's special tokens): built in code,
+nothing to download or train, and any text round-trips. Weights are drawn wider than the usual
+0.02 init so greedy decoding produces varied tokens (a model that repeats one token would hide
+KV-cache bugs).
+
+Directory names used by the test fixtures: tiny-embed, tiny-gpt, tiny-translate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from torch import nn
+
+from export.build import build_embedding, build_generation, build_translation
+from export.decoder import DecoderConfig, GPTDecoder
+from export.encoder import EncoderConfig, SentenceEncoder
+from export.seq2seq import Seq2SeqConfig, Translator
+from service.manifest import ModelDir
+
+NAMES = {"embedding": "tiny-embed", "generation": "tiny-gpt", "translation": "tiny-translate"}
+SPECIALS = {
+    "embedding": ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
+    "generation": ["<|endoftext|>"],
+    "translation": ["<pad>", "<s>", "</s>", "<unk>"],
+}
+MAX_INPUT_TOKENS = {"embedding": 48, "generation": 48, "translation": 48}
+MAX_OUTPUT_TOKENS = 64
+SEED = 1234
+
+
+def byte_tokenizer(kind: str) -> Tokenizer:
+    """Byte-level BPE without merges; special tokens take the first ids."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(SPECIALS[kind] + alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(SPECIALS[kind])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    ids = {t: vocab[t] for t in SPECIALS[kind]}
+    if kind == "embedding":
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    elif kind == "generation":
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", ids["<|endoftext|>"])])
+    else:
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", ids["</s>"])])
+    return tok
+
+
+def _widen(model: nn.Module, std: float) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+    return model.eval()
+
+
+def tiny_model(kind: str, vocab_size: int) -> nn.Module:
+    torch.manual_seed(SEED)
+    if kind == "embedding":
+        cfg = EncoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
+                            max_length=MAX_INPUT_TOKENS["embedding"])
+        return _widen(SentenceEncoder(cfg), 0.5)
+    if kind == "generation":
+        cfg = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
+        return _widen(GPTDecoder(cfg), 0.3)
+    cfg = Seq2SeqConfig(vocab_size=vocab_size, d_model=32, n_encoder_layers=2, n_decoder_layers=2, n_heads=4,
+                        d_ff=64, max_positions=160, dropout=0.0)
+    return _widen(Translator(cfg), 0.3)
+
+
+def build_tiny(kind: str, out: Path, variants=()) -> ModelDir:
+    """Export the tiny model of one kind into out (a model directory), through the parity gate."""
+    tok = byte_tokenizer(kind)
+    model = tiny_model(kind, tok.get_vocab_size())
+    extra = {"tiny": True, "seed": SEED}
+    ids = {t: tok.token_to_id(t) for t in SPECIALS[kind]}
+    if kind == "embedding":
+        special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
+        return build_embedding(model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra)
+    if kind == "generation":
+        eot = ids["<|endoftext|>"]
+        return build_generation(model, tok, out, name=NAMES[kind], special_tokens={"bos": eot, "eos": eot, "pad": eot},
+                                max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
+                                variants=variants, extra=extra)
+    special = {"pad": ids["<pad>"], "bos": ids["<s>"], "decoder_start": ids["<s>"], "eos": ids["</s>"], "unk": ids["<unk>"]}
+    return build_translation(model, tok, out, name=NAMES[kind], special_tokens=special,
+                             max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
+                             variants=variants, extra=extra)
+
+
+def build_all(root: Path, variants=()) -> dict[str, ModelDir]:
+    """tiny-embed, tiny-gpt and tiny-translate under root."""
+    return {kind: build_tiny(kind, Path(root) / name, variants) for kind, name in NAMES.items()}

@@ -1,0 +1,97 @@
+"""Tokenizer training with the `tokenizers` library: `python -m export tokenizer generator|translator`.
+
+- generator: byte-level BPE (GPT-2 style); `<|endoftext|>` (id 0) is bos = eos = pad. Its
+  post-processor prepends `<|endoftext|>`, so `encode(prompt)` gives the sequence a story starts
+  with in training (every story follows an `<|endoftext|>` separator).
+- translator: one joint English+French BPE vocabulary over a Metaspace pre-tokenizer (SentencePiece
+  style: spaces become `▁`, everything else, including accents, apostrophes and the (narrow)
+  no-break spaces French puts before `! ? :`, is kept as is, so decode(encode(x)) == x for text
+  made of characters seen in training). Specials `<pad>`=0 `<s>`=1 `</s>`=2 `<unk>`=3 match
+  `Seq2SeqConfig`; the post-processor appends `</s>` to a source sentence, as in training.
+
+The service decodes with the plain `tokenizers` library: both files carry their decoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from export import data
+
+log = logging.getLogger(__name__)
+
+ENDOFTEXT = "<|endoftext|>"
+TRANSLATOR_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, as in Seq2SeqConfig
+GENERATOR_SPECIAL_TOKENS = {"bos": 0, "eos": 0, "pad": 0}
+TRANSLATOR_SPECIAL_TOKENS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3, "decoder_start": 1}
+
+
+def train_generator_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
+    """Byte-level BPE; id 0 is `<|endoftext|>`."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[ENDOFTEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{ENDOFTEXT} $A", pair=f"{ENDOFTEXT} $A {ENDOFTEXT} $B", special_tokens=[(ENDOFTEXT, 0)]
+    )
+    return tok
+
+
+def train_translator_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> Tokenizer:
+    """Joint English+French BPE over Metaspace; ids 0..3 are <pad> <s> </s> <unk>."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=TRANSLATOR_SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 2)]
+    )
+    for i, name in enumerate(TRANSLATOR_SPECIALS):
+        if tok.token_to_id(name) != i:
+            raise RuntimeError(f"special token {name} got id {tok.token_to_id(name)}, expected {i}")
+    return tok
+
+
+def build_tokenizer(kind: str, data_path: Path, vocab_size: int, seed: int) -> Tokenizer:
+    """Train on the training side of the same split the trainer uses (no test text leaks in)."""
+    if kind == "generator":
+        train, _ = data.split_stories(data.load_stories(data_path), seed=seed)
+        return train_generator_tokenizer(train, vocab_size)
+    split = data.split_tatoeba(data.load_tatoeba(data_path), seed=seed)
+    texts = [t for en, fr in split.train for t in (en, fr)]
+    return train_translator_tokenizer(texts, vocab_size)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m export tokenizer", description=__doc__.split("\n")[0])
+    p.add_argument("kind", choices=["generator", "translator"])
+    p.add_argument("--data", type=Path, help="corpus path (default: the shared corpus for the kind)")
+    p.add_argument("--vocab-size", type=int, help="default 4096 (generator) / 8000 (translator)")
+    p.add_argument("--seed", type=int, default=0, help="split seed (must match the training run)")
+    p.add_argument("--out", type=Path, required=True, help="where to write tokenizer.json")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv[1:])
+    path = args.data or data.DEFAULT_DATA[args.kind]
+    vocab = args.vocab_size or (4096 if args.kind == "generator" else 8000)
+    tok = build_tokenizer(args.kind, path, vocab, args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(args.out))
+    log.info("wrote %s (%d tokens)", args.out, tok.get_vocab_size())
+    return 0

@@ -1,0 +1,299 @@
+"""Training CLI: `python -m export train generator|translator [--time-budget-minutes M] ...`.
+
+AdamW with linear warm-up then cosine decay, gradient clipping, label smoothing (translator),
+periodic held-out evaluation, checkpoint + exact resume (weights, AdamW moments, schedule, step,
+data cursor, RNG states in RUN_DIR/state.pt), a tqdm bar with loss and tokens/s, fixed seeds,
+every CPU thread (or --threads), CUDA when available.
+
+`--time-budget-minutes` shapes the cosine schedule to the wall-clock budget: after a calibration
+stretch, and at each evaluation until half-way, the total step count is re-estimated from the
+measured seconds per step (evaluations included), so the run ends annealed on time. The final
+step count is logged and stored in the checkpoint; `--steps N` replays a run without a budget.
+
+At every evaluation the exportable checkpoint (export/checkpoint.py format) is written to --out,
+so a usable model exists early and is overwritten by later ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from export import data, evaluate, tokenizer_train
+from export.checkpoint import load_training_state, save_checkpoint, save_training_state
+from export.decoder import DecoderConfig, GPTDecoder
+from export.seq2seq import Seq2SeqConfig, Translator
+
+log = logging.getLogger(__name__)
+
+
+def lr_at(step: int, sched: dict) -> float:
+    """Linear warm-up to the peak, then cosine decay to min_ratio x peak at sched['total']."""
+    peak, warmup, total = sched["peak"], sched["warmup"], sched["total"]
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (sched["min_ratio"] + (1 - sched["min_ratio"]) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def load_or_train_tokenizer(kind: str, args, run_dir: Path) -> Tokenizer:
+    path = args.tokenizer or run_dir / "tokenizer.json"
+    if not Path(path).exists():
+        log.info("training the %s tokenizer (vocab %d) into %s", kind, args.vocab_size, path)
+        tokenizer_train.build_tokenizer(kind, args.data, args.vocab_size, args.seed).save(str(path))
+    return Tokenizer.from_file(str(path))
+
+
+class TranslatorTask:
+    """English -> French on the grouped Tatoeba split; batches of ~max_tokens padded tokens."""
+
+    kind = "translator"
+
+    def __init__(self, args, run_dir: Path):
+        self.args = args
+        self.tok = load_or_train_tokenizer(self.kind, args, run_dir)
+        split = data.split_tatoeba(data.load_tatoeba(args.data), seed=args.seed)
+        src = [e.ids for e in self.tok.encode_batch([en for en, _ in split.train])]
+        tgt = [e.ids for e in self.tok.encode_batch([fr for _, fr in split.train], add_special_tokens=False)]
+        keep = [i for i in range(len(src)) if len(src[i]) <= args.max_len and len(tgt[i]) + 1 <= args.max_len]
+        log.info("translator: %d training pairs (%d dropped over %d tokens), %d dev / %d test sentences",
+                 len(keep), len(src) - len(keep), args.max_len, len(split.dev), len(split.test))
+        self.src, self.tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+        self.lengths = [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
+        self.dev = split.dev[: args.dev_sentences]
+        self.cfg = Seq2SeqConfig(
+            vocab_size=self.tok.get_vocab_size(), d_model=args.d_model, n_encoder_layers=args.layers,
+            n_decoder_layers=args.decoder_layers or args.layers, n_heads=args.heads, d_ff=args.d_ff,
+            max_positions=max(256, args.max_len), dropout=args.dropout)
+        self.model = Translator(self.cfg)
+        self.cursor = {"epoch": 0, "index": 0}
+        self._epoch_batches: tuple[int, list[list[int]]] | None = None
+
+    def next_batch(self, step: int) -> tuple[dict, int]:
+        epoch = self.cursor["epoch"]
+        if self._epoch_batches is None or self._epoch_batches[0] != epoch:
+            self._epoch_batches = (epoch, data.token_batches(self.lengths, self.args.max_tokens, self.args.seed, epoch))
+        batches = self._epoch_batches[1]
+        idx = batches[self.cursor["index"]]
+        self.cursor["index"] += 1
+        if self.cursor["index"] >= len(batches):
+            self.cursor = {"epoch": epoch + 1, "index": 0}
+        c = self.cfg
+        batch = data.translation_batch([self.src[i] for i in idx], [self.tgt[i] for i in idx],
+                                       c.pad_token_id, c.bos_token_id, c.eos_token_id)
+        return batch, int((batch["labels"] != -100).sum())
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        logits = model(batch["src_ids"], batch["src_mask"], batch["tgt_ids"], batch["tgt_mask"])  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
+                               label_smoothing=self.args.label_smoothing)
+
+    def evaluate(self, model) -> dict:
+        scores, hyps = evaluate.evaluate_translator(model, self.tok, self.dev, max_len=self.args.max_len)
+        log.info("dev sample: %s -> %s", self.dev[0][0], hyps[0])
+        return {"dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"]}
+
+    def save(self, model, out: Path, training: dict) -> None:
+        save_checkpoint(model, out, name=self.args.name or "tatoeba-en-fr", tokenizer_path=self.args.tok_path,
+                        special_tokens=tokenizer_train.TRANSLATOR_SPECIAL_TOKENS, max_length=self.args.max_len,
+                        training=training)
+
+
+class GeneratorTask:
+    """Next-token prediction on random windows of the concatenated TinyStories training stories."""
+
+    kind = "generator"
+
+    def __init__(self, args, run_dir: Path):
+        self.args = args
+        self.tok = load_or_train_tokenizer(self.kind, args, run_dir)
+        train, held = data.split_stories(data.load_stories(args.data), seed=args.seed)
+        # encode() prepends <|endoftext|>; story_stream adds the separators itself.
+        self.stream = data.story_stream([e.ids[1:] for e in self.tok.encode_batch(train)], 0)
+        held_stream = data.story_stream([e.ids[1:] for e in self.tok.encode_batch(held)], 0)
+        self.heldout = data.stream_windows(held_stream, args.context)
+        log.info("generator: %d training stories (%d tokens), %d held out (%d tokens)",
+                 len(train), len(self.stream), len(held), len(held_stream))
+        self.cfg = DecoderConfig(vocab_size=self.tok.get_vocab_size(), d_model=args.d_model, n_layers=args.layers,
+                                 n_heads=args.heads, d_ff=args.d_ff, max_positions=args.context, dropout=args.dropout)
+        self.model = GPTDecoder(self.cfg)
+        self.cursor: dict = {}
+
+    def next_batch(self, step: int) -> tuple[dict, int]:
+        rows = max(1, self.args.max_tokens // self.args.context)
+        x, y = data.stream_batch(self.stream, rows, self.args.context, self.args.seed, step)
+        return {"input_ids": x, "labels": y}, y.numel()
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        logits, _ = model(batch["input_ids"])  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+    def evaluate(self, model) -> dict:
+        ppl = evaluate.perplexity(model, self.heldout)
+        sample = evaluate.sample_stories(model, self.tok, ["Once upon a time"], max_new_tokens=60)[0]
+        log.info("sample: %s", sample.replace("\n", " "))
+        return {"heldout_ppl": ppl["perplexity"]}
+
+    def save(self, model, out: Path, training: dict) -> None:
+        save_checkpoint(model, out, name=self.args.name or "tinystories-gpt", tokenizer_path=self.args.tok_path,
+                        special_tokens=tokenizer_train.GENERATOR_SPECIAL_TOKENS, max_length=self.args.context,
+                        training=training)
+
+
+def move(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def make_optimizer(model, args) -> torch.optim.AdamW:
+    """Weight decay on matrices (and the embeddings) only, not on biases and LayerNorms."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
+
+
+def replan(sched: dict, step: int, elapsed: float, budget_s: float) -> None:
+    """Re-estimate the total step count from the measured seconds per step, until half-way."""
+    if step == 0 or step > sched["total"] // 2:
+        return
+    sched["total"] = max(sched["warmup"] + 1, step + 1, int(step * budget_s / elapsed))
+
+
+def checkpoint_meta(args, task, sched: dict, step: int, elapsed: float, tokens: int, metrics: dict) -> dict:
+    return {"command": "python -m export " + " ".join(args.argv), "data": str(args.data), "seed": args.seed,
+            "steps": step, "planned_steps": sched["total"], "tokens_seen": tokens, "wall_minutes": round(elapsed / 60, 1),
+            "threads": torch.get_num_threads(), "device": str(args.device_obj), "parameters": task.model.num_parameters(),
+            "metrics": metrics}
+
+
+def run(task, args, run_dir: Path) -> dict:
+    device = args.device_obj
+    model = task.model.to(device)
+    opt = make_optimizer(model, args)
+    sched = {"peak": args.lr, "warmup": args.warmup, "total": args.steps, "min_ratio": args.min_lr_ratio}
+    step, elapsed, tokens, metrics = 0, 0.0, 0, {}
+    state_path = run_dir / "state.pt"
+    if args.resume and state_path.exists():
+        state = load_training_state(state_path, model=model, optimizer=opt)
+        step, sched = state["step"], state["schedule"]
+        elapsed, tokens, metrics = state["extra"]["elapsed"], state["extra"]["tokens"], state["extra"]["metrics"]
+        task.cursor = state["extra"]["cursor"]
+        log.info("resumed from %s at step %d", state_path, step)
+    budget_s = args.time_budget_minutes * 60 if args.time_budget_minutes else None
+    logf = open(run_dir / "log.jsonl", "a", encoding="utf-8")
+    bar = tqdm(total=sched["total"], initial=step, desc=task.kind, dynamic_ncols=True, mininterval=2.0)
+    start, smooth, window = time.time() - elapsed, None, (time.time(), tokens)
+    while step < sched["total"]:
+        model.train()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, sched)
+        batch, n_tok = task.next_batch(step)
+        loss = task.loss(model, move(batch, device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        step, tokens = step + 1, tokens + n_tok
+        value = loss.item()
+        smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
+        now = time.time()
+        if budget_s and step == args.calibrate_steps:
+            replan(sched, step, now - start, budget_s)
+        bar.total = sched["total"]
+        bar.update(1)
+        bar.set_postfix(loss=f"{smooth:.3f}", tok_s=f"{(tokens - window[1]) / max(1e-9, now - window[0]):.0f}",
+                        lr=f"{group['lr']:.2e}", refresh=False)
+        if step % args.eval_every == 0 or step == sched["total"]:
+            metrics = task.evaluate(model)
+            elapsed = time.time() - start
+            record = {"step": step, "total": sched["total"], "loss": round(smooth, 4), "lr": group["lr"],
+                      "tokens": tokens, "minutes": round(elapsed / 60, 2), **metrics}
+            logf.write(json.dumps(record) + "\n")
+            logf.flush()
+            log.info("eval %s", record)
+            if budget_s:
+                replan(sched, step, elapsed, budget_s)
+            extra = {"elapsed": elapsed, "tokens": tokens, "metrics": metrics, "cursor": task.cursor}
+            save_training_state(state_path, model=model, optimizer=opt, scheduler_state=sched, step=step, extra=extra)
+            task.save(model, args.out, checkpoint_meta(args, task, sched, step, elapsed, tokens, metrics))
+            window = (time.time(), tokens)
+    bar.close()
+    logf.close()
+    return {"step": step, "metrics": metrics, "minutes": round((time.time() - start) / 60, 1)}
+
+
+DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
+    "translator": dict(d_model=256, layers=4, decoder_layers=3, heads=4, d_ff=1024, dropout=0.1, vocab_size=8000,
+                       max_tokens=4096, lr=1e-3, warmup=1000, label_smoothing=0.1, max_len=64,
+                       out=Path("checkpoints/tatoeba-en-fr")),
+    "generator": dict(d_model=256, layers=4, decoder_layers=0, heads=8, d_ff=1024, dropout=0.0, vocab_size=4096,
+                      max_tokens=8192, lr=1e-3, warmup=200, label_smoothing=0.0, max_len=0,
+                      out=Path("checkpoints/tinystories-gpt")),
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m export train", description=__doc__.split("\n")[0])
+    p.add_argument("kind", choices=sorted(DEFAULTS))
+    p.add_argument("--data", type=Path, help="corpus (default: ../shared/data/... for the kind)")
+    p.add_argument("--out", type=Path, help="checkpoint directory written at every evaluation")
+    p.add_argument("--run-dir", type=Path, help="state.pt, log.jsonl, tokenizer.json (default runs/<kind>)")
+    p.add_argument("--name", help="model name in config.json")
+    p.add_argument("--tokenizer", type=Path, help="use this tokenizer.json instead of training one")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/state.pt")
+    p.add_argument("--steps", type=int, default=20000, help="total steps (the budget re-plans it)")
+    p.add_argument("--time-budget-minutes", type=float, help="shape the cosine schedule to this wall time")
+    p.add_argument("--calibrate-steps", type=int, default=50, help="steps timed before the first re-plan")
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--dev-sentences", type=int, default=400, help="translator: dev sentences scored per eval")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: every CPU thread)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    for name in ("d_model", "layers", "decoder_layers", "heads", "d_ff", "vocab_size", "max_tokens", "warmup", "max_len"):
+        p.add_argument("--" + name.replace("_", "-"), type=int)
+    for name in ("dropout", "lr", "label_smoothing"):
+        p.add_argument("--" + name.replace("_", "-"), type=float)
+    p.add_argument("--context", type=int, default=256, help="generator: training context length")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--min-lr-ratio", type=float, default=0.02)
+    p.add_argument("--clip", type=float, default=1.0)
+    args = p.parse_args(argv)
+    for key, value in DEFAULTS[args.kind].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.data = args.data or data.DEFAULT_DATA[args.kind]
+    args.run_dir = args.run_dir or Path("runs") / args.kind
+    return args
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv[1:])
+    args.argv = argv
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    args.device_obj = torch.device("cuda" if use_cuda else "cpu")
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    task = (TranslatorTask if args.kind == "translator" else GeneratorTask)(args, args.run_dir)
+    args.tok_path = args.tokenizer or args.run_dir / "tokenizer.json"
+    log.info("%s: %d parameters, %d threads, device %s", args.kind, task.model.num_parameters(),
+             torch.get_num_threads(), args.device_obj)
+    result = run(task, args, args.run_dir)
+    log.info("done: %s", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

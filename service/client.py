@@ -1,0 +1,217 @@
+"""Python clients (sync `Client`, asyncio `AsyncClient`) and the CLI `python -m service.client`.
+
+    with Client("127.0.0.1:50051") as c:
+        vectors = c.embed(["a sentence", "another"])          # list of lists of floats
+        response = c.embed_response(["a sentence"], dimensions=128)   # the EmbedResponse
+    async with AsyncClient("127.0.0.1:50051") as c:
+        vectors = await c.embed(["a sentence"])
+
+CLI (prints JSON): `embed TEXT...`, `models [NAME]`, `health [--service S]`, and `generate` /
+`translate`, whose parsers and client methods live in service/textgen/client.py (mixins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import AsyncIterable, Iterable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+TEXTGEN_CLIENT = "service.textgen.client"
+
+
+def _textgen(attr: str) -> Any:
+    """A name from service/textgen/client.py (issue 4), or None while that module does not exist."""
+    try:
+        return getattr(importlib.import_module(TEXTGEN_CLIENT), attr)
+    except ModuleNotFoundError as e:
+        if e.name != TEXTGEN_CLIENT:
+            raise
+        return None
+
+
+def embed_request(inputs: Iterable[str], model: str = "", normalize: bool | None = None, truncate: bool | None = None,
+                  dimensions: int = 0, request_id: str = "") -> pb.EmbedRequest:
+    request = pb.EmbedRequest(inputs=list(inputs), model=model, dimensions=dimensions, request_id=request_id)
+    if normalize is not None:
+        request.normalize = normalize
+    if truncate is not None:
+        request.truncate = truncate
+    return request
+
+
+def vectors(response: pb.EmbedResponse) -> list[list[float]]:
+    return [list(e.values) for e in response.embeddings]
+
+
+def _stubs(obj: Any, channel: grpc.Channel | grpc.aio.Channel) -> None:
+    obj.embedding_stub = pb_grpc.EmbeddingServiceStub(channel)
+    obj.model_stub = pb_grpc.ModelServiceStub(channel)
+    obj.generation_stub = pb_grpc.GenerationServiceStub(channel)
+    obj.translation_stub = pb_grpc.TranslationServiceStub(channel)
+    obj.health_stub = health_pb2_grpc.HealthStub(channel)
+
+
+def _channel_options() -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
+
+class Client(_textgen("GenerationClientMixin") or object):
+    """Blocking client; `timeout` (seconds) is the deadline of every call."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0):
+        self.address, self.timeout = address, timeout
+        self.channel = grpc.insecure_channel(address, options=_channel_options())
+        _stubs(self, self.channel)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def embed_response(self, inputs: Iterable[str], **kwargs: Any) -> pb.EmbedResponse:
+        return self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
+
+    def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
+        """Embeddings of inputs, in order (kwargs: model, normalize, truncate, dimensions)."""
+        return vectors(self.embed_response(inputs, **kwargs))
+
+    def embed_stream(self, requests: Iterable[pb.EmbedRequest]) -> Iterator[pb.EmbedResponse]:
+        """One response per request, in order (for batch jobs; no per-call deadline)."""
+        return self.embedding_stub.EmbedStream(iter(requests))
+
+    def models(self) -> list[pb.ModelInfo]:
+        return list(self.model_stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout).models)
+
+    def model(self, name: str) -> pb.ModelInfo:
+        return self.model_stub.GetModel(pb.GetModelRequest(name=name), timeout=self.timeout)
+
+    def health(self, service: str = "") -> str:
+        """SERVING | NOT_SERVING | SERVICE_UNKNOWN ... for service ("" = the whole server)."""
+        reply = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+class AsyncClient(_textgen("AsyncGenerationClientMixin") or object):
+    """asyncio client (grpc.aio); same methods as Client, awaited."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0):
+        self.address, self.timeout = address, timeout
+        self.channel = grpc.aio.insecure_channel(address, options=_channel_options())
+        _stubs(self, self.channel)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def embed_response(self, inputs: Iterable[str], **kwargs: Any) -> pb.EmbedResponse:
+        return await self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
+
+    async def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
+        return vectors(await self.embed_response(inputs, **kwargs))
+
+    def embed_stream(self, requests: AsyncIterable[pb.EmbedRequest] | Iterable[pb.EmbedRequest]):
+        """An async iterator of responses, one per request, in order."""
+        return self.embedding_stub.EmbedStream(requests)
+
+    async def models(self) -> list[pb.ModelInfo]:
+        return list((await self.model_stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)).models)
+
+    async def model(self, name: str) -> pb.ModelInfo:
+        return await self.model_stub.GetModel(pb.GetModelRequest(name=name), timeout=self.timeout)
+
+    async def health(self, service: str = "") -> str:
+        reply = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def _cmd_embed(args: argparse.Namespace, client: Client) -> int:
+    response = client.embed_response(args.texts, model=args.model, normalize=args.normalize,
+                                     truncate=args.truncate, dimensions=args.dimensions)
+    _print_json(MessageToDict(response, preserving_proto_field_name=True))
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace, client: Client) -> int:
+    if args.name:
+        _print_json(MessageToDict(client.model(args.name), preserving_proto_field_name=True))
+    else:
+        _print_json([MessageToDict(m, preserving_proto_field_name=True) for m in client.models()])
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace, client: Client) -> int:
+    status = client.health(args.service)
+    _print_json({"service": args.service, "status": status})
+    return 0 if status == "SERVING" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m service.client", description="transformer-serving client")
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"host:port of the service ({DEFAULT_ADDRESS})")
+    parser.add_argument("--timeout", type=float, default=30.0, help="deadline of the call, seconds")
+    sub = parser.add_subparsers(dest="command", required=True)
+    embed = sub.add_parser("embed", help="embed texts; prints the EmbedResponse as JSON")
+    embed.add_argument("texts", nargs="+")
+    embed.add_argument("--model", default="", help="model name (default: the server's default)")
+    embed.add_argument("--dimensions", type=int, default=0, help="keep the first N values (0: all)")
+    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None)
+    embed.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None)
+    embed.set_defaults(handler=_cmd_embed)
+    models = sub.add_parser("models", help="list the served models, or show one")
+    models.add_argument("name", nargs="?", default="")
+    models.set_defaults(handler=_cmd_models)
+    health = sub.add_parser("health", help="health status; exit code 0 when SERVING")
+    health.add_argument("--service", default="", help='e.g. inference.v1.EmbeddingService ("" = overall)')
+    health.set_defaults(handler=_cmd_health)
+    for name in ("add_generate_parser", "add_translate_parser"):
+        add = _textgen(name)
+        if add is not None:
+            add(sub)  # sets its own handler(args, client) -> int via set_defaults
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    with Client(args.address, timeout=args.timeout) as client:
+        try:
+            return args.handler(args, client)
+        except grpc.RpcError as e:
+            sys.stderr.write(f"error: {e.code().name}: {e.details()}\n")
+            return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Protobuf <-> plain Python values, in one place: servicers call these, engines never see protobuf.
+
+The shared pieces (`usage`, `timings`, `model_info`) are used by every servicer, the generation
+and translation ones included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from service.embedding import EmbedResult
+from service.proto import inference_pb2 as pb
+
+
+@dataclass(frozen=True)
+class EmbedParams:
+    inputs: list[str]
+    model: str
+    normalize: bool
+    truncate: bool
+    dimensions: int
+    request_id: str
+
+
+def embed_params(request: pb.EmbedRequest) -> EmbedParams:
+    """An EmbedRequest as plain values, optional fields resolved to their defaults."""
+    return EmbedParams(
+        inputs=list(request.inputs),
+        model=request.model,
+        normalize=request.normalize if request.HasField("normalize") else True,
+        truncate=request.truncate if request.HasField("truncate") else True,
+        dimensions=int(request.dimensions),
+        request_id=request.request_id,
+    )
+
+
+def usage(input_tokens: int, output_tokens: int = 0) -> pb.Usage:
+    return pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def timings(total_s: float, tokenize_s: float = 0.0, queue_s: float = 0.0, inference_s: float = 0.0,
+            time_to_first_token_s: float = 0.0) -> pb.Timings:
+    """Seconds in, milliseconds out (the proto's unit)."""
+    return pb.Timings(tokenize_ms=tokenize_s * 1e3, queue_ms=queue_s * 1e3, inference_ms=inference_s * 1e3,
+                      total_ms=total_s * 1e3, time_to_first_token_ms=time_to_first_token_s * 1e3)
+
+
+def embed_response(result: EmbedResult, model: str, request_id: str, total_s: float) -> pb.EmbedResponse:
+    return pb.EmbedResponse(
+        embeddings=[pb.Embedding(values=row) for row in result.embeddings.tolist()],
+        model=model,
+        usage=usage(result.input_tokens),
+        timings=timings(total_s, result.tokenize_s, result.queue_s, result.inference_s),
+        request_id=request_id,
+    )
+
+
+def model_info(info: dict[str, Any], is_default: bool) -> pb.ModelInfo:
+    """A backend's info() dict (service.registry.model_info) as a ModelInfo message."""
+    return pb.ModelInfo(is_default=is_default, **info)

@@ -1,0 +1,251 @@
+"""Dynamic batching of embedding inputs across concurrent calls: one queue task per model.
+
+A call's inputs become queue items sharing one `Request` (one future). The queue task waits for a
+free compute slot (`workers` batches run at once), lets a batch fill for at most `max_wait_s`
+after its oldest item arrived, then takes the run of length-sorted items around the oldest one
+that fits the token budget (rows x longest row: padding counted) and the row limit. Sorting by
+token count cuts padding; always including the oldest item means long inputs never starve.
+Rows come back into each request's (N, C) array by input index; the future resolves when every
+row has arrived, so large calls split over several batches merge back in order.
+
+Items of a call that was cancelled or whose deadline passed are dropped before compute (in the
+queue, and again in the worker right before the forward pass) and counted in
+`ts_dropped_items_total`. A full queue refuses new calls at once with RESOURCE_EXHAUSTED; a
+stopping batcher refuses them with UNAVAILABLE. (TEI `core/src/queue.rs`, `core/src/infer.rs`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service import metrics
+from service.embedding.tokenization import Encoded
+from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+
+log = logging.getLogger(__name__)
+
+Forward = Callable[[list[Encoded]], np.ndarray]
+RunInExecutor = Callable[..., Awaitable]
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch_tokens: int
+    max_batch_size: int
+    max_wait_s: float
+    max_queue: int
+    workers: int
+
+
+@dataclass(eq=False)
+class Request:
+    """One call in flight: its inputs, its future and the rows gathered so far."""
+
+    encoded: list[Encoded]
+    deadline: float | None  # time.monotonic() after which the call has expired
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+    rows: dict[int, np.ndarray] = field(default_factory=dict)
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    abandoned: bool = False  # future done (cancelled / failed): set on the loop, read by workers
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
+@dataclass(frozen=True)
+class Item:
+    request: Request
+    index: int
+
+    @property
+    def tokens(self) -> int:
+        return len(self.request.encoded[self.index])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call gets back: (N, C) pooled embeddings in input order, and where its time went."""
+
+    embeddings: np.ndarray
+    input_tokens: int
+    queue_s: float
+    inference_s: float
+
+
+class Batcher:
+    def __init__(self, model: str, forward: Forward, run: RunInExecutor, limits: BatchLimits):
+        self.model, self._forward, self._run, self.limits = model, forward, run, limits
+        self._queue: list[Item] = []  # arrival order
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(limits.workers)
+        self._running: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        metrics.QUEUE_CAPACITY.labels(model).set(limits.max_queue)
+        metrics.QUEUE_DEPTH.labels(model).set(0)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.model}")
+
+    async def stop(self) -> None:
+        """Refuses new calls, lets queued and running batches finish, then ends the queue task."""
+        self._closing = True
+        while self._queue or self._running:
+            self._drop_abandoned()
+            await asyncio.sleep(0.005)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def submit(self, encoded: list[Encoded], deadline: float | None) -> asyncio.Future:
+        """Queues one call's inputs; the future resolves to an Outcome. Raises at once when full."""
+        if self._closing:
+            raise Unavailable(f"model {self.model!r} is shutting down; retry on another replica")
+        if len(self._queue) + len(encoded) > self.limits.max_queue:
+            raise ResourceExhausted(
+                f"model {self.model!r} is overloaded ({len(self._queue)} of {self.limits.max_queue} queued inputs, "
+                f"this call adds {len(encoded)}); retry with backoff"
+            )
+        request = Request(encoded, deadline, asyncio.get_running_loop().create_future())
+        request.future.add_done_callback(lambda _: setattr(request, "abandoned", True))
+        self._queue.extend(Item(request, i) for i in range(len(encoded)))
+        metrics.QUEUE_DEPTH.labels(self.model).set(len(self._queue))
+        self._wake.set()
+        return request.future
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._run_batch(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _next_batch(self) -> list[Item]:
+        """Waits for items, lets the batch fill until the oldest item has waited max_wait_s, takes it."""
+        while True:
+            self._drop_abandoned()
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            close_at = self._queue[0].request.enqueued + self.limits.max_wait_s
+            while not self._full() and (left := close_at - time.monotonic()) > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+            self._drop_abandoned()
+            if self._queue:
+                return self._take()
+
+    def _full(self) -> bool:
+        rows = len(self._queue)
+        return rows >= self.limits.max_batch_size or sum(it.tokens for it in self._queue) >= self.limits.max_batch_tokens
+
+    def _take(self) -> list[Item]:
+        """The run of length-sorted queued items around the oldest that fits the budget (padding counted)."""
+        q = self._queue
+        order = sorted(range(len(q)), key=lambda i: (q[i].tokens, i))
+        lo = hi = order.index(0)  # the oldest item is always in the batch
+
+        def fits(rows: int, width: int) -> bool:
+            return rows <= self.limits.max_batch_size and rows * width <= self.limits.max_batch_tokens
+
+        while True:
+            rows, width = hi - lo + 2, q[order[hi]].tokens
+            if lo > 0 and fits(rows, width):  # a shorter item: the width stays
+                lo -= 1
+            elif hi + 1 < len(order) and fits(rows, q[order[hi + 1]].tokens):
+                hi += 1
+            else:
+                break
+        chosen = set(order[lo : hi + 1])
+        self._queue = [it for i, it in enumerate(q) if i not in chosen]
+        metrics.QUEUE_DEPTH.labels(self.model).set(len(self._queue))
+        return [q[i] for i in order[lo : hi + 1]]
+
+    def _drop_abandoned(self) -> None:
+        now = time.monotonic()
+        keep = [it for it in self._queue if not self._dropped(it, now)]
+        if len(keep) != len(self._queue):
+            self._queue = keep
+            metrics.QUEUE_DEPTH.labels(self.model).set(len(keep))
+
+    def _dropped(self, item: Item, now: float) -> bool:
+        """True (and counted) when the item's call went away or expired; fails an expired call."""
+        request = item.request
+        if request.expired(now) and not request.future.done():
+            request.future.set_exception(DeadlineExceeded(
+                f"the call's deadline passed after {now - request.enqueued:.3f}s in the queue of {self.model!r}; "
+                "allow more time or retry"))
+        if not (request.abandoned or request.future.done()):
+            return False
+        reason = "expired" if request.expired(now) else "cancelled" if request.future.cancelled() else "failed"
+        metrics.DROPPED.labels(self.model, reason).inc()
+        return True
+
+    async def _run_batch(self, batch: list[Item]) -> None:
+        try:
+            started = time.monotonic()
+            for it in batch:
+                metrics.QUEUE_DURATION.labels(self.model).observe(started - it.request.enqueued)
+                it.request.queue_s = max(it.request.queue_s, started - it.request.enqueued)
+            try:
+                live, out, seconds = await self._run(self._compute, batch)
+            except Exception as exc:  # noqa: BLE001 - the error goes to every call in the batch
+                log.error("model %s: batch of %d failed", self.model, len(batch), exc_info=exc)
+                for request in {it.request for it in batch}:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                return
+            now, computed = time.monotonic(), set(live)
+            for it in batch:
+                if it not in computed:
+                    self._dropped(it, now)
+            if live:
+                self._record(live, seconds)
+                self._scatter(live, out, seconds)
+        finally:
+            self._slots.release()
+
+    def _compute(self, batch: list[Item]) -> tuple[list[Item], np.ndarray | None, float]:
+        """Worker thread: drops items whose call went away, runs the forward pass on the rest."""
+        now = time.monotonic()
+        live = [it for it in batch if not it.request.abandoned and not it.request.expired(now)]
+        if not live:
+            return live, None, 0.0
+        start = time.perf_counter()
+        out = self._forward([it.request.encoded[it.index] for it in live])  # (B, C)
+        return live, out, time.perf_counter() - start
+
+    def _record(self, live: list[Item], seconds: float) -> None:
+        width = max(it.tokens for it in live)
+        metrics.BATCH_SIZE.labels(self.model).observe(len(live))
+        metrics.BATCH_TOKENS.labels(self.model).observe(len(live) * width)
+        metrics.INFERENCE_DURATION.labels(self.model).observe(seconds)
+        metrics.TOKENS.labels(self.model, "input").inc(sum(it.tokens for it in live))
+
+    def _scatter(self, live: list[Item], out: np.ndarray, seconds: float) -> None:
+        for request in {it.request for it in live}:
+            request.inference_s += seconds
+        for it, row in zip(live, out):
+            request = it.request
+            request.rows[it.index] = row
+            if len(request.rows) == len(request.encoded) and not request.future.done():
+                embeddings = np.stack([request.rows[i] for i in range(len(request.encoded))])  # (N, C)
+                tokens = sum(len(e) for e in request.encoded)
+                request.future.set_result(Outcome(embeddings, tokens, request.queue_s, request.inference_s))

@@ -1,0 +1,94 @@
+"""`EmbeddingModel`: the registry backend for kind "embedding" (tokenizer + engine + batcher).
+
+`embed()` takes plain Python values (the servicer converts protobuf) and returns an
+`EmbedResult`: tokenize (inline for small calls, in a thread for large ones: encode_batch
+releases the GIL), queue through the batcher, then truncate dimensions / normalise in numpy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.embedding.batcher import Batcher, BatchLimits
+from service.embedding.engine import EmbeddingEngine, postprocess
+from service.embedding.tokenization import EmbeddingTokenizer
+from service.errors import InvalidArgument
+from service.manifest import Manifest, ModelDir
+from service.registry import model_info
+from service.runtime import Runtime
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs)
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    embeddings: np.ndarray  # (N, D) float32, in input order
+    input_tokens: int
+    tokenize_s: float
+    queue_s: float
+    inference_s: float
+
+
+class EmbeddingModel:
+    kind = "embedding"
+
+    def __init__(self, manifest: Manifest, tokenizer: EmbeddingTokenizer, engine: EmbeddingEngine,
+                 runtime: Runtime, limits: BatchLimits, variant: str):
+        self.name, self.manifest, self.variant = manifest.name, manifest, variant
+        self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime
+        self.provider = engine.provider
+        self.dimension = int(manifest.embedding_dim or 0)
+        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits)
+
+    @classmethod
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "EmbeddingModel":
+        m = model_dir.manifest
+        variant = runtime.choose_variant(m, "encoder")
+        session = runtime.create_session(model_dir.file(m.graph("encoder", variant).file))
+        engine = EmbeddingEngine(session, pad_id=int(m.special_tokens.get("pad", 0)))
+        tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+        limits = BatchLimits(
+            max_batch_tokens=settings.embed_max_batch_tokens, max_batch_size=settings.embed_max_batch_size,
+            max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
+            workers=settings.compute_workers,
+        )
+        return cls(m, tokenizer, engine, runtime, limits, variant)
+
+    async def start(self) -> None:
+        self.batcher.start()
+
+    async def warmup(self) -> None:
+        """One real forward pass through the executor; raises if the graph cannot run."""
+        out = await self.runtime.run(self.engine.forward, self.tokenizer.encode(["warm-up"]))
+        if out.shape != (1, self.dimension) or not np.isfinite(out).all():
+            raise RuntimeError(f"model {self.name!r}: warm-up gave shape {out.shape}, expected (1, {self.dimension})")
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+
+    def info(self) -> dict:
+        return model_info(self, vocab_size=self.tokenizer.vocab_size)
+
+    async def embed(self, texts: list[str], normalize: bool = True, truncate: bool = True, dimensions: int = 0,
+                    deadline: float | None = None) -> EmbedResult:
+        """Embeds texts; `deadline` is a time.monotonic() instant after which queued work is dropped."""
+        if dimensions > self.dimension:
+            raise InvalidArgument(f"dimensions={dimensions} is larger than model {self.name!r}'s "
+                                  f"{self.dimension}; use 0 (full) or 1..{self.dimension}")
+        start = time.perf_counter()
+        if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
+            encoded = self.tokenizer.encode(texts, truncate)
+        else:
+            encoded = await asyncio.to_thread(self.tokenizer.encode, texts, truncate)
+        tokenize_s = time.perf_counter() - start
+        outcome = await self.batcher.submit(encoded, deadline)
+        vectors = postprocess(outcome.embeddings, normalize, dimensions)
+        return EmbedResult(vectors, outcome.input_tokens, tokenize_s, outcome.queue_s, outcome.inference_s)

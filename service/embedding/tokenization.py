@@ -1,0 +1,56 @@
+"""Embedding tokenization with the `tokenizers` library, from the model directory's tokenizer.json.
+
+The file's own padding / truncation settings are replaced (MiniLM's tokenizer.json pads every
+text to 128 tokens: FACTS.md): no padding here (batches are padded per batch by the engine, to
+their longest row) and truncation to the manifest's `max_input_tokens`, special tokens included.
+With `truncate=False` an input longer than that is refused with InvalidArgument naming the input
+index, its token count and the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from service.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenized input: token ids and token type ids of equal length (special tokens included)."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class EmbeddingTokenizer:
+    def __init__(self, path: str | Path, max_tokens: int):
+        self.max_tokens = max_tokens
+        self._truncating = Tokenizer.from_file(str(path))
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(max_tokens)
+        self._full = Tokenizer.from_file(str(path))  # no truncation: measures too-long inputs
+        self._full.no_padding()
+        self._full.no_truncation()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._full.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, texts: list[str], truncate: bool = True) -> list[Encoded]:
+        """Tokenizes texts (encode_batch releases the GIL); raises InvalidArgument when one is too long."""
+        if truncate:
+            return [Encoded(e.ids, e.type_ids) for e in self._truncating.encode_batch(texts)]
+        encodings = self._full.encode_batch(texts)
+        for i, e in enumerate(encodings):
+            if len(e.ids) > self.max_tokens:
+                raise InvalidArgument(
+                    f"inputs[{i}] is {len(e.ids)} tokens long, over this model's limit of {self.max_tokens}; "
+                    "shorten it or set truncate=true to cut it to the limit"
+                )
+        return [Encoded(e.ids, e.type_ids) for e in encodings]

@@ -1,0 +1,172 @@
+"""One exception family for client-visible failures, mapped to gRPC status codes in one place.
+
+Code anywhere below the servicer raises a `ServiceError` subclass whose message says what was
+wrong and how to fix it; the `grpc_errors` decorator on each RPC handler turns it into
+`context.abort(code, message)` and records `ts_requests_total` / `ts_request_duration_seconds`.
+Anything else is a bug: it is logged with its traceback and the client gets INTERNAL with a
+generic message (no tracebacks to clients). (MLServer `grpc/utils.py`.)
+
+    class EmbeddingServicer(...):
+        @grpc_errors("EmbeddingService")
+        async def Embed(self, request, context): ...
+
+        @grpc_errors("EmbeddingService")
+        async def EmbedStream(self, request_iterator, context):   # async generator: streaming
+            ...
+
+Handlers call `label_model(name)` once they know which model serves the call, so the metrics are
+labelled with the resolved name (a request leaving `model` empty is labelled with the default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from service import metrics
+
+log = logging.getLogger(__name__)
+
+_CURRENT_CALL: contextvars.ContextVar["_Call | None"] = contextvars.ContextVar("ts_current_call", default=None)
+
+
+class ServiceError(Exception):
+    """A failure the client can act on; `code` is the gRPC status it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(ServiceError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class FailedPrecondition(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+def label_model(name: str) -> None:
+    """Labels the current RPC's metrics with the model that serves it (no-op outside a handler)."""
+    call = _CURRENT_CALL.get()
+    if call is not None:
+        call.model = name
+
+
+class _Call:
+    """Bookkeeping of one RPC: its status code and metric labels."""
+
+    def __init__(self, service: str, method: str, request: object):
+        self.service, self.method = service, method
+        self.start = time.perf_counter()
+        self.code = grpc.StatusCode.OK
+        self.model = getattr(request, "model", "") or "-"
+        _CURRENT_CALL.set(self)  # each grpc.aio handler runs in its own task, so its own context
+
+    def interrupted(self, context: grpc.aio.ServicerContext) -> None:
+        """The call was cancelled: by its deadline when no time is left, else by the client."""
+        remaining = context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+
+    def aborted(self, context: grpc.aio.ServicerContext) -> None:
+        """The handler called context.abort itself; keep the code it gave."""
+        if self.code == grpc.StatusCode.OK:
+            self.code = context.code() or grpc.StatusCode.UNKNOWN
+
+    async def fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+        """Maps exc to a status and aborts the call (raises grpc's AbortError)."""
+        if isinstance(exc, ServiceError):
+            self.code, message = exc.code, exc.message
+        else:
+            self.code, message = grpc.StatusCode.INTERNAL, "internal error (logged on the server)"
+            log.error("%s/%s failed", self.service, self.method, exc_info=exc)
+        await context.abort(self.code, message)
+
+    def finish(self) -> None:
+        metrics.REQUESTS.labels(self.service, self.method, self.model, self.code.name).inc()
+        elapsed = time.perf_counter() - self.start
+        metrics.REQUEST_DURATION.labels(self.service, self.method, self.model).observe(elapsed)
+
+
+def grpc_errors(service: str) -> Callable:
+    """Decorator for grpc.aio handlers (coroutines, or async generators for streaming responses)."""
+
+    def wrap(fn: Callable) -> Callable:
+        if inspect.isasyncgenfunction(fn):
+            return _wrap_stream(service, fn)
+        if inspect.iscoroutinefunction(fn):
+            return _wrap_unary(service, fn)
+        raise TypeError(f"grpc_errors: {fn.__qualname__} must be async def (or an async generator)")
+
+    return wrap
+
+
+def _wrap_unary(service: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    async def handler(self, request, context):
+        call = _Call(service, fn.__name__, request)
+        try:
+            return await fn(self, request, context)
+        except asyncio.CancelledError:
+            call.interrupted(context)
+            raise
+        except grpc.aio.AbortError:
+            call.aborted(context)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become INTERNAL
+            await call.fail(context, exc)
+        finally:
+            call.finish()
+
+    return handler
+
+
+def _wrap_stream(service: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    async def handler(self, request, context):
+        call = _Call(service, fn.__name__, request)
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except asyncio.CancelledError:
+            call.interrupted(context)
+            raise
+        except grpc.aio.AbortError:
+            call.aborted(context)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become INTERNAL
+            await call.fail(context, exc)
+        finally:
+            call.finish()
+
+    return handler

@@ -1,0 +1,62 @@
+"""Prometheus metrics of the service, in one place, with the histogram buckets defined once.
+
+The names are public (dashboards and alerts in deploy/ use them). Series shared by every model
+kind live here; generation-only series live in service/textgen/metrics.py and reuse the buckets.
+All metrics are registered on prometheus_client's default registry, served over HTTP on their own
+port by `start_metrics_server` (port 0 picks a free port; the port actually bound is returned).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+# Seconds: from sub-millisecond (one queue hop) to a long generation.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Rows per batch.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Tokens per batch, padding counted (rows x longest row).
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+REQUESTS = Counter(
+    "ts_requests", "RPCs handled, by final status code", ["service", "method", "model", "code"]
+)
+REQUEST_DURATION = Histogram(
+    "ts_request_duration_seconds", "RPC latency, server side, from arrival to the last message",
+    ["service", "method", "model"], buckets=LATENCY_BUCKETS,
+)
+QUEUE_DURATION = Histogram(
+    "ts_queue_duration_seconds", "time an item waited in a model's queue before its batch ran",
+    ["model"], buckets=LATENCY_BUCKETS,
+)
+QUEUE_DEPTH = Gauge("ts_queue_depth", "items waiting in a model's queue", ["model"])
+QUEUE_CAPACITY = Gauge("ts_queue_capacity", "most items a model's queue holds before RESOURCE_EXHAUSTED", ["model"])
+BATCH_SIZE = Histogram("ts_batch_size", "rows per model forward pass", ["model"], buckets=BATCH_SIZE_BUCKETS)
+BATCH_TOKENS = Histogram(
+    "ts_batch_tokens", "tokens per forward pass, padding counted (rows x longest row)", ["model"],
+    buckets=TOKEN_BUCKETS,
+)
+TOKENS = Counter("ts_tokens", "tokens read (input) and generated (output)", ["model", "direction"])
+MODEL_INFO = Gauge(
+    "ts_model_info", "1 per served model; labels say what runs where",
+    ["model", "kind", "provider", "variant", "requested_provider"],
+)
+INFERENCE_DURATION = Histogram(
+    "ts_inference_duration_seconds", "wall time of one model forward pass (one batch)", ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+DROPPED = Counter(
+    "ts_dropped_items", "queued items dropped before compute because their call was cancelled or expired",
+    ["model", "reason"],
+)
+
+
+def start_metrics_server(host: str, port: int) -> tuple[object, int]:
+    """Serves /metrics in a daemon thread; returns (server, bound port). Call `server.shutdown()` to stop."""
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    bound = server.server_port
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return server, bound

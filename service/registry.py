@@ -1,0 +1,196 @@
+"""The served models: the `Backend` protocol every model kind implements, and `ModelRegistry`.
+
+`ModelRegistry.load` reads every model directory under the models root (verified by
+`service.manifest.load_model_dir`) and builds one backend per directory, chosen by manifest kind:
+    embedding   -> service.embedding.EmbeddingModel
+    generation  -> service.textgen.generator.GenerationModel
+    translation -> service.textgen.translator.TranslationModel
+(imported lazily, so a kind's code loads only when a model of that kind is served). One model per
+kind is the default: the settings' `default_<kind>_model`, else the one whose manifest says
+`extra["default"]: true`, else the first by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from service import metrics
+from service.errors import InvalidArgument, NotFound, Unavailable
+from service.manifest import KINDS, Manifest, ModelDir, discover, load_model_dir
+from service.runtime import Runtime
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BACKENDS = {
+    "embedding": "service.embedding:EmbeddingModel",
+    "generation": "service.textgen.generator:GenerationModel",
+    "translation": "service.textgen.translator:TranslationModel",
+}
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One served model. Engines and schedulers behind it never see protobuf."""
+
+    name: str
+    kind: str
+    manifest: Manifest
+    provider: str  # execution provider actually in use, e.g. "CPUExecutionProvider"
+    variant: str  # graph variant served: fp32 | optimized | fp16 | int8
+
+    @classmethod
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "Backend": ...
+
+    async def start(self) -> None:
+        """Starts the model's queue / scheduler task."""
+
+    async def warmup(self) -> None:
+        """Runs a real forward pass; raises on failure (health stays NOT_SERVING)."""
+
+    async def stop(self) -> None:
+        """Finishes queued work (the server's grace period bounds it), then stops the task."""
+
+    def info(self) -> dict[str, Any]:
+        """Fields of protos ModelInfo (see `model_info`), without is_default."""
+
+
+class ModelLoadError(RuntimeError):
+    """A model directory that cannot be served; the message names it and the cause."""
+
+
+def model_info(backend: Backend, vocab_size: int) -> dict[str, Any]:
+    """The ModelInfo fields every backend shares; backends call this from `info()`."""
+    m = backend.manifest
+    summary = {
+        "opset": str(m.opset),
+        "format_version": str(m.format_version),
+        "architecture": str(m.architecture.get("type", "")),
+        **{f"version.{k}": str(v) for k, v in m.versions.items()},
+        **{f"parity.{k}": str(v) for k, v in m.parity.items() if not isinstance(v, (dict, list))},
+        **{f"sha256.{g.role}.{g.variant}": g.sha256 for g in m.graphs},
+    }
+    if m.pooling:
+        summary["pooling"] = m.pooling
+    return {
+        "name": backend.name,
+        "kind": backend.kind,
+        "execution_provider": backend.provider,
+        "max_input_tokens": m.max_input_tokens,
+        "embedding_dimension": m.embedding_dim or 0,
+        "vocab_size": vocab_size,
+        "variant": backend.variant,
+        "manifest": summary,
+        "max_output_tokens": m.max_output_tokens or 0,
+    }
+
+
+def backend_class(kind: str) -> type:
+    module, _, attr = BACKENDS[kind].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class ModelRegistry:
+    def __init__(self, backends: list[Backend], defaults: dict[str, str]):
+        self._by_name = {b.name: b for b in backends}
+        self.defaults = defaults  # kind -> default model name
+        self.draining = False  # set by the server on SIGTERM: admit() then refuses new calls
+
+    def admit(self) -> None:
+        """Servicers call this first in every RPC: UNAVAILABLE once the server is draining."""
+        if self.draining:
+            raise Unavailable("the server is shutting down; retry on another replica")
+
+    @classmethod
+    def load(cls, settings: Settings, runtime: Runtime) -> "ModelRegistry":
+        """Loads every model directory under settings.models; raises ModelLoadError naming the cause."""
+        dirs = discover(settings.models)
+        if not dirs:
+            raise ModelLoadError(f"no model directories (folders with model.json) under {Path(settings.models)}; "
+                                 "run `make models` or pass --models DIR")
+        backends = [cls._load_one(path, settings, runtime) for path in dirs]
+        names = [b.name for b in backends]
+        if len(set(names)) != len(names):
+            raise ModelLoadError(f"duplicate model names under {settings.models}: {sorted(names)}")
+        registry = cls(backends, _defaults(backends, settings))
+        for b in backends:
+            metrics.MODEL_INFO.labels(b.name, b.kind, b.provider, b.variant, runtime.requested_provider).set(1)
+            log.info("model %s: kind=%s provider=%s (requested %s) variant=%s default=%s from %s", b.name, b.kind,
+                     b.provider, runtime.requested_provider, b.variant, registry.is_default(b), settings.models)
+        return registry
+
+    @staticmethod
+    def _load_one(path: Path, settings: Settings, runtime: Runtime) -> Backend:
+        model_dir = load_model_dir(path, verify_hashes=settings.verify_hashes)
+        kind = model_dir.manifest.kind
+        try:
+            return backend_class(kind).load(model_dir, settings, runtime)
+        except ImportError as e:
+            raise ModelLoadError(f"{path}: no backend for kind {kind!r} ({e})") from e
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(sorted(self._by_name.values(), key=lambda b: b.name))
+
+    def is_default(self, backend: Backend) -> bool:
+        return self.defaults.get(backend.kind) == backend.name
+
+    def get(self, kind: str, name: str = "") -> Backend:
+        """The model `name` of `kind` (empty: the default); NotFound / InvalidArgument say what exists."""
+        if not name:
+            if kind not in self.defaults:
+                raise NotFound(f"no {kind} model is served here (served: {self._summary()})")
+            return self._by_name[self.defaults[kind]]
+        backend = self._by_name.get(name)
+        if backend is None:
+            raise NotFound(f"unknown model {name!r}; available {kind} models: {self._names(kind) or 'none'}")
+        if backend.kind != kind:
+            raise InvalidArgument(f"model {name!r} is a {backend.kind} model, not a {kind} model; "
+                                  f"available {kind} models: {self._names(kind) or 'none'}")
+        return backend
+
+    def find(self, name: str) -> Backend:
+        """Any model by name (ModelService.GetModel)."""
+        if name not in self._by_name:
+            raise NotFound(f"unknown model {name!r}; available models: {', '.join(sorted(self._by_name)) or 'none'}")
+        return self._by_name[name]
+
+    def _names(self, kind: str) -> str:
+        return ", ".join(b.name for b in self if b.kind == kind)
+
+    def _summary(self) -> str:
+        return ", ".join(f"{b.name} ({b.kind})" for b in self) or "none"
+
+    async def start(self) -> None:
+        """Starts every model's task and runs its warm-up pass; raises if any warm-up fails."""
+        for b in self:
+            await b.start()
+        for b in self:
+            await b.warmup()
+            log.info("model %s warmed up", b.name)
+
+    async def stop(self) -> None:
+        """Stops every model (each drains what it was given)."""
+        await asyncio.gather(*(b.stop() for b in self), return_exceptions=False)
+
+
+def _defaults(backends: list[Backend], settings: Settings) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for kind in KINDS:
+        of_kind = sorted((b for b in backends if b.kind == kind), key=lambda b: b.name)
+        if not of_kind:
+            continue
+        override = getattr(settings, f"default_{kind}_model")
+        if override:
+            if override not in {b.name for b in of_kind}:
+                raise ModelLoadError(f"default_{kind}_model={override!r} is not a served {kind} model "
+                                     f"(have: {', '.join(b.name for b in of_kind)})")
+            out[kind] = override
+            continue
+        flagged = [b.name for b in of_kind if b.manifest.extra.get("default") is True]
+        out[kind] = flagged[0] if flagged else of_kind[0].name
+    return out

@@ -1,0 +1,108 @@
+"""onnxruntime in one place: execution-provider choice, session creation, the compute executor.
+
+`Runtime` is built once from Settings and shared by every model:
+- `create_session(path)` asks for CUDA when `device` is "cuda" (or "auto" and onnxruntime offers
+  it), else CPU, then reads `session.get_providers()`: onnxruntime falls back to CPU *silently*
+  when the CUDA libraries are missing (FACTS.md), so the provider actually in use is detected,
+  logged and exposed; with `strict_provider` a fallback raises `ProviderError` instead.
+- `await run(fn, *args)` runs blocking compute in ONE bounded ThreadPoolExecutor of
+  `compute_workers` threads, never on the event loop; onnxruntime releases the GIL while it runs,
+  so `compute_workers` batches run in parallel (intra-op threads per session from settings).
+- `choose_variant(manifest, role)` picks the graph variant to serve (settings `variant`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import onnxruntime as ort
+
+from service.manifest import Manifest
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+T = TypeVar("T")
+
+
+class ProviderError(RuntimeError):
+    """The requested execution provider is not the one in use and strict mode forbids a fallback."""
+
+
+class Runtime:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        available = ort.get_available_providers()
+        if settings.device == "cuda" and CUDA not in available:
+            self._fallback(f"device=cuda but this onnxruntime offers only {', '.join(available)} "
+                           "(install onnxruntime-gpu instead of onnxruntime)")
+        wants_cuda = settings.device == "cuda" or (settings.device == "auto" and CUDA in available)
+        self.requested_provider = CUDA if wants_cuda else CPU
+        self.provider = self.requested_provider  # replaced by what the first session reports
+        self._executor = ThreadPoolExecutor(settings.compute_workers, thread_name_prefix="ts-compute")
+        self._closed = False
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.provider == CUDA
+
+    def session_options(self) -> ort.SessionOptions:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.settings.intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning intra-op threads burn the CPU that parallel batches and other processes need.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.log_severity_level = 3  # errors only; the fallback is detected and logged below
+        return opts
+
+    def create_session(self, path: str | Path) -> ort.InferenceSession:
+        """An InferenceSession on the chosen provider; raises ProviderError on a strict fallback."""
+        providers: list[Any] = [CPU]
+        if self.requested_provider == CUDA:
+            providers = [(CUDA, {"device_id": 0}), CPU]
+        session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=providers)
+        used = session.get_providers()[0]
+        if used != self.requested_provider:
+            self._fallback(f"{Path(path).name}: asked for {self.requested_provider}, onnxruntime runs {used} "
+                           "(CUDA/cuDNN libraries missing or incompatible?)")
+        self.provider = used
+        return session
+
+    def _fallback(self, reason: str) -> None:
+        if self.settings.strict_provider:
+            raise ProviderError(f"{reason}; refusing to start (strict_provider is set)")
+        log.warning("%s; falling back to %s", reason, CPU)
+
+    def choose_variant(self, manifest: Manifest, role: str) -> str:
+        """The graph variant to serve for role: the settings' choice, or auto (never int8 by default)."""
+        have = manifest.variants(role)
+        wanted = self.settings.variant
+        if wanted != "auto":
+            if wanted not in have:
+                raise ValueError(f"model {manifest.name!r}: variant {wanted!r} requested but its {role} "
+                                 f"graph comes only as {', '.join(have)}")
+            return wanted
+        # fp16 needs the GPU; "optimized" is fused for the CPU (FACTS.md), fp32 always exists.
+        order = ("fp16", "optimized", "fp32") if self.requested_provider == CUDA else ("optimized", "fp32")
+        return next(v for v in order if v in have)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs fn(*args) in the compute executor and awaits its result."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        """Stops the executor once the running tasks finish."""
+        if not self._closed:
+            self._closed = True
+            self._executor.shutdown(wait=True, cancel_futures=True)

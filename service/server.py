@@ -1,0 +1,155 @@
+"""The gRPC server: models, servicers, health, reflection, metrics endpoint and graceful shutdown.
+
+Lifecycle (`Server.start` then `Server.shutdown`):
+1. load every model directory (registry; sessions on the chosen provider) and bind the port with
+   health NOT_SERVING, so probes see the server before it can serve;
+2. start each model's queue task and run a warm-up forward pass, then set health SERVING for the
+   overall "" service and each service that has a model (ModelService always);
+3. on SIGTERM / SIGINT (the server runs as PID 1 in a container and must handle them itself):
+   health NOT_SERVING at once (`enter_graceful_shutdown`), new calls refused with UNAVAILABLE,
+   in-flight calls finish within `grace_seconds` (`server.stop(grace)`), the models' queues drain,
+   and `serve()` returns 0. (grpc `examples/python/route_guide/asyncio_route_guide_server.py`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service import metrics
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+from service.registry import ModelRegistry
+from service.runtime import Runtime
+from service.servicers import EmbeddingServicer, ModelServicer
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
+SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation", "TranslationService": "translation"}
+TEXTGEN_SERVICERS = "service.textgen.servicers"
+
+
+class Server:
+    """A running service; `address`, `port` and `metrics_port` are the ones actually bound."""
+
+    def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry):
+        self.settings, self.runtime, self.registry = settings, runtime, registry
+        self.grpc = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ])
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._metrics_server = None
+        self._stopping: asyncio.Task | None = None
+        self.stopped = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.host}:{self.port}"
+
+    @classmethod
+    async def start(cls, settings: Settings) -> "Server":
+        """Loads, binds, warms up; returns once every model serves (raises if one cannot)."""
+        runtime = Runtime(settings)
+        try:
+            registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime)
+        except BaseException:
+            runtime.close()
+            raise
+        server = cls(settings, runtime, registry)
+        await server._bind()
+        try:
+            await registry.start()
+        except BaseException:
+            await server.shutdown(grace=0)
+            raise
+        await server._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %d model(s) on %s", len(list(registry)), server.address)
+        return server
+
+    async def _bind(self) -> None:
+        pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
+        pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
+        self._add_textgen()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.grpc)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC to {self.settings.host}:{self.settings.port}")
+        await self.grpc.start()
+        log.info("gRPC listening on %s", self.address)
+        if self.settings.metrics_port >= 0:
+            self._metrics_server, self.metrics_port = metrics.start_metrics_server(
+                self.settings.metrics_address, self.settings.metrics_port)
+
+    def _add_textgen(self) -> None:
+        """GenerationService + TranslationService (service/textgen, issue 4)."""
+        try:
+            module = importlib.import_module(TEXTGEN_SERVICERS)
+        except ModuleNotFoundError as e:
+            if e.name != TEXTGEN_SERVICERS or any(b.kind != "embedding" for b in self.registry):
+                raise
+            log.warning("%s is missing: generation and translation RPCs are not served", TEXTGEN_SERVICERS)
+            return
+        module.add_to_server(self.grpc, self.registry, self.settings)
+
+    async def _set_health(self, status: int) -> None:
+        served_kinds = {b.kind for b in self.registry}
+        await self.health.set("", status)
+        for name, full_name in SERVICES.items():
+            kind = SERVICE_KINDS.get(name)
+            ok = kind is None or kind in served_kinds
+            await self.health.set(full_name, status if ok else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def shutdown(self, grace: float | None = None) -> asyncio.Task:
+        """Starts the graceful shutdown once (later calls return the same task); await it to wait."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._shutdown(self.settings.grace_seconds if grace is None else grace))
+        return self._stopping
+
+    async def _shutdown(self, grace: float) -> None:
+        log.info("shutting down: NOT_SERVING, refusing new calls, %.1fs grace for in-flight calls", grace)
+        self.registry.draining = True
+        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop(grace)
+        await self.registry.stop()
+        await asyncio.to_thread(self.runtime.close)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        log.info("stopped")
+        self.stopped.set()
+
+
+def install_signal_handlers(server: Server) -> None:
+    """SIGTERM / SIGINT start the graceful shutdown (a second signal does not restart it)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, server, sig)
+
+
+def _on_signal(server: Server, sig: signal.Signals) -> None:
+    log.info("received %s", sig.name)
+    server.shutdown()
+
+
+async def serve(settings: Settings) -> int:
+    """Runs the service until a signal stops it; returns the process exit code."""
+    server = await Server.start(settings)
+    install_signal_handlers(server)
+    await server.stopped.wait()
+    return 0

@@ -1,0 +1,152 @@
+"""Service settings: one frozen, typed object read from `TS_`-prefixed environment variables.
+
+Every field has a default and a one-line doc (`metadata["doc"]`), which is also the help text of
+its command-line flag: field `metrics_port` is env `TS_METRICS_PORT` and flag `--metrics-port`.
+Precedence: flag > environment variable > default. (MLServer `settings.py`.)
+
+    settings = Settings.from_env()                       # defaults + TS_* variables
+    settings = Settings.from_args(["--port", "0"])      # ... + flags
+    settings = dataclasses.replace(settings, port=0)    # tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+ENV_PREFIX = "TS_"
+DEVICES = ("auto", "cpu", "cuda")
+VARIANT_CHOICES = ("auto", "fp32", "optimized", "fp16", "int8")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _f(default: Any, doc: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"doc": doc, **extra})
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Server
+    models: str = _f("models", "root folder holding one model directory per served model")
+    host: str = _f("127.0.0.1", "gRPC listen address (0.0.0.0 in a container)")
+    port: int = _f(50051, "gRPC port; 0 picks a free one (logged at start)")
+    metrics_host: str = _f("", "metrics HTTP listen address; empty = same as --host")
+    metrics_port: int = _f(9464, "Prometheus metrics HTTP port; 0 picks a free one; -1 disables it")
+    grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
+    max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message accepted or sent, in bytes")
+    log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
+    verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
+    # onnxruntime
+    device: str = _f("auto", "auto (CUDA when present, else CPU) | cpu | cuda", choices=DEVICES)
+    strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
+    variant: str = _f("auto", "graph variant: auto (fp16 on CUDA, else optimized, else fp32) or one name",
+                      choices=VARIANT_CHOICES)
+    intra_op_threads: int = _f(1, "onnxruntime intra-op threads per session")
+    compute_workers: int = _f(2, "threads of the one compute executor (parallel batches)")
+    # Default models per kind (empty: the manifest's extra.default, else the first by name)
+    default_embedding_model: str = _f("", "embedding model used when a request names none")
+    default_generation_model: str = _f("", "generation model used when a request names none")
+    default_translation_model: str = _f("", "translation model used when a request names none")
+    # Embeddings
+    embed_max_batch_tokens: int = _f(2048, "token budget of one embedding batch (rows x longest, padding counted)")
+    embed_max_batch_size: int = _f(32, "most inputs in one embedding batch")
+    embed_max_wait_ms: float = _f(2.0, "how long a batch waits for more inputs before it closes")
+    embed_max_queue: int = _f(2048, "queued inputs per embedding model; beyond it RESOURCE_EXHAUSTED")
+    embed_max_inputs: int = _f(256, "most inputs in one Embed request")
+    # Generation and translation
+    gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
+    gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
+    gen_max_queue: int = _f(256, "queued generation requests per model; beyond it RESOURCE_EXHAUSTED")
+    translate_max_batch: int = _f(32, "most inputs (x beams) decoded together by one translation model")
+    translate_max_beam: int = _f(8, "largest beam_size accepted")
+    translate_default_max_length: int = _f(0, "max target tokens when a request leaves it 0; 0 = model's")
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid settings: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Human-readable reasons these settings cannot be used (empty when they can)."""
+        out = []
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                out.append(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+        positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_batch_tokens",
+                    "embed_max_batch_size", "embed_max_queue", "embed_max_inputs", "gen_max_batch",
+                    "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch", "translate_max_beam")
+        out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
+        non_negative = ("port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length")
+        out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
+        if self.metrics_port < -1:
+            out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
+        return out
+
+    @property
+    def metrics_address(self) -> str:
+        return self.metrics_host or self.host
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Defaults, then `TS_<FIELD>` variables, then keyword overrides."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f, raw, source=ENV_PREFIX + f.name.upper())
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                  prog: str = "python -m service") -> "Settings":
+        """Parses flags (see `add_arguments`) over `from_env`; flags not given leave env/defaults."""
+        parser = argparse.ArgumentParser(prog=prog, description="transformer-serving gRPC service")
+        cls.add_arguments(parser)
+        args = parser.parse_args(argv)
+        overrides = {k: v for k, v in vars(args).items() if v is not None}
+        try:
+            return cls.from_env(env, **overrides)
+        except ValueError as e:
+            parser.error(str(e))
+            raise  # unreachable: parser.error exits
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field, named after it (`--embed-max-wait-ms`); defaults are None = not given."""
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            env_name = ENV_PREFIX + f.name.upper()
+            doc = f"{f.metadata['doc']} (env {env_name}; default {f.default!r})"
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=doc)
+            else:
+                parser.add_argument(flag, type=_type_of(f), default=None, help=doc,
+                                    choices=f.metadata.get("choices"))
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _type_of(f: dataclasses.Field) -> type:
+    return {"int": int, "float": float, "str": str, "bool": bool}.get(str(f.type), str)
+
+
+def _parse(f: dataclasses.Field, raw: str, source: str) -> Any:
+    kind = _type_of(f)
+    if kind is bool:
+        low = raw.strip().lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise ValueError(f"{source}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+    try:
+        return kind(raw)
+    except ValueError as e:
+        raise ValueError(f"{source}={raw!r}: expected {kind.__name__}") from e

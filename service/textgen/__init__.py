@@ -1,0 +1,1 @@
+"""Text generation (GPT-style decoder, continuous batching) and translation (encoder-decoder, beam search)."""

@@ -1,0 +1,72 @@
+"""Protobuf <-> plain values for GenerationService and TranslationService (engines never see protobuf)."""
+
+from __future__ import annotations
+
+from service.converters import usage
+from service.proto import inference_pb2 as pb
+from service.textgen.decoding import SamplingParams
+from service.textgen.sequence import EOS, LENGTH, STOP, Chunk, Timings
+from service.textgen.translator import TranslateOptions, TranslateResult
+
+FINISH_REASONS = {
+    LENGTH: pb.FINISH_REASON_LENGTH,
+    STOP: pb.FINISH_REASON_STOP_SEQUENCE,
+    EOS: pb.FINISH_REASON_EOS,
+}
+
+
+def sampling_params(request: pb.GenerateRequest) -> SamplingParams:
+    """A GenerateRequest's sampling knobs as plain values (ranges are checked by the model)."""
+    return SamplingParams(
+        max_new_tokens=int(request.max_new_tokens),
+        temperature=float(request.temperature),
+        top_k=int(request.top_k),
+        top_p=float(request.top_p),
+        repetition_penalty=float(request.repetition_penalty),
+        stop=tuple(request.stop),
+        seed=int(request.seed) if request.HasField("seed") else None,
+    )
+
+
+def _timings(t: Timings) -> pb.Timings:
+    return pb.Timings(tokenize_ms=t.tokenize_ms, queue_ms=t.queue_ms, inference_ms=t.inference_ms,
+                      total_ms=t.total_ms, time_to_first_token_ms=t.time_to_first_token_ms)
+
+
+def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
+    msg = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids, model=model)
+    if chunk.finish_reason is not None:
+        msg.finish_reason = FINISH_REASONS[chunk.finish_reason]
+        msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
+        msg.timings.CopyFrom(_timings(chunk.timings))
+    return msg
+
+
+def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:
+    """All chunks of one generation joined: the same text and tokens a stream delivers."""
+    last = chunks[-1]
+    return pb.GenerateResponse(
+        text="".join(c.text for c in chunks),
+        token_ids=[t for c in chunks for t in c.token_ids],
+        finish_reason=FINISH_REASONS[last.finish_reason],
+        usage=usage(last.input_tokens, last.output_tokens),
+        timings=_timings(last.timings),
+        model=model,
+    )
+
+
+def translate_options(request: pb.TranslateRequest) -> TranslateOptions:
+    return TranslateOptions(
+        beam_size=int(request.beam_size) or 1,
+        max_length=int(request.max_length),
+        length_penalty=float(request.length_penalty) if request.length_penalty != 0 else 1.0,
+    )
+
+
+def translate_response(result: TranslateResult, model: str) -> pb.TranslateResponse:
+    return pb.TranslateResponse(
+        translations=[pb.Translation(text=t.text, score=t.score) for t in result.translations],
+        model=model,
+        usage=usage(result.input_tokens, result.output_tokens),
+        timings=_timings(result.timings),
+    )

@@ -1,0 +1,183 @@
+"""Pure decoding helpers shared by the generator: sampling, stop sequences, incremental detokenising.
+
+- `SamplingParams` + `check_params`: the knobs of one generation and their allowed ranges
+  (violations raise `ParamError`, which the servicer maps to INVALID_ARGUMENT).
+- `next_token`: one row of logits -> one token id, with Hugging Face semantics for repetition
+  penalty (divide positive / multiply negative logits of seen tokens), temperature, top-k and
+  top-p (the smallest set of tokens whose probability reaches top_p). Temperature 0 is greedy.
+- `IncrementalDetokenizer`: token ids -> text deltas that never split a UTF-8 character
+  (byte-level BPE tokens may end mid-character; the decoder then yields U+FFFD: hold it back),
+  following TGI's prefix/read offsets.
+- `StopMatcher`: finds stop sequences in text across token boundaries, cuts them, and holds back
+  any tail that could still become the start of a stop sequence.
+No onnxruntime, no protobuf: numpy and a `tokenizers.Tokenizer` only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+REPLACEMENT_CHAR = "\ufffd"
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+
+
+class ParamError(ValueError):
+    """A sampling / generation parameter out of its allowed range; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 0  # 0: the server default
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 0.0  # 0 or 1: off
+    repetition_penalty: float = 0.0  # 0: off; 1: neutral
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def check_params(p: SamplingParams) -> None:
+    """Raises ParamError naming the first parameter out of range and the allowed range."""
+    if not math.isfinite(p.temperature) or p.temperature < 0:
+        raise ParamError(f"temperature must be finite and >= 0 (0 = greedy), got {p.temperature}")
+    if p.top_k < 0:
+        raise ParamError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+    if not math.isfinite(p.top_p) or not 0.0 <= p.top_p <= 1.0:
+        raise ParamError(f"top_p must be in [0, 1] (0 or 1 = off), got {p.top_p}")
+    if not math.isfinite(p.repetition_penalty) or p.repetition_penalty < 0:
+        raise ParamError(f"repetition_penalty must be 0 (off) or a finite value > 0 (1 = neutral), got {p.repetition_penalty}")
+    if p.max_new_tokens < 0:
+        raise ParamError(f"max_new_tokens must be >= 0 (0 = server default), got {p.max_new_tokens}")
+    if len(p.stop) > MAX_STOP_SEQUENCES:
+        raise ParamError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(p.stop)}")
+    for i, s in enumerate(p.stop):
+        if not s:
+            raise ParamError(f"stop[{i}] is empty; stop sequences must be non-empty strings")
+        if len(s) > MAX_STOP_CHARS:
+            raise ParamError(f"stop[{i}] is {len(s)} characters; the limit is {MAX_STOP_CHARS}")
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """One generator per request, so a seed reproduces the output whatever else runs."""
+    return np.random.default_rng(seed)
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """HF semantics: for each previously seen token, logit / penalty if > 0 else logit * penalty."""
+    if penalty in (0.0, 1.0) or seen.size == 0:
+        return logits
+    logits = logits.copy()
+    ids = np.unique(seen)
+    vals = logits[ids]
+    logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return logits
+
+
+def next_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
+    """One row of logits (V,) -> (token id, its log-probability under the unmodified distribution)."""
+    logits = logits.astype(np.float64, copy=False)
+    scores = apply_repetition_penalty(logits, seen, p.repetition_penalty)
+    if p.greedy:
+        token = int(np.argmax(scores))
+    else:
+        token = _sample(scores / p.temperature, p.top_k, p.top_p, rng)
+    shifted = logits - logits.max()
+    return token, float(shifted[token] - np.log(np.exp(shifted).sum()))
+
+
+def _sample(scores: np.ndarray, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    order = np.argsort(-scores, kind="stable")  # token ids, most likely first
+    if 0 < top_k < order.size:
+        order = order[:top_k]
+    kept = scores[order]
+    probs = np.exp(kept - kept[0])
+    probs /= probs.sum()
+    if 0.0 < top_p < 1.0:
+        before = np.cumsum(probs) - probs  # probability mass of the tokens ranked above each one
+        n = max(1, int(np.count_nonzero(before < top_p)))
+        probs = probs[:n] / probs[:n].sum()
+        order = order[:n]
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(order[min(i, order.size - 1)])
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text deltas out; never emits a partial UTF-8 character until the end.
+
+    The prompt's last few tokens are decoded along with the new ones so that decoders that
+    depend on the left context (e.g. a Metaspace leading space) produce the right text.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int], context: int = 5):
+        self._tok = tokenizer
+        self._ids = list(prompt_ids)
+        self._prefix = max(len(self._ids) - context, 0)
+        self._read = len(self._ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def push(self, token: int) -> str:
+        """Adds one token; returns the text it completes (may be empty while a character is split)."""
+        self._ids.append(token)
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full = self._decode(self._ids[self._prefix :])
+        if len(full) > len(prefix_text) and not full.endswith(REPLACEMENT_CHAR):
+            delta = full[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self._ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """The text still held back (an incomplete character shows as U+FFFD)."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full = self._decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return full[len(prefix_text) :]
+
+
+class StopMatcher:
+    """Accumulates generated text; releases only text that cannot be part of a stop sequence."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self._stops = tuple(s for s in stops if s)
+        self._pending = ""  # decoded, not yet released
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Adds decoded text; returns the part safe to release. Sets `stopped` on a match (cut)."""
+        if self.stopped:
+            return ""
+        self._pending += text
+        cut = min((i for i in (self._pending.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self._pending, self.stopped = self._pending[:cut], "", True
+            return out
+        hold = self._held_tail()
+        out = self._pending[: len(self._pending) - hold]
+        self._pending = self._pending[len(self._pending) - hold :]
+        return out
+
+    def _held_tail(self) -> int:
+        """Length of the longest suffix of pending text that is a proper prefix of a stop sequence."""
+        best = 0
+        for s in self._stops:
+            for n in range(min(len(s) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def flush(self) -> str:
+        """At the end of a generation without a match, the held-back tail is ordinary text."""
+        out, self._pending = ("" if self.stopped else self._pending), ""
+        return out

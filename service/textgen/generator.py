@@ -1,0 +1,111 @@
+"""`GenerationModel`: the registry backend for kind "generation" (a GPT-style decoder with KV cache).
+
+`submit(prompt, params)` tokenizes the prompt, checks its length, resolves max_new_tokens and
+hands a `Sequence` to the model's continuous-batching `Scheduler`; the returned handle yields
+`Chunk`s as tokens are generated. Limits (documented in docs/api.md):
+- a prompt may hold at most `max_input_tokens` tokens (manifest), else INVALID_ARGUMENT;
+- max_new_tokens 0 means `gen_default_max_new_tokens` (settings); any value is *capped* so that
+  prompt + new tokens fit the model's context (`max_positions`) and at most `max_output_tokens`
+  (manifest) are generated; a capped generation ends with finish reason "length".
+On a CUDA provider the KV cache stays on the GPU between steps (IO binding); on CPU it is numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from service import metrics
+from service.errors import InvalidArgument
+from service.manifest import Manifest, ModelDir
+from service.registry import model_info
+from service.runtime import Runtime
+from service.settings import Settings
+from service.textgen.decoding import ParamError, SamplingParams, check_params
+from service.textgen.kvcache import GraphIO
+from service.textgen.scheduler import Scheduler
+from service.textgen.sequence import GenerationHandle, Sequence
+
+log = logging.getLogger(__name__)
+
+PREFILL_TOKENS_PER_STEP = 512  # prompt tokens (padding counted) prefilled per scheduler turn
+WARMUP_TOKENS = 2
+
+
+class GenerationModel:
+    kind = "generation"
+
+    def __init__(self, manifest: Manifest, session, tokenizer: Tokenizer, settings: Settings, runtime: Runtime,
+                 variant: str, io_binding: bool | None = None):
+        self.name, self.manifest, self.variant = manifest.name, manifest, variant
+        self.provider = session.get_providers()[0]
+        self.tokenizer, self.settings = tokenizer, settings
+        self.io = GraphIO.inspect(session, manifest.architecture)
+        special = manifest.special_tokens
+        self.eos_id = special.get("eos")
+        self.bos_id = special.get("bos")
+        self.context = int(manifest.architecture.get("max_positions") or manifest.max_input_tokens)
+        self.max_prompt = min(int(manifest.max_input_tokens), self.context - 1)
+        self.max_output = int(manifest.max_output_tokens or self.context)
+        if io_binding is None:
+            io_binding = self.provider == "CUDAExecutionProvider"
+        device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
+        self.scheduler = Scheduler(
+            self.name, session, self.io, runtime, max_batch=settings.gen_max_batch, max_queue=settings.gen_max_queue,
+            prefill_tokens=PREFILL_TOKENS_PER_STEP, pad_id=int(special.get("pad", 0)), device=device,
+        )
+
+    @classmethod
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "GenerationModel":
+        m = model_dir.manifest
+        variant = runtime.choose_variant(m, "decoder")
+        session = runtime.create_session(model_dir.file(m.graph("decoder", variant).file))
+        tokenizer = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        model = cls(m, session, tokenizer, settings, runtime, variant)
+        log.info("generation model %s: %d layers, %d heads x %d, context %d, kv %s, io_binding=%s", model.name,
+                 model.io.n_layers, model.io.n_heads, model.io.head_dim, model.context, model.io.kv_dtype.__name__,
+                 model.scheduler.cache.device is not None)
+        return model
+
+    def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
+        """Queues one generation; raises InvalidArgument / ResourceExhausted / Unavailable."""
+        try:
+            check_params(params)
+        except ParamError as e:
+            raise InvalidArgument(str(e)) from e
+        ids = self.tokenizer.encode(prompt).ids
+        if not ids:
+            if self.bos_id is None:
+                raise InvalidArgument("prompt is empty and the model has no start token; send some text")
+            ids = [int(self.bos_id)]
+        if len(ids) > self.max_prompt:
+            raise InvalidArgument(f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
+                                  f"{self.max_prompt} prompt tokens (shorten the prompt)")
+        wanted = params.max_new_tokens or self.settings.gen_default_max_new_tokens
+        limit = min(self.max_output, self.context - len(ids))
+        params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
+        seq = Sequence(ids, params, self.eos_id, self.tokenizer)
+        metrics.TOKENS.labels(self.name, "input").inc(len(ids))
+        return self.scheduler.submit(seq)
+
+    async def start(self) -> None:
+        self.scheduler.start()
+
+    async def warmup(self) -> None:
+        """A real prefill + decode step through the scheduler; raises on failure."""
+        handle = self.submit("Hello", SamplingParams(max_new_tokens=WARMUP_TOKENS))
+        async for _ in handle:
+            pass
+
+    async def stop(self) -> None:
+        await self.scheduler.stop(self.settings.grace_seconds)
+
+    def info(self) -> dict[str, Any]:
+        info = model_info(self, self.io.vocab_size)
+        info["max_output_tokens"] = self.max_output
+        return info

@@ -1,0 +1,213 @@
+"""Continuous batching for one generation model: one asyncio task owns the running batch.
+
+Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level scheduling):
+1. admit waiting requests while the batch has room, capping the prompt tokens prefilled per turn
+   (`prefill_tokens`, padding counted) so newcomers cannot starve running decodes;
+2. prefill the newcomers together (left-padded, empty past), sample their first token, and merge
+   their KV rows into the batch cache;
+3. run one decode step for every running row (one new token each), sample, send chunks;
+4. rows that finished, were cancelled (client gone, deadline) or failed leave the batch and their
+   cache rows are freed; the cache is compacted (see kvcache.KVBatch).
+Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
+chunks to each request's queue. A cancelled request leaves at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+import numpy as np
+
+from service import metrics
+from service.errors import ResourceExhausted, Unavailable
+from service.textgen import metrics as gen_metrics
+from service.textgen.kvcache import GraphIO, KVBatch, pad_left, run_prefill, run_step
+from service.textgen.sequence import Chunk, GenerationHandle, Sequence
+
+log = logging.getLogger(__name__)
+
+Delivery = list[tuple[Sequence, Chunk | BaseException | None]]
+
+
+class Scheduler:
+    def __init__(self, name: str, session, io: GraphIO, runtime, *, max_batch: int, max_queue: int,
+                 prefill_tokens: int, pad_id: int, device: str | None):
+        self.name, self._session, self._io, self._runtime = name, session, io, runtime
+        self.max_batch, self.max_queue, self.prefill_tokens, self.pad_id = max_batch, max_queue, prefill_tokens, pad_id
+        self.cache = KVBatch(io, device)
+        self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
+        self.waiting: deque[Sequence] = deque()
+        self.wake = asyncio.Event()
+        self.closing = False
+        self._task: asyncio.Task | None = None
+        metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
+        gen_metrics.IN_FLIGHT.labels(name).set(0)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"generation-{self.name}")
+
+    def submit(self, seq: Sequence) -> GenerationHandle:
+        if self.closing:
+            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
+        if len(self.waiting) >= self.max_queue:
+            raise ResourceExhausted(f"generation queue of model {self.name!r} is full ({self.max_queue} waiting); "
+                                    "retry with backoff")
+        self.waiting.append(seq)
+        metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
+        gen_metrics.IN_FLIGHT.labels(self.name).inc()
+        self.wake.set()
+        return GenerationHandle(seq, self.wake)
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    async def stop(self, grace: float) -> None:
+        """Refuses new work, lets running generations finish for up to `grace` seconds, then ends them."""
+        self.closing = True
+        deadline = time.monotonic() + grace
+        while not self.idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for seq in [*self.waiting, *self.running]:
+            if not seq.done:
+                seq.cancelled = True
+                seq.queue.put_nowait(Unavailable(f"model {self.name!r} shut down before the generation finished"))
+        self.wake.set()
+        if self._task is not None:
+            while not self.idle and not self._task.done():
+                await asyncio.sleep(0.005)  # lets the loop free the rows at its next step boundary
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            if self.idle:
+                self.wake.clear()
+                await self.wake.wait()
+            self._drop_cancelled_waiting()
+            newcomers = self._admit()
+            if newcomers:
+                self._deliver(await self._guarded(self._prefill, newcomers))
+            if self.running:
+                self._deliver(await self._guarded(self._decode))
+            else:
+                await asyncio.sleep(0)
+
+    async def _guarded(self, fn, *args) -> Delivery:
+        """Runs a compute step; on an unexpected failure every row involved fails and is freed."""
+        try:
+            return await self._runtime.run(fn, *args)
+        except Exception as exc:  # noqa: BLE001 - one bad step must not kill the model's loop
+            log.exception("generation step failed for model %s", self.name)
+            involved = list(self.running) + list(args[0] if args else [])
+            self.running, self.cache = [], KVBatch(self._io, self.cache.device)
+            return [(seq, exc) for seq in involved]
+
+    def _drop_cancelled_waiting(self) -> None:
+        gone = [s for s in self.waiting if s.cancelled]
+        if gone:
+            self.waiting = deque(s for s in self.waiting if not s.cancelled)
+            for _ in gone:
+                gen_metrics.IN_FLIGHT.labels(self.name).dec()
+                metrics.DROPPED.labels(self.name, "cancelled").inc()
+            metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
+
+    def _admit(self) -> list[Sequence]:
+        """Newcomers for this turn: batch room permitting, prefill tokens (padding counted) capped."""
+        chosen: list[Sequence] = []
+        longest = 0
+        while self.waiting and len(self.running) + len(chosen) < self.max_batch:
+            nxt = self.waiting[0]
+            padded = (len(chosen) + 1) * max(longest, len(nxt.prompt_ids))
+            if chosen and padded > self.prefill_tokens:
+                break
+            chosen.append(self.waiting.popleft())
+            longest = max(longest, len(nxt.prompt_ids))
+        now = time.perf_counter()
+        for seq in chosen:
+            seq.started = now
+            seq.timings.queue_ms = (now - seq.arrived) * 1e3
+            metrics.QUEUE_DURATION.labels(self.name).observe(now - seq.arrived)
+        metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
+        return chosen
+
+    def _prefill(self, newcomers: list[Sequence]) -> Delivery:
+        """Compute thread: prompts of the newcomers -> first tokens; surviving rows join the cache."""
+        ids, mask, positions = pad_left([s.prompt_ids for s in newcomers], self.pad_id)  # (n, T) each
+        t0 = time.perf_counter()
+        logits, present = run_prefill(self._session, self._io,
+                                      {"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+        self._observe(t0, newcomers, ids.size, prefill=True)
+        out = self._sample(newcomers, logits)
+        keep = [i for i, s in enumerate(newcomers) if not s.done]
+        if keep:
+            idx = np.asarray(keep)
+            self.cache.merge([p[idx] for p in present], mask[idx])
+            self.running.extend(newcomers[i] for i in keep)
+        return out
+
+    def _decode(self) -> Delivery:
+        """Compute thread: drops cancelled rows, then one new token for every running row."""
+        out: Delivery = [(s, None) for s in self.running if s.cancelled]
+        self._keep(lambda s: not s.cancelled)
+        if not self.running:
+            return out
+        ids = np.asarray([[s.generated[-1]] for s in self.running], np.int64)  # (B, 1)
+        positions = np.asarray([[s.length - 1] for s in self.running], np.int64)  # (B, 1)
+        t0 = time.perf_counter()
+        logits = run_step(self._session, self._io, {"input_ids": ids, "position_ids": positions}, self.cache)
+        self._observe(t0, self.running, self.cache.rows * self.cache.length, prefill=False)
+        out += self._sample(self.running, logits)
+        self._keep(lambda s: not s.done)
+        return out
+
+    def _keep(self, pred) -> None:
+        keep = [i for i, s in enumerate(self.running) if pred(s)]
+        if len(keep) < len(self.running):
+            self.cache.keep(keep)
+            self.running = [self.running[i] for i in keep]
+
+    def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> Delivery:
+        out: Delivery = []
+        for seq, row in zip(seqs, logits):
+            if seq.cancelled:
+                out.append((seq, None))
+                continue
+            chunk = seq.accept(seq.choose(row))
+            now = time.perf_counter()
+            if seq.last_token_at is None:
+                seq.timings.time_to_first_token_ms = (now - seq.arrived) * 1e3
+                gen_metrics.TIME_TO_FIRST_TOKEN.labels(self.name).observe(now - seq.arrived)
+            else:
+                gen_metrics.INTER_TOKEN_LATENCY.labels(self.name).observe(now - seq.last_token_at)
+            seq.last_token_at = now
+            out.append((seq, chunk))
+        return out
+
+    def _observe(self, t0: float, seqs: list[Sequence], tokens: int, prefill: bool) -> None:
+        elapsed = time.perf_counter() - t0
+        for seq in seqs:
+            seq.timings.inference_ms += elapsed * 1e3
+        metrics.INFERENCE_DURATION.labels(self.name).observe(elapsed)
+        metrics.BATCH_SIZE.labels(self.name).observe(len(seqs))
+        metrics.BATCH_TOKENS.labels(self.name).observe(tokens)
+        if not prefill:
+            gen_metrics.GENERATION_BATCH_SIZE.labels(self.name).observe(len(seqs))
+
+    def _deliver(self, delivery: Delivery) -> None:
+        """Event loop: chunks to their queues; rows that left stop counting as in flight."""
+        for seq, item in delivery:
+            if isinstance(item, BaseException):
+                seq.cancelled = True
+                seq.queue.put_nowait(item)
+            elif item is not None:
+                if item.finish_reason is not None:
+                    metrics.TOKENS.labels(self.name, "output").inc(item.output_tokens)
+                seq.queue.put_nowait(item)
+            if seq.done:
+                gen_metrics.IN_FLIGHT.labels(self.name).dec()

@@ -1,0 +1,144 @@
+"""One generation request as the scheduler sees it: its tokens, sampler, text state and chunks.
+
+`Sequence.accept(token)` runs in the compute thread right after the logits of a step: it appends
+the token, decodes the new text (UTF-8 safe), applies stop sequences and EOS / length limits, and
+returns the `Chunk` to send (or None while text is held back). The scheduler hands chunks to the
+request's asyncio queue on the event loop; `GenerationHandle` is the caller's side of that queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.textgen.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng, next_token
+
+LENGTH, STOP, EOS = "length", "stop", "eos"  # finish reasons
+
+
+@dataclass
+class Timings:
+    """Milliseconds, as the protos' Timings."""
+
+    tokenize_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    total_ms: float = 0.0
+    time_to_first_token_ms: float = 0.0
+
+
+@dataclass
+class Chunk:
+    """New text and the tokens behind it; the last chunk has finish_reason, usage and timings."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    timings: Timings | None = None
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams  # max_new_tokens already resolved and capped
+    eos_id: int | None
+    tokenizer: object
+    arrived: float = field(default_factory=time.perf_counter)
+    timings: Timings = field(default_factory=Timings)
+    generated: list[int] = field(default_factory=list)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
+    finished: str | None = None
+    started: float | None = None  # when its prefill began
+    last_token_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.rng = make_rng(self.params.seed)
+        self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
+        self.stops = StopMatcher(self.params.stop)
+        self._seen = np.asarray(self.prompt_ids, dtype=np.int64)
+        self._unsent: list[int] = []
+
+    @property
+    def length(self) -> int:
+        """Tokens in the cache once the last generated token is fed back."""
+        return len(self.prompt_ids) + len(self.generated)
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None or self.cancelled
+
+    def choose(self, logits: np.ndarray) -> int:
+        """Picks the next token from this row's logits (V,)."""
+        seen = self._seen if self.params.repetition_penalty not in (0.0, 1.0) else self._seen[:0]
+        return next_token(logits, self.params, seen, self.rng)[0]
+
+    def accept(self, token: int) -> Chunk | None:
+        """Records a generated token; returns the chunk to send, if any."""
+        self.generated.append(token)
+        self._unsent.append(token)
+        if self.params.repetition_penalty not in (0.0, 1.0):
+            self._seen = np.append(self._seen, token)
+        text = ""
+        if token == self.eos_id:
+            self.finished = EOS
+        else:
+            text = self.stops.push(self.detok.push(token))
+            if self.stops.stopped:
+                self.finished = STOP
+            elif len(self.generated) >= self.params.max_new_tokens:
+                self.finished = LENGTH
+        if self.finished is not None and self.finished != STOP:
+            text += self.stops.push(self.detok.flush())
+            text += self.stops.flush()
+            if self.stops.stopped:
+                self.finished = STOP
+        if self.finished is None and not text:
+            return None
+        chunk = Chunk(text, self._unsent)
+        self._unsent = []
+        if self.finished is not None:
+            self._finish(chunk)
+        return chunk
+
+    def _finish(self, chunk: Chunk) -> None:
+        now = time.perf_counter()
+        self.timings.total_ms = (now - self.arrived) * 1e3
+        chunk.finish_reason = self.finished
+        chunk.input_tokens, chunk.output_tokens = len(self.prompt_ids), len(self.generated)
+        chunk.timings = self.timings
+
+
+class GenerationHandle:
+    """The caller's side: iterate the chunks; `cancel()` (idempotent) frees the row within one step."""
+
+    def __init__(self, seq: Sequence, wake: asyncio.Event):
+        self._seq, self._wake = seq, wake
+        self._ended = False
+
+    def __aiter__(self) -> "GenerationHandle":
+        return self
+
+    @property
+    def sequence(self) -> Sequence:
+        return self._seq
+
+    async def __anext__(self) -> Chunk:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self._seq.queue.get()
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        self._ended = item.finish_reason is not None
+        return item
+
+    def cancel(self) -> None:
+        if not self._seq.done:
+            self._seq.cancelled = True
+            self._wake.set()

@@ -1,0 +1,68 @@
+"""gRPC servicers of GenerationService and TranslationService: validate, convert, delegate, convert back.
+
+`add_to_server` is what service/server.py calls. A generation handle is cancelled in `finally`,
+so a client that goes away (cancel, deadline) or a server shutdown frees the sequence's cache row
+at the scheduler's next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from service.errors import grpc_errors, label_model
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+from service.registry import ModelRegistry
+from service.settings import Settings
+from service.textgen import converters
+
+
+class GenerationServicer(pb_grpc.GenerationServiceServicer):
+    def __init__(self, registry: ModelRegistry):
+        self.registry = registry
+
+    def _submit(self, request: pb.GenerateRequest):
+        self.registry.admit()
+        model = self.registry.get("generation", request.model)
+        label_model(model.name)
+        return model, model.submit(request.prompt, converters.sampling_params(request))
+
+    @grpc_errors("GenerationService")
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        model, handle = self._submit(request)
+        try:
+            chunks = [chunk async for chunk in handle]
+        finally:
+            handle.cancel()
+        return converters.generate_response(chunks, model.name)
+
+    @grpc_errors("GenerationService")
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+        model, handle = self._submit(request)
+        try:
+            async for chunk in handle:
+                yield converters.generate_chunk(chunk, model.name)
+        finally:
+            handle.cancel()
+
+
+class TranslationServicer(pb_grpc.TranslationServiceServicer):
+    def __init__(self, registry: ModelRegistry):
+        self.registry = registry
+
+    @grpc_errors("TranslationService")
+    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        self.registry.admit()
+        model = self.registry.get("translation", request.model)
+        label_model(model.name)
+        result = await model.translate(list(request.inputs), converters.translate_options(request))
+        return converters.translate_response(result, model.name)
+
+
+def add_to_server(server: grpc.aio.Server, registry: ModelRegistry, settings: Settings) -> None:
+    """Registers GenerationService and TranslationService on server."""
+    pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(registry), server)
+    pb_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(registry), server)
