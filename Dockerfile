@@ -32,7 +32,8 @@ COPY service/ service/
 # The venv first, in its own layer: it changes only with pyproject.toml.
 RUN --mount=type=bind,source=deploy/wheels,target=/wheels \
     PIP_FIND_LINKS=/wheels PIP_EXTRA_INDEX_URL="${TORCH_INDEX_URL}" make venv PYTHON=python3
-COPY . .
+# Trained checkpoints, where the repository has them (the wildcard lets the folder be absent).
+COPY checkpoint[s]/ checkpoints/
 RUN make models PYTHON=python3 MODELS=/models
 
 # ---------------------------------------------------------------------------------------------
@@ -83,6 +84,6 @@ EXPOSE 50051 9464
 # gRPC health of the whole server: exit 0 only when SERVING (after every model's warm-up).
 # sh -c so that the probe follows TS_PORT when it is overridden at run time.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["/bin/sh", "-c", "exec python -m service.client health --address 127.0.0.1:${TS_PORT}"]
+    CMD ["/bin/sh", "-c", "exec python -m service.client --address 127.0.0.1:${TS_PORT} --timeout 4 health"]
 # Exec form: the server is PID 1 and handles SIGTERM itself (graceful drain, then exit 0).
 ENTRYPOINT ["python", "-m", "service"]

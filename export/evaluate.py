@@ -78,6 +78,58 @@ def evaluate_translator(model, tok: Tokenizer, items: list[tuple[str, list[str]]
 
 
 @torch.no_grad()
+def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_size: int = 4, max_length: int = 64,
+                length_penalty: float = 1.0) -> list[list[int]]:
+    """Batched beam search with the self-attention KV cache (fairseq-style: a hypothesis ends at
+    </s>; finished scores are log p / length**length_penalty; a sentence is done once it has
+    beam_size finished hypotheses). src (B, S) -> best token ids per source, without BOS, with EOS."""
+    cfg, B, K = model.config, src_ids.shape[0], beam_size
+    device = src_ids.device
+    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.encode(src_ids, src_mask)]  # (B*K, nh, S, hs)
+    src_mask_k = src_mask.repeat_interleave(K, 0)  # (B*K, S)
+    scores = torch.full((B, K), -math.inf, device=device)
+    scores[:, 0] = 0.0  # one live beam per source at the start
+    seqs = torch.full((B * K, 1), cfg.bos_token_id, dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    past = None
+    for t in range(max_length):
+        positions = torch.full((B * K, 1), t, dtype=torch.long, device=device)
+        mask = torch.ones((B * K, t + 1), dtype=torch.long, device=device)
+        logits, past = model.decode(seqs[:, -1:], mask, positions, past, cross, src_mask_k)
+        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
+        V = logp.shape[-1]
+        cand, flat = (scores.view(-1, 1) + logp).view(B, K * V).topk(2 * K, dim=1)  # (B, 2K)
+        new_scores = torch.full((B, K), -math.inf, device=device)
+        select = torch.zeros((B, K), dtype=torch.long, device=device)
+        next_tok = torch.full((B, K), cfg.pad_token_id, dtype=torch.long, device=device)
+        for b in range(B):
+            live = 0
+            for score, f in zip(cand[b].tolist(), flat[b].tolist()):
+                if live == K or len(finished[b]) >= K or score == -math.inf:
+                    break
+                beam, tok = divmod(f, V)
+                if tok == cfg.eos_token_id:
+                    hyp = seqs[b * K + beam, 1:].tolist() + [tok]
+                    finished[b].append((score / len(hyp) ** length_penalty, hyp))
+                    continue
+                new_scores[b, live], select[b, live], next_tok[b, live] = score, b * K + beam, tok
+                live += 1
+        if all(len(f) >= K for f in finished):
+            break
+        sel = select.view(-1)
+        seqs = torch.cat([seqs[sel], next_tok.view(-1, 1)], dim=1)  # (B*K, t+2)
+        past = [(k[sel], v[sel]) for k, v in past]
+        scores = new_scores
+    for b in range(B):  # sources that hit max_length: their live beams compete too
+        if len(finished[b]) < K:
+            for k in range(K):
+                if scores[b, k] > -math.inf:
+                    hyp = seqs[b * K + k, 1:].tolist()
+                    finished[b].append((float(scores[b, k]) / max(1, len(hyp)) ** length_penalty, hyp))
+    return [max(f, key=lambda x: x[0])[1] for f in finished]
+
+
+@torch.no_grad()
 def perplexity(model, windows: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """exp(mean next-token NLL) over every predicted token of the held-out windows."""
     model.eval()
@@ -134,10 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     model, meta = load_checkpoint(args.checkpoint)
     tok = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
     path = args.data or data.DEFAULT_DATA[args.kind]
-    seed = meta.get("training", {}).get("seed", args.seed)
+    training = meta.get("training", {})
+    seed, sizes = training.get("seed", args.seed), training.get("split", {})
     result: dict = {"checkpoint": str(args.checkpoint), "split": args.split}
     if args.kind == "translator":
-        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed)
+        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
+                                   n_dev=sizes.get("dev", 1000))
         items = split.test if args.split == "test" else split.dev
         texts = []
         for beam in args.beam:

@@ -81,7 +81,9 @@ def is_current(out: Path, expected_hash: str) -> bool:
 def staging_dir(out: Path) -> Path:
     """A fresh empty folder beside out (same filesystem, so the final rename is atomic)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a server running as another user must read it
+    return staging
 
 
 def write_manifest(staging: Path, *, graphs: list[GraphFile], **fields: Any) -> Manifest:

@@ -49,14 +49,23 @@ def kv_names(prefix: str, n_layers: int) -> list[str]:
 
 
 class EncoderGraph(nn.Module):
-    """(input_ids, attention_mask) -> sentence_embedding (B, C), pooled, not normalised."""
+    """(input_ids, attention_mask) -> sentence_embedding (B, C), pooled, not normalised.
+
+    Same computation as `SentenceEncoder.forward`, but the additive padding mask is written
+    `(1 - mask) * min` (Hugging Face BERT's form, equal to `layers.padding_mask`): that is the
+    pattern onnxruntime's optimizer recognises to fuse Attention and EmbedLayerNormalization.
+    """
 
     def __init__(self, model: SentenceEncoder):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask):
-        return self.model(input_ids, attention_mask)
+        x = self.model.embeddings(input_ids, torch.zeros_like(input_ids))  # (B, T, C)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
+        for block in self.model.blocks:
+            x = block(x, mask)
+        return self.model.pool(x, attention_mask)  # (B, C)
 
 
 class DecoderGraph(nn.Module):

@@ -186,16 +186,23 @@ def _check_logits(figures: dict, variant: str, what: str) -> None:
 
 # ---- generation ---------------------------------------------------------------------------------
 
+def reference_generations(model, prompts: Sequence[Sequence[int]], n_new: int = GREEDY_NEW_TOKENS) -> list[list[int]]:
+    """`GPTDecoder.generate` per prompt (no cache, no EOS stop): the tokens the ONNX loop must produce."""
+    if max(len(p) for p in prompts) + n_new > model.config.max_positions:
+        raise ValueError(f"prompts too long for {n_new} new tokens within max_positions {model.config.max_positions}")
+    return [model.generate(torch.tensor([p]), n_new, stop_at_eos=False)[0, len(p):].tolist() for p in prompts]
+
+
 def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant: str = "fp32",
-                   n_new: int = GREEDY_NEW_TOKENS) -> dict:
-    """GPT decoder graph vs `GPTDecoder`: logits at prefill and decode, greedy tokens vs `generate`."""
+                   n_new: int = GREEDY_NEW_TOKENS, reference: list[list[int]] | None = None) -> dict:
+    """GPT decoder graph vs `GPTDecoder`: logits at prefill and decode, greedy tokens vs `generate`.
+
+    reference: `reference_generations(model, prompts, n_new)` when already computed (variants)."""
     cfg = model.config
-    if max(len(p) for p in prompts) + n_new > cfg.max_positions:
-        raise ValueError(f"prompts too long for {n_new} new tokens within max_positions {cfg.max_positions}")
+    reference = reference or reference_generations(model, prompts, n_new)
     got = onnx_step(session(graph))
     figures = logits_parity(torch_step(model), got, prompts, cfg.pad_token_id, cfg.vocab_size)
     _check_logits(figures, variant, "decoder logits")
-    reference = [model.generate(torch.tensor([p]), n_new, stop_at_eos=False)[0, len(p):].tolist() for p in prompts]
     ids, mask = pad_batch(prompts, cfg.pad_token_id, left=True)
     tokens = greedy_loop(got, ids, mask, prompt_positions(mask), n_new)
     figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} decoder greedy"))
@@ -205,8 +212,11 @@ def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant
 # ---- translation --------------------------------------------------------------------------------
 
 def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: Sequence[Sequence[int]],
-                      variant: str = "fp32", n_new: int = GREEDY_NEW_TOKENS) -> dict:
-    """Encoder + decoder graphs vs `Translator.encode/decode`, greedy tokens vs `greedy_decode`."""
+                      variant: str = "fp32", n_new: int = GREEDY_NEW_TOKENS,
+                      reference: list[list[int]] | None = None) -> dict:
+    """Encoder + decoder graphs vs `Translator.encode/decode`, greedy tokens vs `greedy_decode`.
+
+    reference: `reference_translations(model, sources, n_new)` when already computed (variants)."""
     cfg = model.config
     src, src_mask = pad_batch(sources, cfg.pad_token_id, left=False)
     cross = session(encoder_graph).run(None, {"input_ids": src, "attention_mask": src_mask})
@@ -225,14 +235,14 @@ def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: 
     _check_logits(figures, variant, "translator decoder logits")
     if VARIANT_LIMITS[variant][1] is not None and cross_diff > VARIANT_LIMITS[variant][1]:
         _fail(f"{variant} translator encoder cross K/V max abs diff", cross_diff, VARIANT_LIMITS[variant][1])
-    reference = _reference_translations(model, sources, n_new)
+    reference = reference or reference_translations(model, sources, n_new)
     start = np.full((len(sources), 1), cfg.bos_token_id, np.int64)
     tokens = greedy_loop(got, start, np.ones_like(start), np.zeros_like(start), n_new)
     figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} translator greedy"))
     return figures
 
 
-def _reference_translations(model, sources: Sequence[Sequence[int]], n_new: int) -> list[list[int]]:
+def reference_translations(model, sources: Sequence[Sequence[int]], n_new: int = GREEDY_NEW_TOKENS) -> list[list[int]]:
     """`greedy_decode` per source, EOS stopping disabled (eos id -1) so every row has n_new tokens."""
     original = model.config
     model.config = dataclasses.replace(original, eos_token_id=-1)

@@ -65,12 +65,13 @@ def train_translator_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> 
     return tok
 
 
-def build_tokenizer(kind: str, data_path: Path, vocab_size: int, seed: int) -> Tokenizer:
+def build_tokenizer(kind: str, data_path: Path, vocab_size: int, seed: int, n_test: int = 2000,
+                    n_dev: int = 1000) -> Tokenizer:
     """Train on the training side of the same split the trainer uses (no test text leaks in)."""
     if kind == "generator":
         train, _ = data.split_stories(data.load_stories(data_path), seed=seed)
         return train_generator_tokenizer(train, vocab_size)
-    split = data.split_tatoeba(data.load_tatoeba(data_path), seed=seed)
+    split = data.split_tatoeba(data.load_tatoeba(data_path), seed=seed, n_test=n_test, n_dev=n_dev)
     texts = [t for en, fr in split.train for t in (en, fr)]
     return train_translator_tokenizer(texts, vocab_size)
 
@@ -81,6 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data", type=Path, help="corpus path (default: the shared corpus for the kind)")
     p.add_argument("--vocab-size", type=int, help="default 4096 (generator) / 8000 (translator)")
     p.add_argument("--seed", type=int, default=0, help="split seed (must match the training run)")
+    p.add_argument("--split-test", type=int, default=2000, help="translator: test sentences left out")
+    p.add_argument("--split-dev", type=int, default=1000, help="translator: dev sentences left out")
     p.add_argument("--out", type=Path, required=True, help="where to write tokenizer.json")
     return p.parse_args(argv)
 
@@ -90,7 +93,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv[1:])
     path = args.data or data.DEFAULT_DATA[args.kind]
     vocab = args.vocab_size or (4096 if args.kind == "generator" else 8000)
-    tok = build_tokenizer(args.kind, path, vocab, args.seed)
+    tok = build_tokenizer(args.kind, path, vocab, args.seed, args.split_test, args.split_dev)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(args.out))
     log.info("wrote %s (%d tokens)", args.out, tok.get_vocab_size())

@@ -51,7 +51,8 @@ def load_or_train_tokenizer(kind: str, args, run_dir: Path) -> Tokenizer:
     path = args.tokenizer or run_dir / "tokenizer.json"
     if not Path(path).exists():
         log.info("training the %s tokenizer (vocab %d) into %s", kind, args.vocab_size, path)
-        tokenizer_train.build_tokenizer(kind, args.data, args.vocab_size, args.seed).save(str(path))
+        tok = tokenizer_train.build_tokenizer(kind, args.data, args.vocab_size, args.seed, args.split_test, args.split_dev)
+        tok.save(str(path))
     return Tokenizer.from_file(str(path))
 
 
@@ -63,7 +64,8 @@ class TranslatorTask:
     def __init__(self, args, run_dir: Path):
         self.args = args
         self.tok = load_or_train_tokenizer(self.kind, args, run_dir)
-        split = data.split_tatoeba(data.load_tatoeba(args.data), seed=args.seed)
+        split = data.split_tatoeba(data.load_tatoeba(args.data), seed=args.seed, n_test=args.split_test,
+                                   n_dev=args.split_dev)
         src = [e.ids for e in self.tok.encode_batch([en for en, _ in split.train])]
         tgt = [e.ids for e in self.tok.encode_batch([fr for _, fr in split.train], add_special_tokens=False)]
         keep = [i for i in range(len(src)) if len(src[i]) <= args.max_len and len(tgt[i]) + 1 <= args.max_len]
@@ -172,6 +174,7 @@ def replan(sched: dict, step: int, elapsed: float, budget_s: float) -> None:
 
 def checkpoint_meta(args, task, sched: dict, step: int, elapsed: float, tokens: int, metrics: dict) -> dict:
     return {"command": "python -m export " + " ".join(args.argv), "data": str(args.data), "seed": args.seed,
+            "split": {"test": args.split_test, "dev": args.split_dev, "generator_holdout": 0.05},
             "steps": step, "planned_steps": sched["total"], "tokens_seen": tokens, "wall_minutes": round(elapsed / 60, 1),
             "threads": torch.get_num_threads(), "device": str(args.device_obj), "parameters": task.model.num_parameters(),
             "metrics": metrics}
@@ -194,7 +197,7 @@ def run(task, args, run_dir: Path) -> dict:
     logf = open(run_dir / "log.jsonl", "a", encoding="utf-8")
     bar = tqdm(total=sched["total"], initial=step, desc=task.kind, dynamic_ncols=True, mininterval=2.0)
     start, smooth, window = time.time() - elapsed, None, (time.time(), tokens)
-    while step < sched["total"]:
+    while step < min(sched["total"], args.stop_at or sched["total"]):
         model.train()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, sched)
@@ -214,7 +217,7 @@ def run(task, args, run_dir: Path) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{smooth:.3f}", tok_s=f"{(tokens - window[1]) / max(1e-9, now - window[0]):.0f}",
                         lr=f"{group['lr']:.2e}", refresh=False)
-        if step % args.eval_every == 0 or step == sched["total"]:
+        if step % args.eval_every == 0 or step in (sched["total"], args.stop_at):
             metrics = task.evaluate(model)
             elapsed = time.time() - start
             record = {"step": step, "total": sched["total"], "loss": round(smooth, 4), "lr": group["lr"],
@@ -257,6 +260,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--calibrate-steps", type=int, default=50, help="steps timed before the first re-plan")
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--dev-sentences", type=int, default=400, help="translator: dev sentences scored per eval")
+    p.add_argument("--split-test", type=int, default=2000, help="translator: English sentences held out for test")
+    p.add_argument("--split-dev", type=int, default=1000, help="translator: English sentences held out for dev")
+    p.add_argument("--stop-at", type=int, help="stop at this step (after saving state); --resume continues")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: every CPU thread)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")

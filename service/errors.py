@@ -15,7 +15,9 @@ generic message (no tracebacks to clients). (MLServer `grpc/utils.py`.)
             ...
 
 Handlers call `label_model(name)` once they know which model serves the call, so the metrics are
-labelled with the resolved name (a request leaving `model` empty is labelled with the default).
+labelled with the resolved name (a request leaving `model` empty is labelled with the default);
+calls that fail before that (unknown model, draining) are labelled "-", so a client sending
+arbitrary names cannot grow the label set.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class _Call:
         self.service, self.method = service, method
         self.start = time.perf_counter()
         self.code = grpc.StatusCode.OK
-        self.model = getattr(request, "model", "") or "-"
+        self.model = "-"  # until label_model: never the raw request field (unbounded label values)
         _CURRENT_CALL.set(self)  # each grpc.aio handler runs in its own task, so its own context
 
     def interrupted(self, context: grpc.aio.ServicerContext) -> None:
@@ -158,7 +160,7 @@ def _wrap_stream(service: str, fn: Callable) -> Callable:
         try:
             async for item in fn(self, request, context):
                 yield item
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # GeneratorExit: grpc closed the stream early
             call.interrupted(context)
             raise
         except grpc.aio.AbortError:

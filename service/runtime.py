@@ -47,6 +47,7 @@ class Runtime:
         wants_cuda = settings.device == "cuda" or (settings.device == "auto" and CUDA in available)
         self.requested_provider = CUDA if wants_cuda else CPU
         self.provider = self.requested_provider  # replaced by what the first session reports
+        self._cuda_offered = CUDA in available
         self._executor = ThreadPoolExecutor(settings.compute_workers, thread_name_prefix="ts-compute")
         self._closed = False
 
@@ -68,7 +69,7 @@ class Runtime:
     def create_session(self, path: str | Path) -> ort.InferenceSession:
         """An InferenceSession on the chosen provider; raises ProviderError on a strict fallback."""
         providers: list[Any] = [CPU]
-        if self.requested_provider == CUDA:
+        if self.requested_provider == CUDA and self._cuda_offered:
             providers = [(CUDA, {"device_id": 0}), CPU]
         session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=providers)
         used = session.get_providers()[0]

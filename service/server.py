@@ -33,7 +33,8 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
-SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation", "TranslationService": "translation"}
+SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation",
+                 "TranslationService": "translation"}
 TEXTGEN_SERVICERS = "service.textgen.servicers"
 
 
@@ -118,7 +119,8 @@ class Server:
     def shutdown(self, grace: float | None = None) -> asyncio.Task:
         """Starts the graceful shutdown once (later calls return the same task); await it to wait."""
         if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._shutdown(self.settings.grace_seconds if grace is None else grace))
+            grace = self.settings.grace_seconds if grace is None else grace
+            self._stopping = asyncio.ensure_future(self._shutdown(grace))
         return self._stopping
 
     async def _shutdown(self, grace: float) -> None:

@@ -102,7 +102,8 @@ async def test_health_per_service_and_reflection(server):
         reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
     stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
-    replies = [r async for r in stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))]
+    ask = reflection_pb2.ServerReflectionRequest(list_services="")
+    replies = [r async for r in stub.ServerReflectionInfo(iter([ask]))]
     names = {s.name for s in replies[0].list_services_response.service}
     assert {"inference.v1.EmbeddingService", "inference.v1.ModelService", "grpc.health.v1.Health"} <= names
 

@@ -63,21 +63,21 @@ def test_repetition_penalty_follows_hf_semantics():
     np.testing.assert_allclose(out, [1.0, -4.0, 1.0, -1.0])
 
 
-def test_greedy_is_argmax_and_reports_logprob():
-    logits = np.array([0.1, 3.0, 0.2], dtype=np.float32)
-    token, logprob = next_token(logits, SamplingParams(), np.array([], dtype=np.int64), make_rng(0))
-    assert token == 1
-    assert logprob == pytest.approx(float(np.log(np.exp(3.0) / np.exp(logits.astype(np.float64)).sum())))
+def test_greedy_is_argmax_after_the_penalty():
+    logits = np.array([0.1, 3.0, 2.0], dtype=np.float32)
+    assert next_token(logits, SamplingParams(), np.array([], dtype=np.int64), make_rng(0)) == 1
+    penalised = SamplingParams(repetition_penalty=2.0)
+    assert next_token(logits, penalised, np.array([1]), make_rng(0)) == 2
 
 
 def test_top_k_one_is_greedy_and_seed_reproduces():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=100)
     p = SamplingParams(temperature=1.0, top_k=1)
-    assert next_token(logits, p, np.array([]), make_rng(None))[0] == int(np.argmax(logits))
+    assert next_token(logits, p, np.array([]), make_rng(None)) == int(np.argmax(logits))
     q = SamplingParams(temperature=1.3, top_p=0.8, seed=7)
-    a = [next_token(logits, q, np.array([]), r)[0] for r in [make_rng(7)] for _ in range(20)]
-    b = [next_token(logits, q, np.array([]), r)[0] for r in [make_rng(7)] for _ in range(20)]
+    a = [next_token(logits, q, np.array([]), r) for r in [make_rng(7)] for _ in range(20)]
+    b = [next_token(logits, q, np.array([]), r) for r in [make_rng(7)] for _ in range(20)]
     assert a == b and len(set(a)) > 1
 
 
@@ -85,7 +85,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
     p = SamplingParams(temperature=1.0, top_p=0.7)
     rng = make_rng(0)
-    drawn = {next_token(logits, p, np.array([]), rng)[0] for _ in range(300)}
+    drawn = {next_token(logits, p, np.array([]), rng) for _ in range(300)}
     assert drawn == {0, 1}
 
 

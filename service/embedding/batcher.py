@@ -153,8 +153,8 @@ class Batcher:
                 return self._take()
 
     def _full(self) -> bool:
-        rows = len(self._queue)
-        return rows >= self.limits.max_batch_size or sum(it.tokens for it in self._queue) >= self.limits.max_batch_tokens
+        tokens = sum(it.tokens for it in self._queue)
+        return len(self._queue) >= self.limits.max_batch_size or tokens >= self.limits.max_batch_tokens
 
     def _take(self) -> list[Item]:
         """The run of length-sorted queued items around the oldest that fits the budget (padding counted)."""
@@ -242,7 +242,7 @@ class Batcher:
     def _scatter(self, live: list[Item], out: np.ndarray, seconds: float) -> None:
         for request in {it.request for it in live}:
             request.inference_s += seconds
-        for it, row in zip(live, out):
+        for it, row in zip(live, out, strict=True):
             request = it.request
             request.rows[it.index] = row
             if len(request.rows) == len(request.encoded) and not request.future.done():

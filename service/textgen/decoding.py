@@ -81,22 +81,20 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     return logits
 
 
-def next_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
-    """One row of logits (V,) -> (token id, its log-probability under the unmodified distribution)."""
-    logits = logits.astype(np.float64, copy=False)
+def next_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng: np.random.Generator) -> int:
+    """One row of logits (V,) -> the next token id (argmax when greedy, else a draw from rng)."""
     scores = apply_repetition_penalty(logits, seen, p.repetition_penalty)
     if p.greedy:
-        token = int(np.argmax(scores))
-    else:
-        token = _sample(scores / p.temperature, p.top_k, p.top_p, rng)
-    shifted = logits - logits.max()
-    return token, float(shifted[token] - np.log(np.exp(shifted).sum()))
+        return int(np.argmax(scores))
+    return _sample(scores.astype(np.float64) / p.temperature, p.top_k, p.top_p, rng)
 
 
 def _sample(scores: np.ndarray, top_k: int, top_p: float, rng: np.random.Generator) -> int:
-    order = np.argsort(-scores, kind="stable")  # token ids, most likely first
-    if 0 < top_k < order.size:
-        order = order[:top_k]
+    if 0 < top_k < scores.size:
+        part = np.argpartition(-scores, top_k - 1)[:top_k]
+        order = part[np.argsort(-scores[part], kind="stable")]  # the top_k token ids, most likely first
+    else:
+        order = np.argsort(-scores, kind="stable")  # token ids, most likely first
     kept = scores[order]
     probs = np.exp(kept - kept[0])
     probs /= probs.sum()

@@ -206,8 +206,7 @@ class Scheduler:
                 seq.cancelled = True
                 seq.queue.put_nowait(item)
             elif item is not None:
-                if item.finish_reason is not None:
-                    metrics.TOKENS.labels(self.name, "output").inc(item.output_tokens)
+                metrics.TOKENS.labels(self.name, "output").inc(len(item.token_ids))
                 seq.queue.put_nowait(item)
             if seq.done:
                 gen_metrics.IN_FLIGHT.labels(self.name).dec()

@@ -29,10 +29,16 @@ class Hypothesis:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """(R, V) -> (R, V) in float64."""
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
+    """(R, V) -> (R, V), in the logits' float type (scores are accumulated in float64)."""
+    x = logits - logits.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def greedy_pick(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(R, V) -> argmax tokens (R,) and their log-probabilities (R,), without a full log-softmax."""
+    tokens = logits.argmax(axis=-1)
+    top = logits[np.arange(logits.shape[0]), tokens]
+    return tokens, -np.log(np.exp(logits - top[:, None]).sum(axis=-1))
 
 
 def normalised(logprob: float, length: int, length_penalty: float) -> float:
@@ -73,12 +79,11 @@ def greedy_search(state: Seq2SeqState, bos: int, eos: int, max_lengths: list[int
     last = np.full(n, bos, np.int64)
     step = 0
     while active.size:
-        logp = log_softmax(state.step(last, step))  # (R, V)
-        nxt = logp.argmax(axis=-1)
+        nxt, logp = greedy_pick(state.step(last, step))  # (R,), (R,)
         keep = []
         for r, src in enumerate(active):
             tokens[src].append(int(nxt[r]))
-            logprob[src] += logp[r, nxt[r]]
+            logprob[src] += logp[r]
             if nxt[r] != eos and len(tokens[src]) < max_lengths[src]:
                 keep.append(r)
         step += 1
@@ -121,7 +126,7 @@ def beam_search(state: Seq2SeqState, k: int, bos: int, eos: int, max_lengths: li
 def _expand(src: int, beams, scores, final, logp: np.ndarray, k: int, eos: int, lp: float) -> list[tuple[int, int]]:
     """One source's step: updates its beams/scores/final in place; returns (parent beam, token) per live beam."""
     vocab = logp.shape[-1]
-    cand = (scores[src][:, None] + logp).ravel()  # (k * V,)
+    cand = (scores[src][:, None] + logp.astype(np.float64)).ravel()  # (k * V,)
     top = np.argpartition(-cand, 2 * k)[: 2 * k] if cand.size > 2 * k else np.arange(cand.size)
     top = top[np.argsort(-cand[top], kind="stable")]
     picked, new_beams, new_scores = [], [], []

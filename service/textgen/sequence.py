@@ -76,7 +76,7 @@ class Sequence:
     def choose(self, logits: np.ndarray) -> int:
         """Picks the next token from this row's logits (V,)."""
         seen = self._seen if self.params.repetition_penalty not in (0.0, 1.0) else self._seen[:0]
-        return next_token(logits, self.params, seen, self.rng)[0]
+        return next_token(logits, self.params, seen, self.rng)
 
     def accept(self, token: int) -> Chunk | None:
         """Records a generated token; returns the chunk to send, if any."""

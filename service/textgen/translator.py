@@ -47,7 +47,8 @@ class TranslateOptions:
 @dataclass(frozen=True)
 class Translation:
     text: str
-    score: float
+    score: float  # length-normalised log-probability
+    token_ids: list[int] = field(default_factory=list)  # generated tokens, EOS included when it ended
 
 
 @dataclass
@@ -133,7 +134,8 @@ class TranslationModel:
         timings = Timings(tokenize_ms=tokenize_s * 1e3, queue_ms=max(it.queue_s for it in items) * 1e3,
                           inference_ms=sum({it.batch_no: it.inference_s for it in items}.values()) * 1e3,
                           total_ms=(time.perf_counter() - start) * 1e3)
-        texts = [Translation(self.tokenizer.decode(h.tokens, skip_special_tokens=True), h.score) for h in outputs]
+        texts = [Translation(self.tokenizer.decode(h.tokens, skip_special_tokens=True), h.score, h.tokens)
+                 for h in outputs]
         return TranslateResult(texts, sum(map(len, encoded)), out_tokens, timings)
 
     def _check(self, inputs: list[str], options: TranslateOptions) -> int:

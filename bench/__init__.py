@@ -1,0 +1,1 @@
+"""Benchmarks: side-by-side throughput runs (not tests); each prints JSON to stdout."""

@@ -1,0 +1,108 @@
+"""The embedding batcher under a blocked executor: dropped work, a full queue, expired deadlines.
+
+The compute executor (one worker) is blocked deterministically by a job that waits on a
+threading.Event, so a call's batch is formed but cannot run; the tests then cancel / overflow /
+expire calls and release the executor. Progress is observed through the public metrics, polled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from service.client import embed_request
+from tests.fixtures.server import metric
+
+MODEL = {"model": "tiny-embed"}
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Polls condition on the event loop (no timed assertions: the timeout only guards a hang)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not condition():
+        if loop.time() > end:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+class BlockedExecutor:
+    """Occupies the runtime's only compute worker until released."""
+
+    def __init__(self, runtime):
+        self.release_event, self.started = threading.Event(), threading.Event()
+        self.job = asyncio.ensure_future(runtime.run(self._block))
+
+    def _block(self) -> None:
+        self.started.set()
+        self.release_event.wait(30)
+
+    async def __aenter__(self) -> "BlockedExecutor":
+        await asyncio.to_thread(self.started.wait, 30)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release_event.set()
+        await self.job
+
+
+@pytest.fixture
+async def srv(start_server, embed_models_root):
+    return await start_server(embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4)
+
+
+async def test_cancelled_call_is_dropped_before_compute(srv):
+    batches = metric("ts_batch_size_count", MODEL)
+    tokens = metric("ts_tokens_total", {**MODEL, "direction": "input"})
+    dropped = metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"})
+    queued = metric("ts_queue_duration_seconds_count", MODEL)
+    cancelled = metric("ts_requests_total", {"service": "EmbeddingService", "method": "Embed", "code": "CANCELLED",
+                                             **MODEL})
+    async with BlockedExecutor(srv.server.runtime):
+        call = srv.embedding.Embed(embed_request(["never computed"]))
+        await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)  # batch formed
+        call.cancel()
+        await until(lambda: metric("ts_requests_total", {"service": "EmbeddingService", "method": "Embed",
+                                                         "code": "CANCELLED", **MODEL}) == cancelled + 1)
+    await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"}) == dropped + 1)
+    assert metric("ts_batch_size_count", MODEL) == batches
+    assert metric("ts_tokens_total", {**MODEL, "direction": "input"}) == tokens
+    response = await srv.embedding.Embed(embed_request(["still serving"]))
+    assert len(response.embeddings) == 1
+
+
+async def test_full_queue_is_resource_exhausted_at_once(srv):
+    queued = metric("ts_queue_duration_seconds_count", MODEL)
+    async with BlockedExecutor(srv.server.runtime):
+        first = srv.embedding.Embed(embed_request(["in the formed batch"]))
+        await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)  # the one slot is taken
+        waiting = srv.embedding.Embed(embed_request(["a", "b", "c"]))
+        await until(lambda: metric("ts_queue_depth", MODEL) == 3)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await srv.embedding.Embed(embed_request(["one", "too many"]))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "3 of 4 queued inputs" in err.value.details()
+    assert len((await first).embeddings) == 1
+    assert len((await waiting).embeddings) == 3
+    assert metric("ts_queue_capacity", MODEL) == 4
+
+
+async def test_expired_call_is_deadline_exceeded_and_dropped(srv):
+    expired = metric("ts_dropped_items_total", {**MODEL, "reason": "expired"})
+    async with BlockedExecutor(srv.server.runtime):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await srv.embedding.Embed(embed_request(["too late"]), timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "expired"}) == expired + 1)
+
+
+async def test_unavailable_while_draining(srv):
+    srv.server.registry.draining = True
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await srv.embedding.Embed(embed_request(["x"]))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in err.value.details()

@@ -1,0 +1,56 @@
+"""Metrics scraped over HTTP from a real server and parsed with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.client import embed_request
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, labels): value} of one /metrics scrape."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def test_series_move_after_calls(server):
+    before = await asyncio.to_thread(scrape, server.metrics_url)
+    for _ in range(3):
+        await server.embedding.Embed(embed_request(["one", "two two"]))
+    after = await asyncio.to_thread(scrape, server.metrics_url)
+    ok = dict(service="EmbeddingService", method="Embed", model="tiny-embed", code="OK")
+    assert value(after, "ts_requests_total", **ok) == value(before, "ts_requests_total", **ok) + 3
+    latency = dict(service="EmbeddingService", method="Embed", model="tiny-embed")
+    assert value(after, "ts_request_duration_seconds_count", **latency) == \
+        value(before, "ts_request_duration_seconds_count", **latency) + 3
+    for name in ("ts_batch_size_count", "ts_batch_tokens_count", "ts_queue_duration_seconds_count",
+                 "ts_inference_duration_seconds_count"):
+        assert value(after, name, model="tiny-embed") > value(before, name, model="tiny-embed"), name
+    tokens = dict(model="tiny-embed", direction="input")
+    assert value(after, "ts_tokens_total", **tokens) > value(before, "ts_tokens_total", **tokens)
+    info = dict(model="tiny-embed", kind="embedding", provider="CPUExecutionProvider", variant="optimized",
+                requested_provider="CPUExecutionProvider")
+    assert value(after, "ts_model_info", **info) == 1
+    assert value(after, "ts_queue_capacity", model="tiny-embed") == server.server.settings.embed_max_queue
+    assert ("ts_queue_depth", frozenset({("model", "tiny-embed")})) in after
+
+
+async def test_errors_counted_with_their_code(server):
+    before = await asyncio.to_thread(scrape, server.metrics_url)
+    for _ in range(2):
+        try:
+            await server.embedding.Embed(embed_request(["a"], model="missing"))
+        except Exception:  # noqa: BLE001 - the status is asserted through the metric
+            pass
+    after = await asyncio.to_thread(scrape, server.metrics_url)
+    labels = dict(service="EmbeddingService", method="Embed", model="-", code="NOT_FOUND")
+    assert value(after, "ts_requests_total", **labels) == value(before, "ts_requests_total", **labels) + 2

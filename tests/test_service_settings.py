@@ -1,0 +1,66 @@
+"""Settings (env + flags), provider choice and fallback, variant choice: no server needed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnxruntime as ort
+import pytest
+
+from service.manifest import load_model_dir
+from service.runtime import CPU, CUDA, ProviderError, Runtime
+from service.settings import Settings
+
+HAS_CUDA = CUDA in ort.get_available_providers()
+
+
+def test_env_then_flags_override():
+    env = {"TS_PORT": "7000", "TS_EMBED_MAX_WAIT_MS": "1.5", "TS_STRICT_PROVIDER": "yes", "TS_MODELS": "/m"}
+    s = Settings.from_args(["--port", "7001", "--no-strict-provider", "--metrics-port", "0"], env=env)
+    assert (s.port, s.embed_max_wait_ms, s.strict_provider, s.models, s.metrics_port) == (7001, 1.5, False, "/m", 0)
+    assert Settings.from_env(env={}).gen_default_max_new_tokens == 128
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"TS_PORT": "abc"}, "TS_PORT='abc': expected int"),
+    ({"TS_STRICT_PROVIDER": "maybe"}, "expected one of"),
+    ({"TS_DEVICE": "tpu"}, "device='tpu' is not one of"),
+    ({"TS_COMPUTE_WORKERS": "0"}, "compute_workers must be > 0"),
+])
+def test_bad_settings_say_why(env, words):
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
+        Settings.from_env(env=env)
+
+
+def test_every_field_has_a_doc_and_a_flag():
+    for f in dataclasses.fields(Settings):
+        assert f.metadata.get("doc"), f.name
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="tests the CPU fallback; this machine has CUDA")
+def test_cuda_falls_back_to_cpu_and_says_so(tiny_models_root):
+    runtime = Runtime(Settings.from_env(env={}, device="cuda"))
+    try:
+        assert runtime.requested_provider == CUDA
+        model_dir = load_model_dir(tiny_models_root / "tiny-embed")
+        session = runtime.create_session(model_dir.file(model_dir.manifest.graph("encoder").file))
+        assert session.get_providers()[0] == CPU and runtime.provider == CPU and not runtime.is_cuda
+    finally:
+        runtime.close()
+    with pytest.raises(ProviderError, match="strict_provider"):
+        Runtime(Settings.from_env(env={}, device="cuda", strict_provider=True))
+
+
+def test_variant_choice(tiny_models_root):
+    manifest = load_model_dir(tiny_models_root / "tiny-embed").manifest
+    cpu = Runtime(Settings.from_env(env={}, device="cpu"))
+    try:
+        assert cpu.choose_variant(manifest, "encoder") == "optimized"  # never int8 unless asked
+        explicit = Runtime(Settings.from_env(env={}, device="cpu", variant="int8"))
+        assert explicit.choose_variant(manifest, "encoder") == "int8"
+        explicit.close()
+        gpt = load_model_dir(tiny_models_root / "tiny-gpt").manifest
+        with pytest.raises(ValueError, match="comes only as"):
+            Runtime(Settings.from_env(env={}, variant="fp16")).choose_variant(gpt, "decoder")
+    finally:
+        cpu.close()
