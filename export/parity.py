@@ -199,10 +199,10 @@ def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant
 
     reference: `reference_generations(model, prompts, n_new)` when already computed (variants)."""
     cfg = model.config
-    reference = reference or reference_generations(model, prompts, n_new)
     got = onnx_step(session(graph))
     figures = logits_parity(torch_step(model), got, prompts, cfg.pad_token_id, cfg.vocab_size)
     _check_logits(figures, variant, "decoder logits")
+    reference = reference or reference_generations(model, prompts, n_new)
     ids, mask = pad_batch(prompts, cfg.pad_token_id, left=True)
     tokens = greedy_loop(got, ids, mask, prompt_positions(mask), n_new)
     figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} decoder greedy"))

@@ -13,7 +13,6 @@ CLI (prints JSON): `embed TEXT...`, `models [NAME]`, `health [--service S]`, and
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
@@ -26,22 +25,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
+from service.textgen.client import (
+    AsyncGenerationClientMixin,
+    GenerationClientMixin,
+    add_generate_parser,
+    add_translate_parser,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-TEXTGEN_CLIENT = "service.textgen.client"
-
-
-def _textgen(attr: str) -> Any:
-    """A name from service/textgen/client.py (issue 4), or None while that module does not exist."""
-    try:
-        return getattr(importlib.import_module(TEXTGEN_CLIENT), attr)
-    except ModuleNotFoundError as e:
-        if e.name != TEXTGEN_CLIENT:
-            raise
-        return None
 
 
 def embed_request(inputs: Iterable[str], model: str = "", normalize: bool | None = None, truncate: bool | None = None,
@@ -70,7 +64,7 @@ def _channel_options() -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
 
-class Client(_textgen("GenerationClientMixin") or object):
+class Client(GenerationClientMixin):
     """Blocking client; `timeout` (seconds) is the deadline of every call."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0):
@@ -110,7 +104,7 @@ class Client(_textgen("GenerationClientMixin") or object):
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-class AsyncClient(_textgen("AsyncGenerationClientMixin") or object):
+class AsyncClient(AsyncGenerationClientMixin):
     """asyncio client (grpc.aio); same methods as Client, awaited."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0):
@@ -195,10 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="health status; exit code 0 when SERVING")
     health.add_argument("--service", default="", help='e.g. inference.v1.EmbeddingService ("" = overall)')
     health.set_defaults(handler=_cmd_health)
-    for name in ("add_generate_parser", "add_translate_parser"):
-        add = _textgen(name)
-        if add is not None:
-            add(sub)  # sets its own handler(args, client) -> int via set_defaults
+    add_generate_parser(sub)  # service/textgen/client.py: each sets handler(args, client) -> int
+    add_translate_parser(sub)
     return parser
 
 

@@ -14,7 +14,6 @@ Lifecycle (`Server.start` then `Server.shutdown`):
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import signal
 
@@ -29,13 +28,13 @@ from service.registry import ModelRegistry
 from service.runtime import Runtime
 from service.servicers import EmbeddingServicer, ModelServicer
 from service.settings import Settings
+from service.textgen import servicers as textgen_servicers
 
 log = logging.getLogger(__name__)
 
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
 SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation",
                  "TranslationService": "translation"}
-TEXTGEN_SERVICERS = "service.textgen.servicers"
 
 
 class Server:
@@ -69,8 +68,8 @@ class Server:
             runtime.close()
             raise
         server = cls(settings, runtime, registry)
-        await server._bind()
         try:
+            await server._bind()
             await registry.start()
         except BaseException:
             await server.shutdown(grace=0)
@@ -82,31 +81,21 @@ class Server:
     async def _bind(self) -> None:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
-        self._add_textgen()
+        textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.grpc)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind gRPC to {self.settings.host}:{self.settings.port}")
+        try:
+            self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        except RuntimeError as e:  # grpc's "Failed to bind": port in use, bad address
+            raise OSError(f"cannot bind gRPC to {self.settings.host}:{self.settings.port} ({e})") from e
         await self.grpc.start()
         log.info("gRPC listening on %s", self.address)
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
                 self.settings.metrics_address, self.settings.metrics_port)
-
-    def _add_textgen(self) -> None:
-        """GenerationService + TranslationService (service/textgen, issue 4)."""
-        try:
-            module = importlib.import_module(TEXTGEN_SERVICERS)
-        except ModuleNotFoundError as e:
-            if e.name != TEXTGEN_SERVICERS or any(b.kind != "embedding" for b in self.registry):
-                raise
-            log.warning("%s is missing: generation and translation RPCs are not served", TEXTGEN_SERVICERS)
-            return
-        module.add_to_server(self.grpc, self.registry, self.settings)
 
     async def _set_health(self, status: int) -> None:
         served_kinds = {b.kind for b in self.registry}

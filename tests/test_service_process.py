@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -117,3 +118,14 @@ def test_checked_in_stubs_are_fresh(tmp_path):
     for fresh in protogen.generate(tmp_path):
         checked_in = protogen.OUT / fresh.name
         assert checked_in.read_text() == fresh.read_text(), f"{checked_in} is stale: run `make protos`"
+
+
+def test_port_in_use_refuses_to_start(embed_models_root):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", str(port),
+               "--metrics-port", "-1"]
+        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr

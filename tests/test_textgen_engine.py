@@ -20,7 +20,7 @@ from service.runtime import Runtime
 from service.settings import Settings
 from service.textgen.decoding import SamplingParams
 from service.textgen.generator import GenerationModel
-from service.textgen.search import log_softmax
+from service.textgen.search import Seq2SeqState, beam_search, greedy_search, log_softmax
 from service.textgen.translator import TranslateOptions, TranslationModel
 
 PROMPTS = ["Once upon a time", "The cat", "A longer prompt of many byte tokens, é ü!", "Hi", "", "Tom and Sue"]
@@ -117,6 +117,30 @@ async def test_translation_greedy_matches_pytorch_and_beam_one(runtime, tiny_mod
         assert out.text == model.tokenizer.decode(expected, skip_special_tokens=True)
     assert beam1.translations == greedy.translations
     await model.stop()
+
+
+def test_beam_search_with_one_beam_is_greedy_search(runtime, tiny_models_root):
+    """The beam algorithm itself at k = 1 (the service routes beam 1 to greedy_search) agrees with greedy."""
+    model_dir = load_model_dir(tiny_models_root / "tiny-translate")
+    encoder, decoder, tok = _sessions(TranslationModel, runtime, model_dir)
+    model = TranslationModel(model_dir.manifest, encoder, decoder, tok, runtime.settings, runtime, "fp32")
+    ids, mask = pad_right([tok.encode(s).ids for s in SOURCES])
+    cross = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
+    lengths = [8, 30, 20, 30]
+    results = []
+    for search in (greedy_search, lambda st, *a: beam_search(st, 1, *a)):
+        state = Seq2SeqState(decoder, model.io, cross, mask, None)
+        results.append(search(state, model.start_id, model.eos_id, lengths, 0.7))
+    assert [h.tokens for h in results[0]] == [h.tokens for h in results[1]]
+    assert [h.score for h in results[0]] == pytest.approx([h.score for h in results[1]], abs=1e-5)
+
+
+def pad_right(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.zeros((len(rows), max(map(len, rows))), np.int64)  # (n, S)
+    mask = np.zeros_like(ids)  # (n, S)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = r, 1
+    return ids, mask
 
 
 async def test_beam_score_is_length_normalised_logprob(runtime, tiny_models_root):

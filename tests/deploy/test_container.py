@@ -21,7 +21,7 @@ import pytest
 from service.client import Client
 from tests.deploy.tools import DEPLOY, docker, run, tool
 
-pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3600)]
 log = logging.getLogger(__name__)
 
 IMAGE = "transformer-serving:test-cpu"
