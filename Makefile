@@ -38,6 +38,8 @@ test-deploy: venv
 
 bench: models
 	$(PY) -m bench.embed_throughput --models $(MODELS)
+	$(PY) -m bench.generate_throughput
+	$(PY) -m bench.translate_throughput
 
 protos: venv
 	$(PY) -m service.protogen
