@@ -1,56 +1,54 @@
-"""Generation throughput, side by side in one run; JSON to stdout.
+"""Generation throughput, side by side in one run (issue 4 targets); JSON to stdout.
 
 1. Single-stream greedy decode tokens/s: the service's ONNX engine (GenerationModel: scheduler,
-   KV cache, sampling, detokenising; no gRPC) vs the same weights in PyTorch with their KV cache
-   (export.decoder.GPTDecoder, fp32, the same thread count). Target >= 3x.
-2. Aggregate tokens/s of 8 concurrent GenerateStream calls vs 1, through a real in-process gRPC
-   server (continuous batching). Target >= 3x.
+   KV cache, sampling, detokenising; no gRPC) vs the same weights in PyTorch with their own KV
+   cache (export.decoder.GPTDecoder, fp32), the same prompt, tokens and thread count. Target >= 3x.
+2. Aggregate tokens/s of `--streams` concurrent GenerateStream calls vs 1, through a real
+   `python -m service` process (continuous batching); the server's decode batch-size histogram
+   shows whether the streams really share steps. Target >= 3x.
+Each side runs in its own process (bench/generate_workers.py; two thread pools in one process
+collapse throughput here), sides alternate `--rounds` times, and every figure is reported as the
+median with its spread; a ratio is computed per round (same conditions) and its median quoted.
 
 Weights: the trained checkpoint (checkpoints/tinystories-gpt) when present, else a randomly
 initialised decoder of the default size (DecoderConfig()) with a byte-level BPE tokenizer trained
-here on the shared TinyStories sample; it is exported through the real pipeline (parity gate,
-optimized variant) into a temporary folder. Random weights rarely emit EOS, so every stream
-runs its full max_new_tokens; figures say which weights were used.
+here on the shared TinyStories sample (saved as a checkpoint in the temporary folder so both sides
+load the same file). Either is exported through the real pipeline (parity gate, optimized
+variant). Random weights rarely emit EOS, so every stream then runs its full max_new_tokens.
 
-    python -m bench.generate_throughput [--checkpoint DIR] [--new-tokens 128] [--threads 1]
+    python -m bench.generate_throughput [--checkpoint DIR] [--new-tokens 128] [--threads 1] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
+import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-from tokenizers import Tokenizer
-
-from export.build import build_generation
-from export.checkpoint import load_checkpoint
-from export.decoder import DecoderConfig, GPTDecoder
-from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
-from service.client import AsyncClient
-from service.manifest import load_model_dir
-from service.runtime import Runtime
-from service.server import Server
-from service.settings import Settings
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
+from bench.common import ServiceProcess, conditions, run_worker, summary
 
 log = logging.getLogger("bench.generate")
 
 DEFAULT_CHECKPOINT = Path("checkpoints/tinystories-gpt")
 STORIES = Path("/work/shared/data/tinystories/TinyStories-train.first2MiB.txt")
-PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom had a big red ball.", "The sun was hot and",
-           "There was a cat", "Sam and his mom went to the park", "A bird sat on a tree", "Mia wanted a cookie"]
+WORKERS = "bench.generate_workers"
 
 
-def build_model(checkpoint: Path, out: Path) -> tuple[GPTDecoder, str]:
-    """Exports the checkpoint (or a random model of the default size) into out/<name>."""
+def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
+    """Exports the checkpoint (or a random model of the default size) into out/models/bench-gpt;
+    returns the checkpoint both sides load and a description of the weights."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from export.build import build_generation
+    from export.checkpoint import load_checkpoint, save_checkpoint
+    from export.decoder import DecoderConfig, GPTDecoder
+    from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
+
     if (checkpoint / "config.json").is_file():
         model, meta = load_checkpoint(checkpoint)
         tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
@@ -58,87 +56,55 @@ def build_model(checkpoint: Path, out: Path) -> tuple[GPTDecoder, str]:
     else:
         texts = STORIES.read_text(encoding="utf-8").split("\n")[:20000]
         tokenizer = train_generator_tokenizer(texts, DecoderConfig().vocab_size)
+        tokenizer.save(str(out / "tokenizer.json"))
         torch.manual_seed(0)
         model = GPTDecoder(DecoderConfig(vocab_size=tokenizer.get_vocab_size())).eval()
-        special, source = GENERATOR_SPECIAL_TOKENS, "random init, DecoderConfig() size (no trained checkpoint yet)"
+        special, source = GENERATOR_SPECIAL_TOKENS, "random init, DecoderConfig() size (no trained checkpoint)"
+        checkpoint = save_checkpoint(model, out / "checkpoint", name="bench-gpt", tokenizer_path=out / "tokenizer.json",
+                                     special_tokens=special, max_length=model.config.max_positions, fp16=False)
     cfg = model.config
-    build_generation(model, tokenizer, out / "bench-gpt", name="bench-gpt", special_tokens=special,
+    build_generation(model, tokenizer, out / "models" / "bench-gpt", name="bench-gpt", special_tokens=special,
                      max_input_tokens=cfg.max_positions // 2, max_output_tokens=cfg.max_positions // 2,
                      variants=("optimized",))
-    return model, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
+    return checkpoint, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
 
 
-@torch.no_grad()
-def torch_decode_tps(model: GPTDecoder, prompt_ids: list[int], new_tokens: int) -> tuple[float, list[int]]:
-    """Greedy with the PyTorch KV cache; decode-phase tokens/s (after the first token)."""
-    logits, past = model(torch.tensor([prompt_ids]))
-    tokens = [int(logits[0, -1].argmax())]
-    start = time.perf_counter()
-    for _ in range(new_tokens - 1):
-        position = torch.tensor([[len(prompt_ids) + len(tokens) - 1]])
-        logits, past = model(torch.tensor([[tokens[-1]]]), position_ids=position, past=past)
-        tokens.append(int(logits[0, -1].argmax()))
-    return (new_tokens - 1) / (time.perf_counter() - start), tokens
+def single_stream_round(checkpoint: Path, model_dir: Path, args) -> dict:
+    common = ["--new-tokens", str(args.new_tokens), "--threads", str(args.threads), "--repeats", str(args.repeats)]
+    ref = run_worker(WORKERS, "torch", "--checkpoint", str(checkpoint), *common)
+    onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), *common)
+    return {"onnx": statistics.median(onnx["tokens_per_s"]), "torch": statistics.median(ref["tokens_per_s"]),
+            "same_tokens": onnx["tokens"] == ref["tokens"], "new_tokens": len(onnx["tokens"]),
+            "variant": onnx["variant"]}
 
 
-async def engine_decode_tps(model: GenerationModel, prompt: str, new_tokens: int) -> tuple[float, list[int]]:
-    """Greedy through the engine's scheduler; decode-phase tokens/s (after the first token)."""
-    handle = model.submit(prompt, SamplingParams(max_new_tokens=new_tokens))
-    tokens, first_at = [], None
-    async for chunk in handle:
-        if first_at is None:
-            first_at = time.perf_counter()
-        tokens += chunk.token_ids
-    return (len(tokens) - 1) / (time.perf_counter() - first_at), tokens
-
-
-async def single_stream(model: GPTDecoder, model_dir: Path, settings: Settings, args) -> dict:
-    """Engine and PyTorch alternate, `rounds` times each; best of each (least disturbed by other load)."""
-    runtime = Runtime(settings)
-    engine = GenerationModel.load(load_model_dir(model_dir), settings, runtime)
-    await engine.start()
-    await engine.warmup()
-    prompt_ids = engine.tokenizer.encode(PROMPTS[0]).ids
-    onnx, ref = [], []
-    for _ in range(args.rounds):
-        tps, engine_tokens = await engine_decode_tps(engine, PROMPTS[0], args.new_tokens)
-        onnx.append(tps)
-        tps, torch_tokens = torch_decode_tps(model, prompt_ids, len(engine_tokens))
-        ref.append(tps)
-    await engine.stop()
-    runtime.close()
-    return {"onnx_engine_tokens_per_s": round(max(onnx), 1), "torch_kv_cache_tokens_per_s": round(max(ref), 1),
-            "ratio": round(max(onnx) / max(ref), 2), "target": 3.0, "same_tokens": engine_tokens == torch_tokens,
-            "new_tokens": len(engine_tokens), "rounds": {"onnx": [round(x, 1) for x in onnx], "torch": [round(x, 1) for x in ref]}}
-
-
-async def concurrency(settings: Settings, args) -> dict:
-    """1 stream and `streams` concurrent streams alternate through one real server; best of each."""
-    server = await Server.start(settings)
-    results: dict[int, list[dict]] = {1: [], args.streams: []}
+def concurrency_round(models: Path, args) -> dict:
+    flags = ["--intra-op-threads", str(args.threads), "--gen-max-batch", str(max(16, args.streams))]
+    service = ServiceProcess(models, flags, metrics=True)
     try:
-        async with AsyncClient(server.address, timeout=600) as client:
-            await client.generate("warm up", max_new_tokens=4)
-            for _ in range(args.rounds):
-                for streams in results:
-                    results[streams].append(await server_tps(client, streams, args.new_tokens))
+        out = run_worker(WORKERS, "client", "--address", service.address, "--metrics-url", service.metrics_url,
+                         "--streams", f"1,{args.streams}", "--new-tokens", str(args.new_tokens),
+                         "--repeats", str(args.repeats))
     finally:
-        await server.shutdown(grace=0)
-    one, many = (max(r, key=lambda x: x["tokens_per_s"]) for r in results.values())
-    return {"one": one, "many": many, "ratio": round(many["tokens_per_s"] / one["tokens_per_s"], 2), "target": 3.0}
+        service.stop()
+    one, many = out["median_tokens_per_s"]["1"], out["median_tokens_per_s"][str(args.streams)]
+    return {"one": one, "many": many, "batch": out["decode_batch_size"][str(args.streams)]}
 
 
-async def server_tps(client: AsyncClient, streams: int, new_tokens: int) -> dict:
-    """Aggregate tokens/s of `streams` concurrent GenerateStream calls."""
-
-    async def one(prompt: str) -> int:
-        return sum([len(c.token_ids) async for c in client.generate_stream(prompt, max_new_tokens=new_tokens)])
-
-    start = time.perf_counter()
-    counts = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)]) for i in range(streams)))
-    elapsed = time.perf_counter() - start
-    return {"streams": streams, "tokens": sum(counts), "seconds": round(elapsed, 3),
-            "tokens_per_s": round(sum(counts) / elapsed, 1)}
+def report(single: list[dict], many: list[dict], args) -> dict:
+    return {
+        "single_stream": {
+            "onnx_engine_tokens_per_s": summary([r["onnx"] for r in single], 1),
+            "torch_kv_cache_tokens_per_s": summary([r["torch"] for r in single], 1),
+            "ratio": summary([r["onnx"] / r["torch"] for r in single]), "target": 3.0,
+            "same_tokens": all(r["same_tokens"] for r in single), "new_tokens": single[0]["new_tokens"],
+            "variant": single[0]["variant"]},
+        "concurrency": {
+            "one_stream_tokens_per_s": summary([r["one"] for r in many], 1),
+            f"{args.streams}_streams_tokens_per_s": summary([r["many"] for r in many], 1),
+            "ratio": summary([r["many"] / r["one"] for r in many]), "target": 3.0,
+            "decode_batch_size_last_round": many[-1]["batch"]},
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -147,25 +113,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
-    p.add_argument("--rounds", type=int, default=3, help="alternating repetitions; the best of each is reported")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (fresh processes each)")
+    p.add_argument("--repeats", type=int, default=3, help="measured generations per worker (after a warm-up)")
     return p.parse_args(argv)
-
-
-async def run(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="bench-gpt-") as tmp:
-        model, source = build_model(args.checkpoint, Path(tmp))
-        settings = Settings.from_env(env={}, models=tmp, port=0, metrics_port=-1, intra_op_threads=args.threads,
-                                     gen_max_batch=max(16, args.streams))
-        single = await single_stream(model, Path(tmp) / "bench-gpt", settings, args)
-        many = await concurrency(settings, args)
-    return {"weights": source, "threads": args.threads, "single_stream": single, "concurrency": many,
-            "note": "best of `rounds` alternating runs; the CPU is shared with a training job, figures are noisy"}
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    result = asyncio.run(run(parse_args(sys.argv[1:] if argv is None else argv)))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    before = conditions()
+    with tempfile.TemporaryDirectory(prefix="bench-gpt-") as tmp:
+        checkpoint, source = build_model(args.checkpoint.resolve(), Path(tmp))
+        single, many = [], []
+        for _ in range(args.rounds):
+            single.append(single_stream_round(checkpoint, Path(tmp) / "models" / "bench-gpt", args))
+            many.append(concurrency_round(Path(tmp) / "models", args))
+    result = {"weights": source, "threads": args.threads, "rounds": args.rounds, **report(single, many, args),
+              "conditions": {"before": before, "after": conditions()}}
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

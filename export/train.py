@@ -194,6 +194,8 @@ def run(task, args, run_dir: Path) -> dict:
         task.cursor = state["extra"]["cursor"]
         log.info("resumed from %s at step %d", state_path, step)
     budget_s = args.time_budget_minutes * 60 if args.time_budget_minutes else None
+    if budget_s and step:  # a resumed run may come with a new budget
+        replan(sched, step, elapsed, budget_s)
     logf = open(run_dir / "log.jsonl", "a", encoding="utf-8")
     bar = tqdm(total=sched["total"], initial=step, desc=task.kind, dynamic_ncols=True, mininterval=2.0)
     start, smooth, window = time.time() - elapsed, None, (time.time(), tokens)
@@ -237,11 +239,11 @@ def run(task, args, run_dir: Path) -> dict:
 
 
 DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
-    "translator": dict(d_model=256, layers=4, decoder_layers=3, heads=4, d_ff=1024, dropout=0.1, vocab_size=8000,
-                       max_tokens=4096, lr=1e-3, warmup=1000, label_smoothing=0.1, max_len=64,
+    "translator": dict(d_model=256, layers=4, decoder_layers=3, heads=4, d_ff=1024, dropout=0.1, vocab_size=6000,
+                       max_tokens=3000, lr=1e-3, warmup=400, label_smoothing=0.1, max_len=64, eval_every=400,
                        out=Path("checkpoints/tatoeba-en-fr")),
     "generator": dict(d_model=256, layers=4, decoder_layers=0, heads=8, d_ff=1024, dropout=0.0, vocab_size=4096,
-                      max_tokens=8192, lr=1e-3, warmup=200, label_smoothing=0.0, max_len=0,
+                      max_tokens=4096, lr=1.5e-3, warmup=100, label_smoothing=0.0, max_len=0, eval_every=100,
                       out=Path("checkpoints/tinystories-gpt")),
 }
 
@@ -258,7 +260,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20000, help="total steps (the budget re-plans it)")
     p.add_argument("--time-budget-minutes", type=float, help="shape the cosine schedule to this wall time")
     p.add_argument("--calibrate-steps", type=int, default=50, help="steps timed before the first re-plan")
-    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-every", type=int, help="steps between evaluations (400 / 100)")
     p.add_argument("--dev-sentences", type=int, default=400, help="translator: dev sentences scored per eval")
     p.add_argument("--split-test", type=int, default=2000, help="translator: English sentences held out for test")
     p.add_argument("--split-dev", type=int, default=1000, help="translator: English sentences held out for dev")
