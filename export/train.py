@@ -173,7 +173,7 @@ def replan(sched: dict, step: int, elapsed: float, budget_s: float) -> None:
 
 
 def checkpoint_meta(args, task, sched: dict, step: int, elapsed: float, tokens: int, metrics: dict) -> dict:
-    return {"command": "python -m export " + " ".join(args.argv), "data": str(args.data), "seed": args.seed,
+    return {"command": "python -m export " + " ".join(args.argv), "data": os.path.relpath(args.data), "seed": args.seed,
             "split": {"test": args.split_test, "dev": args.split_dev, "generator_holdout": 0.05},
             "steps": step, "planned_steps": sched["total"], "tokens_seen": tokens, "wall_minutes": round(elapsed / 60, 1),
             "threads": torch.get_num_threads(), "device": str(args.device_obj), "parameters": task.model.num_parameters(),
