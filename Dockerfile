@@ -14,7 +14,7 @@
 # cannot be reached, from wheels placed in deploy/wheels/ with TORCH_INDEX_URL set empty.
 
 ARG PYTHON_BASE=python:3.11-slim
-ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ARG CUDA_BASE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 ARG VARIANT=cpu
 
 # ---------------------------------------------------------------------------------------------
@@ -55,11 +55,14 @@ WORKDIR /src
 COPY pyproject.toml README* ./
 COPY service/ service/
 # Only the serving package is copied, so only it is installed (no export/, no torch). A GPU build
-# swaps onnxruntime for onnxruntime-gpu: the two must never be installed side by side.
+# swaps onnxruntime for onnxruntime-gpu of the same version: the two must never be installed side
+# by side.
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[batch]" \
     && if [ "${ONNXRUNTIME}" != "onnxruntime" ]; then \
-           /opt/venv/bin/pip uninstall -y onnxruntime && /opt/venv/bin/pip install "${ONNXRUNTIME}"; \
+           ort="$(/opt/venv/bin/python -c 'import importlib.metadata as m; print(m.version("onnxruntime"))')" \
+           && /opt/venv/bin/pip uninstall -y onnxruntime \
+           && /opt/venv/bin/pip install "${ONNXRUNTIME}==${ort}"; \
        fi \
     && /opt/venv/bin/python -c "import onnxruntime, service.proto.inference_pb2_grpc"
 

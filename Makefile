@@ -28,13 +28,13 @@ serve: models
 	$(PY) -m service --models $(MODELS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
 test: venv
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra -m "not deploy" tests
 
 test-fast: venv
-	$(PY) -m pytest -q -ra -m "not slow" tests
+	$(PY) -m pytest -q -ra -m "not slow and not deploy" tests
 
 test-deploy: venv
-	$(PY) -m pytest -q -ra tests/deploy
+	$(PY) -m pytest -q -ra -m deploy tests/deploy
 
 bench: models
 	$(PY) -m bench.embed_throughput --models $(MODELS)

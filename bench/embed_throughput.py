@@ -18,23 +18,19 @@ import argparse
 import asyncio
 import json
 import logging
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 
+from bench.common import ServiceProcess
 from service.client import embed_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("bench.embed_throughput")
-ROOT = Path(__file__).resolve().parents[1]
 STSB = Path("/work/shared/data/stsb")
 
 
@@ -51,25 +47,6 @@ def load_sentences(path: Path | None, count: int) -> list[str]:
             if len(seen) >= count:
                 return list(seen)[:count]
     return list(seen)
-
-
-class ServiceProcess:
-    def __init__(self, models: Path, flags: list[str]):
-        cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0", "--metrics-port", "-1", *flags]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.address, self.log = "", []
-        for line in self.proc.stderr:
-            self.log.append(line.rstrip())
-            if m := re.search(r"gRPC listening on (\S+)", line):
-                self.address = m.group(1)
-            if "model(s) on" in line:
-                threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # keep the pipe drained
-                return
-        raise RuntimeError("service did not start:\n" + "\n".join(self.log))
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
 
 
 async def run_clients(address: str, sentences: list[str], clients: int, model: str) -> tuple[float, np.ndarray]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import statistics
 import sys
 import tempfile
@@ -50,9 +51,13 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
 
     if (checkpoint / "config.json").is_file():
+        # A snapshot: a training job may overwrite the checkpoint while the sides load it.
+        source = f"trained checkpoint {checkpoint}"
+        checkpoint = Path(shutil.copytree(checkpoint, out / "checkpoint"))
         model, meta = load_checkpoint(checkpoint)
         tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-        special, source = meta["special_tokens"], f"trained checkpoint {checkpoint}"
+        special = meta["special_tokens"]
+        source += f" ({meta.get('training', {}).get('steps')} steps)"
     else:
         texts = STORIES.read_text(encoding="utf-8").split("\n")[:20000]
         tokenizer = train_generator_tokenizer(texts, DecoderConfig().vocab_size)

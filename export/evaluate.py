@@ -65,9 +65,10 @@ def translation_scores(hyps: list[str], refs: list[list[str]]) -> dict:
     """Corpus BLEU and chrF against a variable number of references per sentence."""
     width = max(len(r) for r in refs)
     streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
-    bleu = sacrebleu.corpus_bleu(hyps, streams)
-    chrf = sacrebleu.corpus_chrf(hyps, streams)
-    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_signature": str(bleu.format(signature=True)),
+    bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
+    bleu, chrf = bleu_metric.corpus_score(hyps, streams), chrf_metric.corpus_score(hyps, streams)
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_detail": bleu.format(),
+            "signature": f"{bleu_metric.get_signature()} {chrf_metric.get_signature()}",
             "sentences": len(hyps), "references": sum(len(r) for r in refs)}
 
 

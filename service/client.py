@@ -23,6 +23,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from service.batch.cli import add_batch_parser
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.textgen.client import (
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(handler=_cmd_health)
     add_generate_parser(sub)  # service/textgen/client.py: each sets handler(args, client) -> int
     add_translate_parser(sub)
+    add_batch_parser(sub)  # service/batch/cli.py: resumable batch embedding of a large file
     return parser
 
 

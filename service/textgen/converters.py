@@ -42,6 +42,15 @@ def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
     return msg
 
 
+def join_chunks(chunks: list[Chunk]) -> Chunk:
+    """Consecutive chunks of one generation as one (text and tokens joined; the last one's ending)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    return Chunk("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], last.finish_reason,
+                 last.input_tokens, last.output_tokens, last.timings)
+
+
 def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:
     """All chunks of one generation joined: the same text and tokens a stream delivers."""
     last = chunks[-1]

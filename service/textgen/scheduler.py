@@ -36,6 +36,20 @@ Delivery = list[tuple[Sequence, Chunk | BaseException | None]]
 DECODE_SLICE_S = 0.25  # longest run of decode steps between two visits of the event loop
 
 
+class _Series:
+    """The model's per-token metric children, resolved once (`labels()` costs microseconds a call)."""
+
+    def __init__(self, name: str):
+        self.ttft = gen_metrics.TIME_TO_FIRST_TOKEN.labels(name)
+        self.itl = gen_metrics.INTER_TOKEN_LATENCY.labels(name)
+        self.inference = metrics.INFERENCE_DURATION.labels(name)
+        self.batch = metrics.BATCH_SIZE.labels(name)
+        self.batch_tokens = metrics.BATCH_TOKENS.labels(name)
+        self.decode_batch = gen_metrics.GENERATION_BATCH_SIZE.labels(name)
+        self.output_tokens = metrics.TOKENS.labels(name, "output")
+        self.in_flight = gen_metrics.IN_FLIGHT.labels(name)
+
+
 class Scheduler:
     def __init__(self, name: str, session, io: GraphIO, runtime, *, max_batch: int, max_queue: int,
                  prefill_tokens: int, pad_id: int, device: str | None):
@@ -47,8 +61,9 @@ class Scheduler:
         self.wake = asyncio.Event()
         self.closing = False
         self._task: asyncio.Task | None = None
+        self._series = _Series(name)
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
-        gen_metrics.IN_FLIGHT.labels(name).set(0)
+        self._series.in_flight.set(0)
 
     def start(self) -> None:
         if self._task is None:
@@ -197,9 +212,9 @@ class Scheduler:
             now = time.perf_counter()
             if seq.last_token_at is None:
                 seq.timings.time_to_first_token_ms = (now - seq.arrived) * 1e3
-                gen_metrics.TIME_TO_FIRST_TOKEN.labels(self.name).observe(now - seq.arrived)
+                self._series.ttft.observe(now - seq.arrived)
             else:
-                gen_metrics.INTER_TOKEN_LATENCY.labels(self.name).observe(now - seq.last_token_at)
+                self._series.itl.observe(now - seq.last_token_at)
             seq.last_token_at = now
             out.append((seq, chunk))
         return out
@@ -208,11 +223,11 @@ class Scheduler:
         elapsed = time.perf_counter() - t0
         for seq in seqs:
             seq.timings.inference_ms += elapsed * 1e3
-        metrics.INFERENCE_DURATION.labels(self.name).observe(elapsed)
-        metrics.BATCH_SIZE.labels(self.name).observe(len(seqs))
-        metrics.BATCH_TOKENS.labels(self.name).observe(tokens)
+        self._series.inference.observe(elapsed)
+        self._series.batch.observe(len(seqs))
+        self._series.batch_tokens.observe(tokens)
         if not prefill:
-            gen_metrics.GENERATION_BATCH_SIZE.labels(self.name).observe(len(seqs))
+            self._series.decode_batch.observe(len(seqs))
 
     def _deliver(self, delivery: Delivery) -> None:
         """Event loop: chunks to their queues; rows that left stop counting as in flight."""
@@ -221,7 +236,7 @@ class Scheduler:
                 seq.cancelled = True
                 seq.queue.put_nowait(item)
             elif item is not None:
-                metrics.TOKENS.labels(self.name, "output").inc(len(item.token_ids))
+                self._series.output_tokens.inc(len(item.token_ids))
                 seq.queue.put_nowait(item)
             if seq.done:
-                gen_metrics.IN_FLIGHT.labels(self.name).dec()
+                self._series.in_flight.dec()

@@ -120,6 +120,7 @@ class GenerationHandle:
     def __init__(self, seq: Sequence, wake: asyncio.Event):
         self._seq, self._wake = seq, wake
         self._ended = False
+        self._error: BaseException | None = None  # met by `ready()`, raised by the next `__anext__`
 
     def __aiter__(self) -> "GenerationHandle":
         return self
@@ -129,6 +130,9 @@ class GenerationHandle:
         return self._seq
 
     async def __anext__(self) -> Chunk:
+        if self._error is not None:
+            self._ended, error, self._error = True, self._error, None
+            raise error
         if self._ended:
             raise StopAsyncIteration
         item = await self._seq.queue.get()
@@ -137,6 +141,19 @@ class GenerationHandle:
             raise item
         self._ended = item.finish_reason is not None
         return item
+
+    def ready(self) -> list[Chunk]:
+        """The chunks already queued, without waiting (up to the last one or an error, which the
+        next iteration raises). A stream that fell behind the decoder sends them as one message."""
+        out: list[Chunk] = []
+        while not self._ended and self._error is None and not self._seq.queue.empty():
+            item = self._seq.queue.get_nowait()
+            if isinstance(item, BaseException):
+                self._error = item
+            else:
+                out.append(item)
+                self._ended = item.finish_reason is not None
+        return out
 
     def cancel(self) -> None:
         if not self._seq.done:
