@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 50051
 METRICS_PORT ?= 9464
 
-.PHONY: venv models serve test test-fast test-deploy bench protos clean
+.PHONY: venv models serve test test-fast test-deploy bench protos clean train-translator train-generator
 
 venv: $(VENV)/.installed
 
@@ -40,6 +40,13 @@ bench: models
 	$(PY) -m bench.embed_throughput --models $(MODELS)
 	$(PY) -m bench.generate_throughput
 	$(PY) -m bench.translate_throughput
+
+# Retraining, one command per model (docs/training.md); writes runs/ then checkpoints/.
+train-translator: venv
+	$(PY) -m export train translator --time-budget-minutes 80 --threads 1
+
+train-generator: venv
+	$(PY) -m export train generator --time-budget-minutes 85 --threads 1
 
 protos: venv
 	$(PY) -m service.protogen

@@ -60,7 +60,7 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     @torch.no_grad()
     def reference(batch: list[list[int]]) -> list[list[int]]:
         src, mask = data.pad(batch, cfg.pad_token_id)  # (B, S) each
-        return model.greedy_decode(src, mask, args.max_length).tolist()
+        return model.greedy_decode(src, mask, args.max_length)
 
     timed_pass(greedy, ids, args.batch)  # warm-up
     passes = [timed_pass(greedy, ids, args.batch) for _ in range(args.repeats)]

@@ -7,6 +7,7 @@ Commands:
   tiny        export a tiny random-weight model of one kind (tests, smoke checks)
   tokenizer   train a tokenizer (byte-level BPE for the generator, joint subword for the translator)
   train       train the generator or the translator
+  evaluate    score a checkpoint (BLEU/chrF greedy and beam, or held-out perplexity)
 Every export runs the parity gate and fails on a miss.
 """
 
@@ -22,6 +23,7 @@ COMMANDS = {
     "tiny": "export.build",
     "tokenizer": "export.tokenizer_train",
     "train": "export.train",
+    "evaluate": "export.evaluate",
 }
 
 

@@ -81,7 +81,8 @@ def save_training_state(path, *, model, optimizer, scheduler_state: dict, step: 
         "schedule": scheduler_state,
         "step": step,
         "extra": extra,
-        "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)

@@ -92,7 +92,8 @@ def story_stream(token_lists: list[list[int]], separator_id: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def stream_batch(stream: np.ndarray, batch_size: int, context: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_batch(stream: np.ndarray, batch_size: int, context: int, seed: int,
+                 step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of the stream for one step: inputs and next-token targets, each (B, context)."""
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, len(stream) - context - 1, size=batch_size)

@@ -78,6 +78,29 @@ def evaluate_translator(model, tok: Tokenizer, items: list[tuple[str, list[str]]
     return translation_scores(hyps, [refs for _, refs in items]), hyps
 
 
+def _select_beams(cand, flat, seqs, finished, K: int, V: int, eos: int, pad: int, length_penalty: float):
+    """From the 2K best (score, beam*V + token) candidates per source (B, 2K): hypotheses ending in
+    EOS join `finished`; the best K others stay live. Returns their scores (B, K), source rows
+    (B, K) into seqs, and next tokens (B, K); unfilled slots get score -inf."""
+    B = cand.shape[0]
+    scores = torch.full((B, K), -math.inf, device=cand.device)
+    select = torch.zeros((B, K), dtype=torch.long, device=cand.device)
+    next_tok = torch.full((B, K), pad, dtype=torch.long, device=cand.device)
+    for b in range(B):
+        live = 0
+        for score, f in zip(cand[b].tolist(), flat[b].tolist()):
+            if live == K or len(finished[b]) >= K or score == -math.inf:
+                break
+            beam, tok = divmod(f, V)
+            if tok == eos:
+                hyp = seqs[b * K + beam, 1:].tolist() + [tok]
+                finished[b].append((score / len(hyp) ** length_penalty, hyp))
+                continue
+            scores[b, live], select[b, live], next_tok[b, live] = score, b * K + beam, tok
+            live += 1
+    return scores, select, next_tok
+
+
 @torch.no_grad()
 def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_size: int = 4, max_length: int = 64,
                 length_penalty: float = 1.0) -> list[list[int]]:
@@ -86,7 +109,8 @@ def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_si
     beam_size finished hypotheses). src (B, S) -> best token ids per source, without BOS, with EOS."""
     cfg, B, K = model.config, src_ids.shape[0], beam_size
     device = src_ids.device
-    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.encode(src_ids, src_mask)]  # (B*K, nh, S, hs)
+    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0))  # (B*K, nh, S, hs)
+             for k, v in model.encode(src_ids, src_mask)]
     src_mask_k = src_mask.repeat_interleave(K, 0)  # (B*K, S)
     scores = torch.full((B, K), -math.inf, device=device)
     scores[:, 0] = 0.0  # one live beam per source at the start
@@ -100,27 +124,13 @@ def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_si
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
         V = logp.shape[-1]
         cand, flat = (scores.view(-1, 1) + logp).view(B, K * V).topk(2 * K, dim=1)  # (B, 2K)
-        new_scores = torch.full((B, K), -math.inf, device=device)
-        select = torch.zeros((B, K), dtype=torch.long, device=device)
-        next_tok = torch.full((B, K), cfg.pad_token_id, dtype=torch.long, device=device)
-        for b in range(B):
-            live = 0
-            for score, f in zip(cand[b].tolist(), flat[b].tolist()):
-                if live == K or len(finished[b]) >= K or score == -math.inf:
-                    break
-                beam, tok = divmod(f, V)
-                if tok == cfg.eos_token_id:
-                    hyp = seqs[b * K + beam, 1:].tolist() + [tok]
-                    finished[b].append((score / len(hyp) ** length_penalty, hyp))
-                    continue
-                new_scores[b, live], select[b, live], next_tok[b, live] = score, b * K + beam, tok
-                live += 1
+        scores, select, next_tok = _select_beams(cand, flat, seqs, finished, K, V, cfg.eos_token_id,
+                                                 cfg.pad_token_id, length_penalty)
         if all(len(f) >= K for f in finished):
             break
         sel = select.view(-1)
         seqs = torch.cat([seqs[sel], next_tok.view(-1, 1)], dim=1)  # (B*K, t+2)
         past = [(k[sel], v[sel]) for k, v in past]
-        scores = new_scores
     for b in range(B):  # sources that hit max_length: their live beams compete too
         if len(finished[b]) < K:
             for k in range(K):
@@ -181,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     from export.checkpoint import load_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv[1:] if argv and argv[0] == "evaluate" else argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, meta = load_checkpoint(args.checkpoint)
@@ -189,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.data or data.DEFAULT_DATA[args.kind]
     training = meta.get("training", {})
     seed, sizes = training.get("seed", args.seed), training.get("split", {})
-    result: dict = {"checkpoint": str(args.checkpoint), "split": args.split}
+    result: dict = {"checkpoint": str(args.checkpoint), "split": args.split if args.kind == "translator" else "heldout"}
     if args.kind == "translator":
         split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
                                    n_dev=sizes.get("dev", 1000))

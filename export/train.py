@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -51,7 +52,8 @@ def load_or_train_tokenizer(kind: str, args, run_dir: Path) -> Tokenizer:
     path = args.tokenizer or run_dir / "tokenizer.json"
     if not Path(path).exists():
         log.info("training the %s tokenizer (vocab %d) into %s", kind, args.vocab_size, path)
-        tok = tokenizer_train.build_tokenizer(kind, args.data, args.vocab_size, args.seed, args.split_test, args.split_dev)
+        tok = tokenizer_train.build_tokenizer(kind, args.data, args.vocab_size, args.seed,
+                                              args.split_test, args.split_dev)
         tok.save(str(path))
     return Tokenizer.from_file(str(path))
 
@@ -172,70 +174,96 @@ def replan(sched: dict, step: int, elapsed: float, budget_s: float) -> None:
     sched["total"] = max(sched["warmup"] + 1, step + 1, int(step * budget_s / elapsed))
 
 
-def checkpoint_meta(args, task, sched: dict, step: int, elapsed: float, tokens: int, metrics: dict) -> dict:
-    return {"command": "python -m export " + " ".join(args.argv), "data": os.path.relpath(args.data), "seed": args.seed,
-            "split": {"test": args.split_test, "dev": args.split_dev, "generator_holdout": 0.05},
-            "steps": step, "planned_steps": sched["total"], "tokens_seen": tokens, "wall_minutes": round(elapsed / 60, 1),
-            "threads": torch.get_num_threads(), "device": str(args.device_obj), "parameters": task.model.num_parameters(),
-            "metrics": metrics}
+@dataclass
+class Progress:
+    """Where a run stands; saved in state.pt (all but `smooth`, the loss EMA shown on the bar)."""
+
+    step: int = 0
+    elapsed: float = 0.0  # seconds of this run, over all its sessions
+    tokens: int = 0  # target tokens trained on
+    metrics: dict = field(default_factory=dict)
+    smooth: float | None = None
 
 
-def run(task, args, run_dir: Path) -> dict:
-    device = args.device_obj
-    model = task.model.to(device)
+def checkpoint_meta(args, task, sched: dict, prog: Progress) -> dict:
+    return {"command": "python -m export " + " ".join(args.argv), "data": os.path.relpath(args.data),
+            "seed": args.seed, "split": {"test": args.split_test, "dev": args.split_dev, "generator_holdout": 0.05},
+            "steps": prog.step, "planned_steps": sched["total"], "tokens_seen": prog.tokens,
+            "wall_minutes": round(prog.elapsed / 60, 1), "threads": torch.get_num_threads(),
+            "device": str(args.device_obj), "parameters": task.model.num_parameters(), "metrics": prog.metrics}
+
+
+def train_step(task, model, opt, sched: dict, prog: Progress, args) -> float:
+    """One optimizer step at the scheduled learning rate; returns that lr."""
+    model.train()
+    lr = lr_at(prog.step, sched)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    batch, n_tok = task.next_batch(prog.step)
+    loss = task.loss(model, move(batch, args.device_obj))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+    opt.step()
+    value = loss.item()
+    prog.step, prog.tokens = prog.step + 1, prog.tokens + n_tok
+    prog.smooth = value if prog.smooth is None else 0.98 * prog.smooth + 0.02 * value
+    return lr
+
+
+def evaluate_and_save(task, model, opt, sched: dict, prog: Progress, args, lr: float, logf) -> None:
+    """Held-out evaluation, a log line, the resumable state and the exportable checkpoint."""
+    prog.metrics = task.evaluate(model)
+    record = {"step": prog.step, "total": sched["total"], "loss": round(prog.smooth, 4), "lr": lr,
+              "tokens": prog.tokens, "minutes": round(prog.elapsed / 60, 2), **prog.metrics}
+    logf.write(json.dumps(record) + "\n")
+    logf.flush()
+    log.info("eval %s", record)
+    if args.time_budget_minutes:
+        replan(sched, prog.step, prog.elapsed, args.time_budget_minutes * 60)
+    extra = {"elapsed": prog.elapsed, "tokens": prog.tokens, "metrics": prog.metrics, "cursor": task.cursor}
+    save_training_state(args.run_dir / "state.pt", model=model, optimizer=opt, scheduler_state=sched,
+                        step=prog.step, extra=extra)
+    task.save(model, args.out, checkpoint_meta(args, task, sched, prog))
+
+
+def resume(task, model, opt, sched: dict, args) -> tuple[dict, Progress]:
+    state_path = args.run_dir / "state.pt"
+    if not (args.resume and state_path.exists()):
+        return sched, Progress()
+    state = load_training_state(state_path, model=model, optimizer=opt)
+    extra = state["extra"]
+    task.cursor = extra["cursor"]
+    log.info("resumed from %s at step %d", state_path, state["step"])
+    return state["schedule"], Progress(state["step"], extra["elapsed"], extra["tokens"], extra["metrics"])
+
+
+def run(task, args) -> dict:
+    model = task.model.to(args.device_obj)
     opt = make_optimizer(model, args)
     sched = {"peak": args.lr, "warmup": args.warmup, "total": args.steps, "min_ratio": args.min_lr_ratio}
-    step, elapsed, tokens, metrics = 0, 0.0, 0, {}
-    state_path = run_dir / "state.pt"
-    if args.resume and state_path.exists():
-        state = load_training_state(state_path, model=model, optimizer=opt)
-        step, sched = state["step"], state["schedule"]
-        elapsed, tokens, metrics = state["extra"]["elapsed"], state["extra"]["tokens"], state["extra"]["metrics"]
-        task.cursor = state["extra"]["cursor"]
-        log.info("resumed from %s at step %d", state_path, step)
+    sched, prog = resume(task, model, opt, sched, args)
     budget_s = args.time_budget_minutes * 60 if args.time_budget_minutes else None
-    if budget_s and step:  # a resumed run may come with a new budget
-        replan(sched, step, elapsed, budget_s)
-    logf = open(run_dir / "log.jsonl", "a", encoding="utf-8")
-    bar = tqdm(total=sched["total"], initial=step, desc=task.kind, dynamic_ncols=True, mininterval=2.0)
-    start, smooth, window = time.time() - elapsed, None, (time.time(), tokens)
-    while step < min(sched["total"], args.stop_at or sched["total"]):
-        model.train()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, sched)
-        batch, n_tok = task.next_batch(step)
-        loss = task.loss(model, move(batch, device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        step, tokens = step + 1, tokens + n_tok
-        value = loss.item()
-        smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
-        now = time.time()
-        if budget_s and step == args.calibrate_steps:
-            replan(sched, step, now - start, budget_s)
-        bar.total = sched["total"]
-        bar.update(1)
-        bar.set_postfix(loss=f"{smooth:.3f}", tok_s=f"{(tokens - window[1]) / max(1e-9, now - window[0]):.0f}",
-                        lr=f"{group['lr']:.2e}", refresh=False)
-        if step % args.eval_every == 0 or step in (sched["total"], args.stop_at):
-            metrics = task.evaluate(model)
-            elapsed = time.time() - start
-            record = {"step": step, "total": sched["total"], "loss": round(smooth, 4), "lr": group["lr"],
-                      "tokens": tokens, "minutes": round(elapsed / 60, 2), **metrics}
-            logf.write(json.dumps(record) + "\n")
-            logf.flush()
-            log.info("eval %s", record)
-            if budget_s:
-                replan(sched, step, elapsed, budget_s)
-            extra = {"elapsed": elapsed, "tokens": tokens, "metrics": metrics, "cursor": task.cursor}
-            save_training_state(state_path, model=model, optimizer=opt, scheduler_state=sched, step=step, extra=extra)
-            task.save(model, args.out, checkpoint_meta(args, task, sched, step, elapsed, tokens, metrics))
-            window = (time.time(), tokens)
+    if budget_s and prog.step:  # a resumed run may come with a new budget
+        replan(sched, prog.step, prog.elapsed, budget_s)
+    bar = tqdm(total=sched["total"], initial=prog.step, desc=task.kind, dynamic_ncols=True, mininterval=2.0)
+    start, window = time.time() - prog.elapsed, (time.time(), prog.tokens)
+    with open(args.run_dir / "log.jsonl", "a", encoding="utf-8") as logf:
+        while prog.step < min(sched["total"], args.stop_at or sched["total"]):
+            lr = train_step(task, model, opt, sched, prog, args)
+            now = time.time()
+            prog.elapsed = now - start
+            if budget_s and prog.step == args.calibrate_steps:
+                replan(sched, prog.step, prog.elapsed, budget_s)
+            bar.total = sched["total"]
+            bar.update(1)
+            tok_s = (prog.tokens - window[1]) / max(1e-9, now - window[0])
+            bar.set_postfix(loss=f"{prog.smooth:.3f}", tok_s=f"{tok_s:.0f}", lr=f"{lr:.2e}", refresh=False)
+            if prog.step % args.eval_every == 0 or prog.step in (sched["total"], args.stop_at):
+                evaluate_and_save(task, model, opt, sched, prog, args, lr, logf)
+                window = (time.time(), prog.tokens)
     bar.close()
-    logf.close()
-    return {"step": step, "metrics": metrics, "minutes": round((time.time() - start) / 60, 1)}
+    return {"step": prog.step, "metrics": prog.metrics, "minutes": round((time.time() - start) / 60, 1)}
 
 
 DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
@@ -268,7 +296,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: every CPU thread)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    for name in ("d_model", "layers", "decoder_layers", "heads", "d_ff", "vocab_size", "max_tokens", "warmup", "max_len"):
+    ints = ("d_model", "layers", "decoder_layers", "heads", "d_ff", "vocab_size", "max_tokens", "warmup", "max_len")
+    for name in ints:
         p.add_argument("--" + name.replace("_", "-"), type=int)
     for name in ("dropout", "lr", "label_smoothing"):
         p.add_argument("--" + name.replace("_", "-"), type=float)
@@ -298,7 +327,7 @@ def main(argv: list[str]) -> int:
     args.tok_path = args.tokenizer or args.run_dir / "tokenizer.json"
     log.info("%s: %d parameters, %d threads, device %s", args.kind, task.model.num_parameters(),
              torch.get_num_threads(), args.device_obj)
-    result = run(task, args, args.run_dir)
+    result = run(task, args)
     log.info("done: %s", result)
     return 0
 

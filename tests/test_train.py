@@ -107,7 +107,8 @@ def test_checkpoint_round_trip_gives_identical_logits(tmp_path, fr_tokenizer):
             model.load_state_dict({k: v.half().float() for k, v in model.state_dict().items()})
         assert meta["architecture"] == "seq2seq" and (out / "tokenizer.json").read_bytes() == tok_path.read_bytes()
         with torch.no_grad():
-            assert torch.equal(loaded(src, mask, tgt, torch.ones_like(tgt)), model(src, mask, tgt, torch.ones_like(tgt)))
+            tgt_mask = torch.ones_like(tgt)
+            assert torch.equal(loaded(src, mask, tgt, tgt_mask), model(src, mask, tgt, tgt_mask))
 
 
 def test_beam_of_one_equals_greedy():
