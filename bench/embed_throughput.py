@@ -31,12 +31,19 @@ from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("bench.embed_throughput")
-STSB = Path("/work/shared/data/stsb")
+# STS-B from the shared data folder beside the checkout (../shared/data/stsb); else the repository's test texts.
+STSB = Path(__file__).resolve().parents[2] / "shared" / "data" / "stsb"
+FALLBACK = Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
 def load_sentences(path: Path | None, count: int) -> list[str]:
     """Distinct sentences, in file order: STS-B TSV files (fields 5, 6) or plain lines."""
-    files = [path] if path else [STSB / "sts-dev.csv", STSB / "sts-train.csv"]
+    if path:
+        files = [path]
+    elif STSB.is_dir():
+        files = [STSB / "sts-dev.csv", STSB / "sts-train.csv"]
+    else:
+        files = sorted(FALLBACK.glob("*.txt"))
     seen: dict[str, None] = {}
     for f in files:
         for line in Path(f).read_text(encoding="utf-8").splitlines():

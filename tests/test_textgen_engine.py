@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from export.tiny import tiny_model
+from service.errors import Unavailable
 from service.manifest import load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
@@ -181,6 +182,34 @@ async def test_cancel_frees_the_row_within_one_step(runtime, tiny_models_root):
     assert len(seq.generated) <= at_cancel + 1 < 60
     assert all(len(t) == 60 or t[-1] == model.eos_id for t in await asyncio.gather(*others))
     assert model.scheduler.cache.rows == 0
+    await model.stop()
+
+
+async def test_ready_returns_queued_chunks_in_order_then_the_queued_error(runtime, tiny_models_root):
+    model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt")
+    alone = await generate(model, "Tom and Sue", max_new_tokens=30)
+    handle = model.submit("Tom and Sue", SamplingParams(max_new_tokens=30))
+    while not handle.sequence.done:  # the reader falls behind: every chunk is queued already
+        await asyncio.sleep(0.005)
+    first = await handle.__anext__()
+    rest = handle.ready()
+    assert rest and rest[-1].finish_reason is not None
+    assert all(c.finish_reason is None for c in [first, *rest[:-1]])
+    assert [t for c in [first, *rest] for t in c.token_ids] == alone
+    assert handle.ready() == []
+    with pytest.raises(StopAsyncIteration):
+        await handle.__anext__()
+
+    failing = model.submit("Tom", SamplingParams(max_new_tokens=30))
+    await failing.__anext__()
+    failing.cancel()
+    queued = failing.sequence.queue
+    while not queued.empty():
+        queued.get_nowait()
+    queued.put_nowait(Unavailable("the server is shutting down"))
+    assert failing.ready() == []
+    with pytest.raises(Unavailable):
+        await failing.__anext__()
     await model.stop()
 
 
