@@ -70,21 +70,27 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     cfg = model.config
     build_generation(model, tokenizer, out / "models" / "bench-gpt", name="bench-gpt", special_tokens=special,
                      max_input_tokens=cfg.max_positions // 2, max_output_tokens=cfg.max_positions // 2,
-                     variants=("optimized",))
+                     variants=("optimized", "int8"))
     return checkpoint, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
 
 
 def single_stream_round(checkpoint: Path, model_dir: Path, args) -> dict:
     common = ["--new-tokens", str(args.new_tokens), "--threads", str(args.threads), "--repeats", str(args.repeats)]
     ref = run_worker(WORKERS, "torch", "--checkpoint", str(checkpoint), *common)
-    onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), *common)
+    onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), "--variant", args.variant, *common)
     return {"onnx": statistics.median(onnx["tokens_per_s"]), "torch": statistics.median(ref["tokens_per_s"]),
             "same_tokens": onnx["tokens"] == ref["tokens"], "new_tokens": len(onnx["tokens"]),
-            "variant": onnx["variant"]}
+            "same_prefix": common_prefix(onnx["tokens"], ref["tokens"]), "variant": onnx["variant"]}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading greedy tokens two runs share (all of them for fp32; int8 may drift)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def concurrency_round(models: Path, args) -> dict:
-    flags = ["--intra-op-threads", str(args.threads), "--gen-max-batch", str(max(16, args.streams))]
+    flags = ["--intra-op-threads", str(args.threads), "--gen-max-batch", str(max(16, args.streams)),
+             "--variant", args.variant]
     service = ServiceProcess(models, flags, metrics=True)
     try:
         out = run_worker(WORKERS, "client", "--address", service.address, "--metrics-url", service.metrics_url,
@@ -103,6 +109,7 @@ def report(single: list[dict], many: list[dict], args) -> dict:
             "torch_kv_cache_tokens_per_s": summary([r["torch"] for r in single], 1),
             "ratio": summary([r["onnx"] / r["torch"] for r in single]), "target": 3.0,
             "same_tokens": all(r["same_tokens"] for r in single), "new_tokens": single[0]["new_tokens"],
+            "same_prefix_tokens": min(r["same_prefix"] for r in single),
             "variant": single[0]["variant"]},
         "concurrency": {
             "one_stream_tokens_per_s": summary([r["one"] for r in many], 1),
@@ -120,6 +127,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (fresh processes each)")
     p.add_argument("--repeats", type=int, default=3, help="measured generations per worker (after a warm-up)")
+    p.add_argument("--variant", default="optimized", help="graph variant of the engine side: optimized (fp32, "
+                   "the default served on CPU) or int8 (dynamically quantised weights: tokens may differ)")
     return p.parse_args(argv)
 
 

@@ -63,7 +63,7 @@ async def engine_side(args: argparse.Namespace) -> dict:
     from service.textgen.generator import GenerationModel
 
     settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
-                                 intra_op_threads=args.threads)
+                                 intra_op_threads=args.threads, variant=args.variant)
     runtime = Runtime(settings)
     engine = GenerationModel.load(load_model_dir(args.model_dir), settings, runtime)
     await engine.start()
@@ -128,6 +128,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variant", default="auto", help="graph variant the engine side serves (fp32, optimized, int8, ...)")
     return p.parse_args()
 
 
