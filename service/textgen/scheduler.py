@@ -77,7 +77,7 @@ class Scheduler:
                                     "retry with backoff")
         self.waiting.append(seq)
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
-        gen_metrics.IN_FLIGHT.labels(self.name).inc()
+        self._series.in_flight.inc()
         self.wake.set()
         return GenerationHandle(seq, self.wake)
 
@@ -132,9 +132,8 @@ class Scheduler:
         gone = [s for s in self.waiting if s.cancelled]
         if gone:
             self.waiting = deque(s for s in self.waiting if not s.cancelled)
-            for _ in gone:
-                gen_metrics.IN_FLIGHT.labels(self.name).dec()
-                metrics.DROPPED.labels(self.name, "cancelled").inc()
+            self._series.in_flight.dec(len(gone))
+            metrics.DROPPED.labels(self.name, "cancelled").inc(len(gone))
             metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
 
     def _admit(self) -> list[Sequence]:
