@@ -61,6 +61,7 @@ class Scheduler:
         self.wake = asyncio.Event()
         self.closing = False
         self._task: asyncio.Task | None = None
+        self._computing = False  # a compute call is in the executor (its deliveries may still be queued)
         self._series = _Series(name)
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
         self._series.in_flight.set(0)
@@ -97,8 +98,8 @@ class Scheduler:
                 seq.queue.put_nowait(Unavailable(f"model {self.name!r} shut down before the generation finished"))
         self.wake.set()
         if self._task is not None:
-            while not self.idle and not self._task.done():
-                await asyncio.sleep(0.005)  # lets the loop free the rows at its next step boundary
+            while (not self.idle or self._computing) and not self._task.done():
+                await asyncio.sleep(0.005)  # rows are freed at the next step boundary, then delivered
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -119,6 +120,7 @@ class Scheduler:
 
     async def _guarded(self, fn, *args) -> Delivery:
         """Runs a compute step; on an unexpected failure every row involved fails and is freed."""
+        self._computing = True
         try:
             return await self._runtime.run(fn, *args)
         except Exception as exc:  # noqa: BLE001 - one bad step must not kill the model's loop
@@ -127,6 +129,8 @@ class Scheduler:
             involved = list({id(s): s for s in [*self.running, *newcomers]}.values())
             self.running, self.cache = [], KVBatch(self._io, self.cache.device)
             return [(seq, exc) for seq in involved]
+        finally:
+            self._computing = False
 
     def _drop_cancelled_waiting(self) -> None:
         gone = [s for s in self.waiting if s.cancelled]
