@@ -156,7 +156,8 @@ async def test_waits_for_a_server_that_is_not_up_yet(start_server, embed_models_
         port = s.getsockname()[1]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("one\ntwo\nthree\n")
-    cfg = job(corpus, tmp_path / "out.parquet", f"127.0.0.1:{port}", embed={"max_retries": 30})
+    # ~50-100 s of fast retries (backoff capped at 0.05 s): the server may take seconds to start under load
+    cfg = job(corpus, tmp_path / "out.parquet", f"127.0.0.1:{port}", embed={"max_retries": 2000})
     task = asyncio.ensure_future(run_job(cfg))
     await asyncio.sleep(0.3)
     assert not task.done()  # UNAVAILABLE: retrying
