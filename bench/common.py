@@ -115,3 +115,12 @@ def histogram_delta(before: dict[str, float], after: dict[str, float]) -> dict:
         below = delta[key]
     return {"count": int(count), "mean": round(delta.get("sum", 0.0) / count, 2) if count else None,
             "per_bucket": {k: v for k, v in buckets.items() if v}}
+
+
+def served_quality(model_dir: Path, variant: str) -> dict | None:
+    """The export gate's teacher-forced quality figures of the variant the engine served (None for
+    exact variants, which the gate holds to PyTorch's tokens instead)."""
+    from service.manifest import load_model_dir
+
+    figures = load_model_dir(model_dir).manifest.graph("decoder", variant).parity
+    return {**figures["quality"], "quality_ok": figures["quality_ok"]} if "quality" in figures else None

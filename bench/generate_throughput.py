@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import ServiceProcess, conditions, run_worker, summary
+from bench.common import ServiceProcess, conditions, run_worker, served_quality, summary
 
 log = logging.getLogger("bench.generate")
 
@@ -45,7 +45,7 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     import torch
     from tokenizers import Tokenizer
 
-    from export.build import build_generation
+    from export.build import build_generation, heldout_sample
     from export.checkpoint import load_checkpoint, save_checkpoint
     from export.decoder import DecoderConfig, GPTDecoder
     from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
@@ -58,6 +58,7 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
         tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
         special = meta["special_tokens"]
         source += f" ({meta.get('training', {}).get('steps')} steps)"
+        sample = heldout_sample(meta, model.config, tokenizer)  # as `make models` judges the int8 variant
     else:
         texts = STORIES.read_text(encoding="utf-8").split("\n")[:20000]
         tokenizer = train_generator_tokenizer(texts, DecoderConfig().vocab_size)
@@ -65,12 +66,13 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
         torch.manual_seed(0)
         model = GPTDecoder(DecoderConfig(vocab_size=tokenizer.get_vocab_size())).eval()
         special, source = GENERATOR_SPECIAL_TOKENS, "random init, DecoderConfig() size (no trained checkpoint)"
+        sample = None
         checkpoint = save_checkpoint(model, out / "checkpoint", name="bench-gpt", tokenizer_path=out / "tokenizer.json",
                                      special_tokens=special, max_length=model.config.max_positions, fp16=False)
     cfg = model.config
     build_generation(model, tokenizer, out / "models" / "bench-gpt", name="bench-gpt", special_tokens=special,
                      max_input_tokens=cfg.max_positions // 2, max_output_tokens=cfg.max_positions // 2,
-                     variants=("optimized", "int8"))
+                     variants=("optimized", "int8"), quality_sample=sample)
     return checkpoint, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
 
 
@@ -127,8 +129,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (fresh processes each)")
     p.add_argument("--repeats", type=int, default=3, help="measured generations per worker (after a warm-up)")
-    p.add_argument("--variant", default="optimized", help="graph variant of the engine side: optimized (fp32, "
-                   "the default served on CPU) or int8 (dynamically quantised weights: tokens may differ)")
+    p.add_argument("--variant", default="auto", help="graph variant of the engine side: auto (what the service "
+                   "serves here: int8 on CPU when the gate passed its quality), optimized (fp32: PyTorch's exact "
+                   "tokens) or int8 (quantised weights: same held-out perplexity, greedy tokens may drift)")
     return p.parse_args(argv)
 
 
@@ -142,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             single.append(single_stream_round(checkpoint, Path(tmp) / "models" / "bench-gpt", args))
             many.append(concurrency_round(Path(tmp) / "models", args))
+        quality = served_quality(Path(tmp) / "models" / "bench-gpt", single[0]["variant"])
     result = {"weights": source, "threads": args.threads, "rounds": args.rounds, **report(single, many, args),
+              "quality": quality,
               "conditions": {"before": before, "after": conditions()}}
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import conditions, run_worker, summary
+from bench.common import conditions, run_worker, served_quality, summary
 
 log = logging.getLogger("bench.translate")
 
@@ -44,7 +44,7 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     import torch
     from tokenizers import Tokenizer
 
-    from export.build import build_translation
+    from export.build import build_translation, heldout_sample
     from export.checkpoint import load_checkpoint, save_checkpoint
     from export.seq2seq import Seq2SeqConfig, Translator
     from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
@@ -56,6 +56,7 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
         tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
         special = meta["special_tokens"]
         source += f" ({meta.get('training', {}).get('steps')} steps)"
+        sample = heldout_sample(meta, model.config, tokenizer)  # as `make models` judges the int8 variant
     else:
         texts = [t for en, fr in split.train[:40000] for t in (en, fr)]
         tokenizer = train_translator_tokenizer(texts, Seq2SeqConfig().vocab_size)
@@ -63,13 +64,15 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
         torch.manual_seed(0)
         model = Translator(Seq2SeqConfig(vocab_size=tokenizer.get_vocab_size(), dropout=0.0)).eval()
         special, source = TRANSLATOR_SPECIAL_TOKENS, "random init, Seq2SeqConfig() size (no trained checkpoint)"
+        sample = None
         checkpoint = save_checkpoint(model, out / "checkpoint", name="bench-translate", special_tokens=special,
                                      tokenizer_path=out / "tokenizer.json", max_length=model.config.max_positions,
                                      fp16=False)
     cfg = model.config
     build_translation(model.eval(), tokenizer, out / "models" / "bench-translate", name="bench-translate",
                       special_tokens=special, max_input_tokens=cfg.max_positions,
-                      max_output_tokens=cfg.max_positions - 1, variants=("optimized",))
+                      max_output_tokens=cfg.max_positions - 1, variants=("optimized", "int8"),
+                      quality_sample=sample)
     return checkpoint, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
 
 
@@ -77,7 +80,7 @@ def one_round(checkpoint: Path, model_dir: Path, sentences: Path, args, referenc
     common = ["--sentences", str(sentences), "--batch", str(args.batch), "--per-call", str(args.per_call),
               "--max-length", str(args.max_length), "--threads", str(args.threads), "--repeats", str(args.repeats)]
     ref = run_worker(WORKERS, "torch", "--checkpoint", str(checkpoint), *common, *(["--reference"] if reference else []))
-    onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), *common)
+    onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), "--variant", args.variant, *common)
     same = sum(a == b for a, b in zip(onnx["tokens"], ref["tokens"])) / len(ref["tokens"])
     return {"onnx": statistics.median(onnx["sentences_per_s"]), "torch": statistics.median(ref["sentences_per_s"]),
             "reference": ref.get("reference_sentences_per_s", [None])[0], "same_tokens": same,
@@ -94,6 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (fresh processes each)")
     p.add_argument("--repeats", type=int, default=2, help="measured passes per worker (after a warm-up pass)")
+    p.add_argument("--variant", default="auto", help="graph variant of the engine side: auto (what the service "
+                   "serves on this machine), optimized (fp32) or int8 (quantised weights: tokens may differ)")
     p.add_argument("--no-reference", action="store_true", help="skip the slow no-cache greedy_decode pass")
     return p.parse_args(argv)
 
@@ -111,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         (Path(tmp) / "sentences.json").write_text(json.dumps(sentences), encoding="utf-8")
         rounds = [one_round(checkpoint, Path(tmp) / "models" / "bench-translate", Path(tmp) / "sentences.json", args,
                             reference=(i == 0 and not args.no_reference)) for i in range(args.rounds)]
+        quality = served_quality(Path(tmp) / "models" / "bench-translate", rounds[0]["variant"])
     result = {"weights": source, "threads": args.threads, "sentences": len(sentences), "max_length": args.max_length,
               "batch": args.batch, "per_call": args.per_call, "rounds": args.rounds, "variant": rounds[0]["variant"],
               "onnx_sentences_per_s": summary([r["onnx"] for r in rounds], 1),
               "torch_greedy_kv_cache_sentences_per_s": summary([r["torch"] for r in rounds], 1),
               "ratio": summary([r["onnx"] / r["torch"] for r in rounds]), "target": 2.0,
-              "same_tokens": min(r["same_tokens"] for r in rounds),
+              "same_tokens": min(r["same_tokens"] for r in rounds), "quality": quality,
               "conditions": {"before": before, "after": conditions()}}
     if rounds[0]["reference"]:
         result["torch_greedy_decode_reference_sentences_per_s"] = rounds[0]["reference"]

@@ -88,7 +88,8 @@ async def engine_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     from service.textgen.translator import TranslateOptions, TranslationModel
 
     settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
-                                 intra_op_threads=args.threads, translate_max_batch=args.batch)
+                                 intra_op_threads=args.threads, translate_max_batch=args.batch,
+                                 variant=args.variant)
     runtime = Runtime(settings)
     engine = TranslationModel.load(load_model_dir(args.model_dir), settings, runtime)
     await engine.start()
@@ -119,6 +120,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--per-call", type=int, default=8)
     p.add_argument("--max-length", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variant", default="auto", help="engine graph variant (settings.variant)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--reference", action="store_true", help="also time greedy_decode without a cache (slow)")
     return p.parse_args()

@@ -120,12 +120,23 @@ def _prompts(tokenizer: Tokenizer, limit: int, count: int = 4) -> list[list[int]
     return [tokenizer.encode(t).ids[: max(1, limit - 3 * i)] for i, t in enumerate(GATE_TEXTS[:count])]
 
 
+def _exact(variant: str) -> bool:
+    """Whether the gate holds the variant to PyTorch's tokens (else to its quality, parity.py)."""
+    return parity.VARIANT_LIMITS[variant][2]
+
+
 def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                     max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None) -> ModelDir:
+                     max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
+                     quality_sample: tuple[str, list[list[int]]] | None = None) -> ModelDir:
+    """quality_sample: (description, token sequences) on which reduced-precision variants are judged
+    teacher-forced (default: the gate texts)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()
     prompts = _prompts(tokenizer, min(24, cfg.max_positions - parity.GREEDY_NEW_TOKENS))
+    sample_name, sample = quality_sample or (
+        f"{len(GATE_TEXTS)} gate texts", [tokenizer.encode(t).ids[: cfg.max_positions + 1] for t in GATE_TEXTS])
+    sample = [s for s in sample if len(s) > 1]
 
     def body(staging: Path) -> dict:
         started = time.perf_counter()
@@ -133,11 +144,17 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
         ox.export_decoder(model, fp32)
         reference = parity.reference_generations(model, prompts)  # once, for fp32 and every variant
         figures = parity.decoder_parity(model, fp32, prompts, reference=reference)
+
+        def measure(variant: str, paths: dict[str, Path]) -> dict:
+            figures = parity.decoder_parity(model, paths["decoder"], prompts, variant, reference=reference)
+            if not _exact(variant):
+                figures.update(parity.decoder_quality(model, paths["decoder"], sample, sample_name))
+            return figures
+
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile("decoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
-            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, False,
-            lambda v, p: parity.decoder_parity(model, p["decoder"], prompts, v, reference=reference))
+            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, False, measure)
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="generation", architecture={"type": "gpt-decoder", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
@@ -147,7 +164,11 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
 
 
 def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                      max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None) -> ModelDir:
+                      max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
+                      quality_sample: tuple[str, list[tuple[list[int], list[int]]]] | None = None) -> ModelDir:
+    """quality_sample: (description, (source ids, target ids starting with BOS) pairs) on which
+    reduced-precision variants are judged teacher-forced (default: the gate sources and their
+    PyTorch greedy translations)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -160,12 +181,22 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
         ox.export_translator(model, fp32["encoder"], fp32["decoder"])
         reference = parity.reference_translations(model, sources)  # once, for fp32 and every variant
         figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources, reference=reference)
+        sample_name, sample = quality_sample or (
+            f"{len(sources)} gate sources with their PyTorch greedy translations",
+            [(s, [cfg.bos_token_id, *r]) for s, r in zip(sources, reference)])
+
+        def measure(variant: str, paths: dict[str, Path]) -> dict:
+            figures = parity.translator_parity(model, paths["encoder"], paths["decoder"], sources, variant,
+                                               reference=reference)
+            if not _exact(variant):
+                figures.update(parity.translator_quality(model, paths["encoder"], paths["decoder"], sample,
+                                                         sample_name))
+            return figures
+
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
-            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, False,
-            lambda v, p: parity.translator_parity(model, p["encoder"], p["decoder"], sources, v,
-                                                  reference=reference))
+            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, False, measure)
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="translation", architecture={"type": "seq2seq", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
@@ -195,13 +226,44 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     special = {k: int(v) for k, v in meta["special_tokens"].items()}
     info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
     length = int(meta["max_length"])
+    sample = heldout_sample(meta, model.config, tok) if variants else None
     if meta["kind"] == "generation":
         return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
                                 max_input_tokens=length // 2, max_output_tokens=length - length // 2,
-                                variants=variants, extra=info)
+                                variants=variants, extra=info, quality_sample=sample)
     return build_translation(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
                              max_output_tokens=min(model.config.max_positions, 2 * length), variants=variants,
-                             extra=info)
+                             extra=info, quality_sample=sample)
+
+
+QUALITY_WINDOWS = 32  # generator: held-out windows of the full context (8,192 tokens at 256)
+QUALITY_PAIRS = 512  # translator: held-out test pairs (English source, first French reference)
+
+
+def heldout_sample(meta: dict, cfg, tok: Tokenizer) -> tuple[str, list] | None:
+    """The checkpoint's own held-out data (same split as training and `export evaluate`) for judging
+    reduced-precision variants; None (the gate texts are used) when the corpus is not on this machine."""
+    from export import data
+
+    training = meta.get("training", {})
+    kind = "generator" if meta["kind"] == "generation" else "translator"
+    path = data.DEFAULT_DATA[kind]
+    if not path.is_file():
+        log.warning("quality sample: %s not found; reduced-precision variants are judged on the gate texts", path)
+        return None
+    seed, sizes = training.get("seed", 0), training.get("split", {})
+    if kind == "generator":
+        _, held = data.split_stories(data.load_stories(path), seed=seed)
+        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch(held)], cfg.eos_token_id)
+        width = cfg.max_positions + 1
+        windows = [stream[i : i + width].tolist() for i in range(0, len(stream) - width, width)][:QUALITY_WINDOWS]
+        return f"{len(windows)} windows of {width - 1} tokens, held-out stories of {path.name}", windows
+    split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
+                               n_dev=sizes.get("dev", 1000))
+    items = split.test[:QUALITY_PAIRS]
+    src = [e.ids[: cfg.max_positions] for e in tok.encode_batch([en for en, _ in items])]
+    tgt = [[cfg.bos_token_id, *e.ids][: cfg.max_positions + 1] for e in tok.encode_batch([refs[0] for _, refs in items])]
+    return f"{len(items)} test pairs of {path.name} (first reference)", list(zip(src, tgt))
 
 
 def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]]:

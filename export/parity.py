@@ -10,6 +10,14 @@ Run at every export; a miss raises `ParityError` and no model directory is writt
   row runs the full length) for >= 64 new tokens.
 Derived variants (optimized, fp16, int8) are measured against the same references; their
 thresholds are in `VARIANT_LIMITS`. The figures returned go into the manifest.
+
+Reduced-precision variants (fp16, int8) cannot match PyTorch token for token, and are not asked to:
+greedy decoding amplifies any rounding at near-ties. What they must keep is the model's quality,
+measured teacher-forced on a text sample (held-out text when the build has it): perplexity of the
+variant over the PyTorch perplexity, share of positions whose most likely next token is the same,
+and the mean KL divergence (`quality` in the figures). `quality_ok` records whether the variant
+stays within `QUALITY_LIMITS`; the service serves such a decoder variant on its own (`variant=auto`,
+service/runtime.py), never one that missed them. Encoders are judged by their cosine only.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ VARIANT_LIMITS = {
     "fp16": (0.999, None, False),
     "int8": (0.95, None, False),
 }
+
+# A reduced-precision variant keeps the model's quality when, teacher-forced on the sample, its
+# perplexity is within 1 % of PyTorch's and >= 95 % of positions have the same most likely token.
+QUALITY_LIMITS = {"perplexity_ratio_max": 1.01, "top1_agreement_min": 0.95}
 
 Past = list[np.ndarray]  # flat: layer 0 key, layer 0 value, layer 1 key, ...
 Step = Callable[[np.ndarray, np.ndarray, np.ndarray, Past | None], tuple[np.ndarray, Past]]
@@ -207,6 +219,72 @@ def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant
     tokens = greedy_loop(got, ids, mask, prompt_positions(mask), n_new)
     figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} decoder greedy"))
     return figures
+
+
+# ---- quality of reduced-precision variants (teacher-forced) ---------------------------------------
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def quality_figures(rows, sample: str) -> dict:
+    """rows: (PyTorch logits (T, V), variant logits (T, V), next-token targets (T,)) per sequence.
+    -> {"quality": perplexities, ratio, top-1 agreement, mean KL(PyTorch || variant), limits;
+        "quality_ok": within QUALITY_LIMITS}."""
+    tokens, nll_ref, nll_got, kl, same = 0, 0.0, 0.0, 0.0, 0
+    for ref, got, targets in rows:
+        lr, lg = _log_softmax(ref), _log_softmax(got)
+        at = np.arange(len(targets))
+        nll_ref -= float(lr[at, targets].sum())
+        nll_got -= float(lg[at, targets].sum())
+        kl += float((np.exp(lr) * (lr - lg)).sum())
+        same += int((ref.argmax(-1) == got.argmax(-1)).sum())
+        tokens += len(targets)
+    ppl_ref, ppl = float(np.exp(nll_ref / tokens)), float(np.exp(nll_got / tokens))
+    figures = {"sample": sample, "tokens": tokens, "perplexity_pytorch": round(ppl_ref, 4),
+               "perplexity": round(ppl, 4), "perplexity_ratio": round(ppl / ppl_ref, 5),
+               "top1_agreement": round(same / tokens, 5), "kl_mean": float(f"{kl / tokens:.4g}"),
+               "limits": QUALITY_LIMITS}
+    ok = (figures["perplexity_ratio"] <= QUALITY_LIMITS["perplexity_ratio_max"]
+          and figures["top1_agreement"] >= QUALITY_LIMITS["top1_agreement_min"])
+    log.info("quality on %s: %s -> %s", sample, figures, "ok" if ok else "below the limits")
+    return {"quality": figures, "quality_ok": ok}
+
+
+def _forced(step: Step, seq: Sequence[int]) -> np.ndarray:
+    """Logits (T, V) of one sequence's prefill (inputs seq[:-1], no past)."""
+    ids = np.asarray([seq[:-1]], np.int64)
+    return step(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int64)[None, :], None)[0][0]
+
+
+def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], sample: str) -> dict:
+    """Teacher-forced quality of a decoder graph vs `GPTDecoder` over token sequences (<= context)."""
+    ref, got = torch_step(model), onnx_step(session(graph))
+    return quality_figures(((_forced(ref, s), _forced(got, s), np.asarray(s[1:])) for s in sequences), sample)
+
+
+def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
+                       pairs: Sequence[tuple[Sequence[int], Sequence[int]]], sample: str) -> dict:
+    """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
+    starting with BOS) pairs, one pair at a time (no padding involved)."""
+    enc, dec = session(encoder_graph), session(decoder_graph)
+
+    def rows():
+        for src, tgt in pairs:
+            ids = np.asarray([src], np.int64)
+            mask = np.ones_like(ids)
+            cross = enc.run(None, {"input_ids": ids, "attention_mask": mask})
+            with torch.no_grad():
+                ref_cross = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+            got = onnx_step(dec, {"encoder_attention_mask": mask,
+                                  **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
+                                     for i, c in enumerate(cross)}})
+            ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(mask)))
+            yield _forced(ref, tgt), _forced(got, tgt), np.asarray(tgt[1:])
+
+    return quality_figures(rows(), sample)
 
 
 # ---- translation --------------------------------------------------------------------------------

@@ -85,7 +85,13 @@ class Runtime:
         log.warning("%s; falling back to %s", reason, CPU)
 
     def choose_variant(self, manifest: Manifest, role: str) -> str:
-        """The graph variant to serve for role: the settings' choice, or auto (never int8 by default)."""
+        """The graph variant to serve for role: the settings' choice, or auto.
+
+        auto on CUDA: fp16 (unless the gate judged its quality below the limits), else optimized,
+        else fp32. auto on CPU: int8 when the gate measured its quality on held-out text and found
+        it within the limits (`quality_ok`, export/parity.py: decoders only; int8 halves the bytes
+        read per token, the bound of CPU decoding), else optimized (fused), else fp32.
+        """
         have = manifest.variants(role)
         wanted = self.settings.variant
         if wanted != "auto":
@@ -93,8 +99,16 @@ class Runtime:
                 raise ValueError(f"model {manifest.name!r}: variant {wanted!r} requested but its {role} "
                                  f"graph comes only as {', '.join(have)}")
             return wanted
-        # fp16 needs the GPU; "optimized" is fused for the CPU (FACTS.md), fp32 always exists.
-        order = ("fp16", "optimized", "fp32") if self.requested_provider == CUDA else ("optimized", "fp32")
+
+        def judged(variant: str, unmeasured: bool) -> bool:
+            """Every graph of the variant passed the quality gate (unmeasured: what to assume without figures)."""
+            graphs = [g for g in manifest.graphs if g.variant == variant]
+            return bool(graphs) and all(g.parity.get("quality_ok", unmeasured) for g in graphs)
+
+        if self.requested_provider == CUDA:
+            order = [v for v in ("fp16", "optimized", "fp32") if v != "fp16" or judged(v, unmeasured=True)]
+        else:
+            order = [v for v in ("int8", "optimized", "fp32") if v != "int8" or judged(v, unmeasured=False)]
         return next(v for v in order if v in have)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

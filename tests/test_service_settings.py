@@ -64,3 +64,35 @@ def test_variant_choice(tiny_models_root):
             Runtime(Settings.from_env(env={}, variant="fp16")).choose_variant(gpt, "decoder")
     finally:
         cpu.close()
+
+
+def _with_quality(manifest, variant: str, ok: bool | None):
+    """The manifest with `variant`'s graphs marked as passing (True) / missing (False) the quality
+    gate, or carrying no quality figures (None)."""
+    graphs = []
+    for g in manifest.graphs:
+        if g.variant == variant:
+            parity = {k: v for k, v in g.parity.items() if k != "quality_ok"}
+            g = dataclasses.replace(g, parity=parity if ok is None else {**parity, "quality_ok": ok})
+        graphs.append(g)
+    return dataclasses.replace(manifest, graphs=graphs)
+
+
+def test_auto_serves_int8_on_cpu_only_when_the_gate_judged_its_quality(tiny_models_root):
+    gpt = load_model_dir(tiny_models_root / "tiny-gpt").manifest
+    int8 = dataclasses.replace(gpt.graph("decoder", "optimized"), variant="int8", file="decoder.int8.onnx")
+    gpt = dataclasses.replace(gpt, graphs=[*gpt.graphs, int8])
+    cpu = Runtime(Settings.from_env(env={}, device="cpu"))
+    cuda = Runtime(Settings.from_env(env={}, device="cuda"))
+    try:
+        assert cpu.choose_variant(_with_quality(gpt, "int8", True), "decoder") == "int8"
+        assert cpu.choose_variant(_with_quality(gpt, "int8", False), "decoder") == "optimized"
+        assert cpu.choose_variant(_with_quality(gpt, "int8", None), "decoder") == "optimized"  # never unmeasured
+        assert cuda.choose_variant(_with_quality(gpt, "int8", True), "decoder") == "optimized"  # int8 is for CPUs
+        fp16 = dataclasses.replace(int8, variant="fp16", file="decoder.fp16.onnx")
+        with_fp16 = dataclasses.replace(gpt, graphs=[*gpt.graphs, fp16])
+        assert cuda.choose_variant(_with_quality(with_fp16, "fp16", None), "decoder") == "fp16"
+        assert cuda.choose_variant(_with_quality(with_fp16, "fp16", False), "decoder") == "optimized"
+    finally:
+        cpu.close()
+        cuda.close()

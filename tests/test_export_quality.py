@@ -1,0 +1,77 @@
+"""The quality gate for reduced-precision variants (export/parity.py) and the served variant it
+decides (service/runtime.py): int8 decoders are judged teacher-forced against PyTorch, on the
+trained checkpoints' own held-out data, and served by default on the CPU only when they pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from export import data, parity
+from export.build import build_checkpoint, heldout_sample
+from export.checkpoint import load_checkpoint
+from export.evaluate import perplexity
+from service.runtime import Runtime
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATOR = ROOT / "checkpoints" / "tinystories-gpt"
+TRANSLATOR = ROOT / "checkpoints" / "tatoeba-en-fr"
+
+
+def test_identical_logits_pass_and_scrambled_logits_fail():
+    rng = np.random.default_rng(0)
+    rows = [(rng.normal(size=(20, 50)), rng.integers(0, 50, 20)) for _ in range(5)]
+    same = parity.quality_figures(((x, x.copy(), t) for x, t in rows), "random")
+    q = same["quality"]
+    assert same["quality_ok"] and q["tokens"] == 100
+    assert q["perplexity_ratio"] == 1.0 and q["top1_agreement"] == 1.0 and q["kl_mean"] == 0.0
+    # A variant whose logits are the reference's with a little noise: close but not equal.
+    noisy = parity.quality_figures(((x, x + rng.normal(scale=0.05, size=x.shape), t) for x, t in rows), "noisy")
+    assert 0 < noisy["quality"]["kl_mean"] < 0.01 and noisy["quality"]["top1_agreement"] > 0.9
+    # Logits of another position: the most likely token and the perplexity move; the gate says no.
+    shifted = parity.quality_figures(((x, np.roll(x, 1, axis=0), t) for x, t in rows), "shifted")
+    assert not shifted["quality_ok"] and shifted["quality"]["top1_agreement"] < 0.5
+
+
+@pytest.fixture(scope="module")
+def generator_dir(tmp_path_factory):
+    if not (GENERATOR / "model.safetensors").is_file() or not data.DEFAULT_DATA["generator"].is_file():
+        pytest.skip("the trained generator checkpoint or the TinyStories corpus is not here")
+    return build_checkpoint(GENERATOR, tmp_path_factory.mktemp("q") / "tinystories-gpt", ("optimized", "int8"))
+
+
+def test_int8_generator_keeps_heldout_perplexity(generator_dir):
+    m = generator_dir.manifest
+    figures = m.graph("decoder", "int8").parity
+    q = figures["quality"]
+    assert "held-out stories" in q["sample"] and q["tokens"] >= 4096
+    # The PyTorch perplexity on that sample, recomputed by the training code's own evaluation.
+    model, meta = load_checkpoint(GENERATOR)
+    _, windows = heldout_sample(meta, model.config, Tokenizer.from_file(str(GENERATOR / "tokenizer.json")))
+    pairs = [(torch.tensor([w[:-1]]), torch.tensor([w[1:]])) for w in windows]
+    assert perplexity(model, pairs)["perplexity"] == pytest.approx(q["perplexity_pytorch"], rel=1e-4)
+    assert q["perplexity_ratio"] <= parity.QUALITY_LIMITS["perplexity_ratio_max"]
+    assert q["top1_agreement"] >= parity.QUALITY_LIMITS["top1_agreement_min"]
+    assert figures["quality_ok"]
+    assert "quality" not in m.graph("decoder", "optimized").parity  # exact variants are held to tokens
+    runtime = Runtime(Settings.from_env(env={}, device="cpu"))
+    try:
+        assert runtime.choose_variant(m, "decoder") == "int8"
+    finally:
+        runtime.close()
+
+
+def test_int8_translator_is_judged_on_test_pairs(tmp_path):
+    if not (TRANSLATOR / "model.safetensors").is_file() or not data.DEFAULT_DATA["translator"].is_file():
+        pytest.skip("the trained translator checkpoint or the Tatoeba corpus is not here")
+    m = build_checkpoint(TRANSLATOR, tmp_path / "t", ("int8",)).manifest
+    for role in ("encoder", "decoder"):
+        q = m.graph(role, "int8").parity["quality"]
+        assert "test pairs" in q["sample"] and q["tokens"] > 1000
+        assert q["perplexity_ratio"] <= parity.QUALITY_LIMITS["perplexity_ratio_max"]
+        assert m.graph(role, "int8").parity["quality_ok"]
