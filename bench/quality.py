@@ -41,7 +41,8 @@ def generation_perplexity(model_dir, variant: str) -> dict:
     tok = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
     _, held = data.split_stories(data.load_stories(data.DEFAULT_DATA["generator"]), seed=meta.get("seed", 0))
     stream = data.story_stream([e.ids[1:] for e in tok.encode_batch(held)], m.special_tokens["eos"])
-    step = onnx_step(session(model_dir.file(m.graph("decoder", variant).file)))
+    step = onnx_step(session(model_dir.file(m.graph("decoder", variant).file)),
+                     max_length=int(m.architecture["max_positions"]))
     nll, count, started = 0.0, 0, time.perf_counter()
     context = int(m.architecture["max_positions"])
     for s in range(0, len(stream) - 1, context):

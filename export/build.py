@@ -53,10 +53,13 @@ def _parity_figures(figures: dict) -> dict:
 
 
 def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_args: dict[str, tuple],
-                     fp16_keep_io: bool, measure: Callable[[str, dict[str, Path]], dict]) -> list[GraphFile]:
+                     decoder_model: bool, measure: Callable[[str, dict[str, Path]], dict]) -> list[GraphFile]:
     """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
 
     fp16 and int8 start from the optimized graph when it was built (fused graphs run faster).
+    decoder_model (generation, translation): fp16 graphs take and return float16 tensors, int8 is
+    weight-only (batch-invariant, see onnx_export.make_int8); an embedding model keeps float32
+    inputs and outputs in fp16 and is dynamically quantised in int8.
     """
     graphs, base = [], dict(fp32)
     for variant in [v for v in VARIANT_ORDER if v in variants]:
@@ -67,9 +70,9 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_ar
             if variant == "optimized":
                 extra[f"{role}_fused_ops"] = ox.make_optimized(base[role], dst, *optimize_args[role])
             elif variant == "fp16":
-                ox.make_fp16(base[role], dst, keep_io_types=fp16_keep_io)
+                ox.make_fp16(base[role], dst, keep_io_types=not decoder_model)
             else:
-                ox.make_int8(base[role], dst)
+                ox.make_int8(base[role], dst, weight_only=decoder_model)
         figures = {**measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
         if variant == "optimized":
@@ -105,7 +108,7 @@ def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
-            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, True,
+            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False,
             lambda v, p: parity.encoder_parity(model, p["encoder"], batches, cfg.pad_token_id, v))
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="embedding", architecture={"type": "bert-encoder", **asdict(cfg)},
@@ -154,7 +157,7 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile("decoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
-            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, False, measure)
+            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, True, measure)
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="generation", architecture={"type": "gpt-decoder", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
@@ -196,7 +199,7 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
-            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, False, measure)
+            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, True, measure)
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="translation", architecture={"type": "seq2seq", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),

@@ -4,8 +4,19 @@ Each model family gets a thin wrapper module whose positional inputs and flat ou
 contract's tensor names, then `torch.onnx.export(..., dynamo=False, opset_version=17)` (the
 TorchScript exporter: its graphs fuse fully under onnxruntime's transformer optimizer, see
 /work/shared/FACTS.md). KV tensors are named `past_key_values.{i}.key|value` ->
-`present.{i}.key|value` (optimum's convention); prefill feeds an empty past (B, H, 0, D), so one
-decoder graph serves both prefill and decode, with no If node.
+`present.{i}.key|value` (optimum's convention).
+
+The generation decoder's self-attention is onnxruntime's com.microsoft `GroupQueryAttention`
+(num_heads = kv_num_heads: plain multi-head attention) over a KV buffer of fixed length: each
+row's keys and values sit at slots [0, length) of `past_key_values.*` (B, H, max_sequence, D);
+`seqlens_k` (B, int32) is each row's length after this call minus one and
+`total_sequence_length` (int32 scalar) the longest. The new keys are written at the row's next
+slots, and `present.*` has the buffer's shape, so a caller that binds `present` to the `past`
+buffer (IO binding) keeps the cache in place: no step copies it (the concat of an
+attention-mask decoder copies the whole cache every step; onnxruntime's profiler put that at 30 %
+of a decode step at 8 rows). Rows of a prefill batch are right-padded (a shorter row's
+`seqlens_k` says where it ends); positions come from `position_ids` (learned, not rotary). The
+translator's decoder keeps attention-mask inputs and a growing past (beam search reorders its rows).
 
 The decoder is traced with a non-empty past and distinct batch / new / past lengths, so no
 dynamic axis is frozen to an example size; the parity gate then runs the graph at past 0 and > 0.
@@ -68,16 +79,42 @@ class EncoderGraph(nn.Module):
         return self.model.pool(x, attention_mask)  # (B, C)
 
 
+class _GroupQueryAttention(torch.autograd.Function):
+    """Export only: emits com.microsoft GroupQueryAttention. Its PyTorch forward returns tensors
+    of the right shapes for tracing, not attention: what the graph computes is checked against
+    `GPTDecoder` by the parity gate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_length, n_heads):  # noqa: ARG004
+        return torch.zeros_like(q), past_k.clone(), past_v.clone()
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_length, n_heads):
+        return g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total_length,
+                    num_heads_i=n_heads, kv_num_heads_i=n_heads, outputs=3)
+
+
 class DecoderGraph(nn.Module):
-    """(input_ids, attention_mask, position_ids, *past) -> (logits, *present)."""
+    """(input_ids, position_ids, seqlens_k, total_sequence_length, *past) -> (logits, *present):
+    `GPTDecoder.forward` with its attention as GroupQueryAttention over a fixed-length KV buffer
+    (module doc)."""
 
     def __init__(self, model: GPTDecoder):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, position_ids, *past):
-        logits, present = self.model(input_ids, attention_mask, position_ids, _pairs(past))
-        return (logits, *_flat(present))
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, *past):
+        m = self.model
+        x = m.drop(m.wte(input_ids) + m.wpe(position_ids))  # (B, T, C)
+        present = []
+        for block, (past_k, past_v) in zip(m.blocks, _pairs(past)):
+            attn, h = block.attn, block.ln_attn(x)
+            y, k, v = _GroupQueryAttention.apply(attn.query(h), attn.key(h), attn.value(h), past_k, past_v,
+                                                 seqlens_k, total_sequence_length, attn.n_heads)
+            x = x + block.dropout(attn.out(y))
+            x = x + block.ffn(block.ln_ffn(x))
+            present += [k, v]
+        return (m.lm_head(m.ln_f(x)), *present)
 
 
 class TranslatorEncoderGraph(nn.Module):
@@ -121,11 +158,11 @@ def encoder_specs(model: SentenceEncoder) -> tuple[list[TensorSpec], list[Tensor
 def decoder_specs(model: GPTDecoder, dtype: str = "float32") -> tuple[list[TensorSpec], list[TensorSpec]]:
     cfg = model.config
     heads, hd = cfg.n_heads, cfg.d_model // cfg.n_heads
-    inputs = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "total_sequence"),
-              _ids("position_ids", "batch", "sequence")]
-    inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "past_sequence", dtype)
+    inputs = [_ids("input_ids", "batch", "sequence"), _ids("position_ids", "batch", "sequence"),
+              TensorSpec("seqlens_k", "int32", ["batch"]), TensorSpec("total_sequence_length", "int32", [])]
+    inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "max_sequence", dtype)
     outputs = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
-    outputs += _kv(kv_names("present", cfg.n_layers), heads, hd, "total_sequence", dtype)
+    outputs += _kv(kv_names("present", cfg.n_layers), heads, hd, "max_sequence", dtype)
     return inputs, outputs
 
 
@@ -175,11 +212,30 @@ def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], lis
     cfg = model.config
     inputs, outputs = decoder_specs(model)
     ids = _example_ids(cfg.vocab_size, _B, _T)
-    mask = torch.ones(_B, _P + _T, dtype=torch.long)  # (B, P+T)
     positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
-    past = _example_kv(_B, cfg.n_heads, _P, cfg.d_model // cfg.n_heads, 2 * cfg.n_layers)
-    _export(DecoderGraph(model), (ids, mask, positions, *past), path, inputs, outputs)
+    seqlens = torch.full((_B,), _P + _T - 1, dtype=torch.int32)  # (B,)
+    total = torch.tensor(_P + _T, dtype=torch.int32)
+    past = _example_kv(_B, cfg.n_heads, _S + _P + _T, cfg.d_model // cfg.n_heads, 2 * cfg.n_layers)
+    _export(DecoderGraph(model), (ids, positions, seqlens, total, *past), path, inputs, outputs)
+    _declare_output_shapes(path, outputs)  # the custom op's outputs carry no shape of their own
     return inputs, outputs
+
+
+def _declare_output_shapes(path: Path, outputs: list[TensorSpec]) -> None:
+    """Writes the contract's shapes (fixed sizes, named dynamic axes) onto the graph's outputs."""
+    model = onnx.load(str(path))
+    specs = {t.name: t for t in outputs}
+    for out in model.graph.output:
+        dims = out.type.tensor_type.shape.dim
+        del dims[:]
+        for axis in specs[out.name].shape:
+            dim = dims.add()
+            if isinstance(axis, int):
+                dim.dim_value = axis
+            else:
+                dim.dim_param = axis
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
 
 
 def export_translator(model: Translator, encoder_path: Path, decoder_path: Path) -> dict:
@@ -229,9 +285,28 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     onnx.save(model, str(dst))
 
 
-def make_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantisation for CPU: per-channel weights, reduce_range (AVX2 without VNNI),
-    embeddings (Gather / EmbedLayerNormalization) left in fp32 (FACTS.md: the accurate setting)."""
+INT8_BLOCK = 32  # weight-only int8: one scale per 32 weights along the input dimension
+
+
+def make_int8(src: Path, dst: Path, weight_only: bool = False) -> None:
+    """int8 for the CPU.
+
+    weight_only (decoders): every MatMul with a constant weight becomes a com.microsoft
+    MatMulNBits with 8-bit symmetric weights in blocks of INT8_BLOCK and accuracy_level 4 (int8
+    compute: each activation row is quantised on its own, block by block). A row's result does not
+    depend on the other rows of the batch, which continuous batching needs (parity.py).
+    Otherwise (encoders, opt-in only): dynamic quantisation, per-channel weights, reduce_range
+    (AVX2 without VNNI), embeddings left in fp32 (FACTS.md); its activations are scaled per tensor,
+    so a row's embedding moves a little with the rest of its batch.
+    """
+    if weight_only:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=INT8_BLOCK, is_symmetric=True,
+                                         accuracy_level=4)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(dst))
+        return
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(

@@ -46,7 +46,11 @@ VARIANT_LIMITS = {
 
 # A reduced-precision variant keeps the model's quality when, teacher-forced on the sample, its
 # perplexity is within 1 % of PyTorch's and >= 95 % of positions have the same most likely token.
-QUALITY_LIMITS = {"perplexity_ratio_max": 1.01, "top1_agreement_min": 0.95}
+# It must also be batch-invariant: a row's logits may not depend on the rows batched with it (the
+# service promises the same greedy output alone or in a crowd; onnxruntime's quantize_dynamic
+# scales activations per tensor, i.e. per batch, and moved a row's logits by 0.35 here).
+QUALITY_LIMITS = {"perplexity_ratio_max": 1.01, "top1_agreement_min": 0.95, "batch_max_abs_diff": LOGITS_MAX_ABS}
+BATCH_ROWS = 8  # rows of the sample computed together for the batch-invariance check
 
 Past = list[np.ndarray]  # flat: layer 0 key, layer 0 value, layer 1 key, ...
 Step = Callable[[np.ndarray, np.ndarray, np.ndarray, Past | None], tuple[np.ndarray, Past]]
@@ -109,10 +113,18 @@ def encoder_parity(model, graph: Path, batches: Sequence[Sequence[Sequence[int]]
 
 # ---- decoding steps -----------------------------------------------------------------------------
 
-def onnx_step(sess: ort.InferenceSession, fixed: dict[str, np.ndarray] | None = None) -> Step:
-    """A decoding step through an ONNX decoder graph; float inputs are cast to the graph's dtype."""
+def onnx_step(sess: ort.InferenceSession, fixed: dict[str, np.ndarray] | None = None,
+              max_length: int | None = None) -> Step:
+    """A decoding step through an ONNX decoder graph; float inputs are cast to the graph's dtype.
+
+    A GroupQueryAttention decoder (a `seqlens_k` input) keeps its cache in buffers of
+    `max_length` slots: see `_buffer_step`."""
     past_names = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
     float_type = {i.name: np.float16 if i.type == "tensor(float16)" else np.float32 for i in sess.get_inputs()}
+    if "seqlens_k" in float_type:
+        if not max_length:
+            raise ValueError("a GroupQueryAttention decoder needs max_length (its KV buffer size)")
+        return _buffer_step(sess, past_names, float_type, max_length)
     fixed = {k: v.astype(float_type[k]) if v.dtype.kind == "f" else v for k, v in (fixed or {}).items()}
 
     def step(ids, mask, pos, past):
@@ -123,6 +135,46 @@ def onnx_step(sess: ort.InferenceSession, fixed: dict[str, np.ndarray] | None = 
         feeds.update({n: p.astype(float_type[n]) for n, p in zip(past_names, past)})
         logits, *present = sess.run(None, feeds)
         return logits.astype(np.float32), [p.astype(np.float32) for p in present]
+
+    return step
+
+
+def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: dict, max_length: int) -> Step:
+    """The Step of a GroupQueryAttention decoder (export/onnx_export.py): takes the same
+    left-padded batches as the other steps and returns the same logits, while the graph sees each
+    row left-aligned in a KV buffer of max_length slots with its length in `seqlens_k`. The
+    "past" it hands back is (buffers, lengths)."""
+    spec = sess.get_inputs()[len(sess.get_inputs()) - 1].shape  # (batch, H, max_sequence, D)
+
+    def run(ids, pos, lengths_after, buffers):
+        feeds = {"input_ids": ids, "position_ids": pos, "seqlens_k": (lengths_after - 1).astype(np.int32),
+                 "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
+                 **{n: b.astype(float_type[n]) for n, b in zip(past_names, buffers)}}
+        logits, *present = sess.run(None, feeds)
+        return logits.astype(np.float32), [p.astype(np.float32) for p in present]
+
+    def step(ids, mask, pos, past):
+        rows, new = ids.shape
+        if past is None:  # prefill: left-padded rows -> left-aligned rows of their own lengths
+            lengths = mask.sum(axis=1).astype(np.int64)  # (B,)
+            aligned_ids, aligned_pos = np.zeros_like(ids), np.zeros_like(pos)
+            for b, n in enumerate(lengths):
+                aligned_ids[b, :n], aligned_pos[b, :n] = ids[b, new - n:], pos[b, new - n:]
+            buffers = [np.zeros((rows, spec[1], max_length, spec[3]), np.float32) for _ in past_names]
+            out, present = run(aligned_ids, aligned_pos, lengths, buffers)
+            logits = np.zeros_like(out)
+            for b, n in enumerate(lengths):
+                logits[b, new - n:] = out[b, :n]
+            return logits, (present, lengths)
+        buffers, lengths = past
+        if new == 1 or rows == 1:
+            logits, present = run(ids, pos, lengths + new, buffers)
+            return logits, (present, lengths + new)
+        # GroupQueryAttention takes several new tokens after a past for one row at a time.
+        outs = [run(ids[b : b + 1], pos[b : b + 1], lengths[b : b + 1] + new, [a[b : b + 1] for a in buffers])
+                for b in range(rows)]
+        present = [np.concatenate([o[1][i] for o in outs]) for i in range(len(past_names))]
+        return np.concatenate([o[0] for o in outs]), (present, lengths + new)
 
     return step
 
@@ -211,7 +263,7 @@ def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant
 
     reference: `reference_generations(model, prompts, n_new)` when already computed (variants)."""
     cfg = model.config
-    got = onnx_step(session(graph))
+    got = onnx_step(session(graph), max_length=cfg.max_positions)
     figures = logits_parity(torch_step(model), got, prompts, cfg.pad_token_id, cfg.vocab_size)
     _check_logits(figures, variant, "decoder logits")
     reference = reference or reference_generations(model, prompts, n_new)
@@ -229,10 +281,11 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def quality_figures(rows, sample: str) -> dict:
-    """rows: (PyTorch logits (T, V), variant logits (T, V), next-token targets (T,)) per sequence.
-    -> {"quality": perplexities, ratio, top-1 agreement, mean KL(PyTorch || variant), limits;
-        "quality_ok": within QUALITY_LIMITS}."""
+def quality_figures(rows, sample: str, batch_max_abs_diff: float) -> dict:
+    """rows: (PyTorch logits (T, V), variant logits (T, V), next-token targets (T,)) per sequence;
+    batch_max_abs_diff: how far a row's logits move when it is computed in a batch (`_batch_diff`).
+    -> {"quality": perplexities, ratio, top-1 agreement, mean KL(PyTorch || variant), batch
+        difference, limits; "quality_ok": within QUALITY_LIMITS}."""
     tokens, nll_ref, nll_got, kl, same = 0, 0.0, 0.0, 0.0, 0
     for ref, got, targets in rows:
         lr, lg = _log_softmax(ref), _log_softmax(got)
@@ -246,9 +299,10 @@ def quality_figures(rows, sample: str) -> dict:
     figures = {"sample": sample, "tokens": tokens, "perplexity_pytorch": round(ppl_ref, 4),
                "perplexity": round(ppl, 4), "perplexity_ratio": round(ppl / ppl_ref, 5),
                "top1_agreement": round(same / tokens, 5), "kl_mean": float(f"{kl / tokens:.4g}"),
-               "limits": QUALITY_LIMITS}
+               "batch_max_abs_diff": float(f"{batch_max_abs_diff:.3g}"), "limits": QUALITY_LIMITS}
     ok = (figures["perplexity_ratio"] <= QUALITY_LIMITS["perplexity_ratio_max"]
-          and figures["top1_agreement"] >= QUALITY_LIMITS["top1_agreement_min"])
+          and figures["top1_agreement"] >= QUALITY_LIMITS["top1_agreement_min"]
+          and batch_max_abs_diff <= QUALITY_LIMITS["batch_max_abs_diff"])
     log.info("quality on %s: %s -> %s", sample, figures, "ok" if ok else "below the limits")
     return {"quality": figures, "quality_ok": ok}
 
@@ -259,10 +313,21 @@ def _forced(step: Step, seq: Sequence[int]) -> np.ndarray:
     return step(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int64)[None, :], None)[0][0]
 
 
+def _batch_diff(step: Step, seqs: Sequence[Sequence[int]], alone: Sequence[np.ndarray], pad_id: int) -> float:
+    """Max abs difference between each sequence's prefill logits computed alone (`alone`) and
+    computed together with the others in one left-padded batch."""
+    inputs = [s[:-1] for s in seqs]
+    ids, mask = pad_batch(inputs, pad_id, left=True)
+    logits = step(ids, mask, prompt_positions(mask), None)[0]  # (B, T, V)
+    return max(float(np.abs(logits[b, ids.shape[1] - len(x):] - a).max()) for b, (x, a) in enumerate(zip(inputs, alone)))
+
+
 def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], sample: str) -> dict:
     """Teacher-forced quality of a decoder graph vs `GPTDecoder` over token sequences (<= context)."""
-    ref, got = torch_step(model), onnx_step(session(graph))
-    return quality_figures(((_forced(ref, s), _forced(got, s), np.asarray(s[1:])) for s in sequences), sample)
+    ref, got = torch_step(model), onnx_step(session(graph), max_length=model.config.max_positions)
+    alone = [_forced(got, s) for s in sequences]
+    batch = _batch_diff(got, sequences[:BATCH_ROWS], alone[:BATCH_ROWS], model.config.pad_token_id)
+    return quality_figures(((_forced(ref, s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch)
 
 
 def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
@@ -270,21 +335,27 @@ def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
     """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
     starting with BOS) pairs, one pair at a time (no padding involved)."""
     enc, dec = session(encoder_graph), session(decoder_graph)
+    pad = model.config.pad_token_id
 
-    def rows():
-        for src, tgt in pairs:
-            ids = np.asarray([src], np.int64)
-            mask = np.ones_like(ids)
-            cross = enc.run(None, {"input_ids": ids, "attention_mask": mask})
-            with torch.no_grad():
-                ref_cross = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-            got = onnx_step(dec, {"encoder_attention_mask": mask,
-                                  **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
-                                     for i, c in enumerate(cross)}})
-            ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(mask)))
-            yield _forced(ref, tgt), _forced(got, tgt), np.asarray(tgt[1:])
+    def graph_step(src_rows):
+        ids, mask = pad_batch(src_rows, pad, left=False)
+        cross = enc.run(None, {"input_ids": ids, "attention_mask": mask})
+        return onnx_step(dec, {"encoder_attention_mask": mask,
+                               **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
+                                  for i, c in enumerate(cross)}})
 
-    return quality_figures(rows(), sample)
+    refs, alone = [], []
+    for src, tgt in pairs:
+        ids = torch.tensor([src])
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            ref_cross = model.encode(ids, mask)
+        ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, mask))
+        refs.append(_forced(ref, tgt))
+        alone.append(_forced(graph_step([src]), tgt))
+    head = pairs[:BATCH_ROWS]  # sources and targets of different lengths: both sides padded
+    batch = _batch_diff(graph_step([s for s, _ in head]), [t for _, t in head], alone[:BATCH_ROWS], pad)
+    return quality_figures(((r, a, np.asarray(t[1:])) for r, a, (_, t) in zip(refs, alone, pairs)), sample, batch)
 
 
 # ---- translation --------------------------------------------------------------------------------

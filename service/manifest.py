@@ -8,8 +8,10 @@ and the cause. The format is documented in docs/model-directory.md.
 
 Graph roles by kind:
 - embedding:   "encoder" (input_ids, attention_mask[, token_type_ids]) -> sentence_embedding (B, C)
-- generation:  "decoder" (input_ids, attention_mask, position_ids, past_key_values.{i}.key|value)
-               -> logits, present.{i}.key|value
+- generation:  "decoder" (input_ids, position_ids, seqlens_k, total_sequence_length,
+               past_key_values.{i}.key|value: a fixed-length buffer) -> logits, present.{i}.key|value
+               (format 2: GroupQueryAttention, the cache updated in place; format 1, no longer
+               read, had an attention_mask and a past concatenated every step)
 - translation: "encoder" (input_ids, attention_mask) -> cross_key_values.{i}.key|value;
                "decoder" (input_ids, attention_mask, position_ids, encoder_attention_mask,
                cross_key_values.{i}.key|value, past_key_values.{i}.key|value) -> logits, present.{i}.*
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_FILE = "model.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's inputs (above)
+SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = ("embedding", "generation", "translation")
 ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder")}
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
@@ -147,8 +150,10 @@ def load_model_dir(path: str | Path, verify_hashes: bool = True) -> ModelDir:
 
 
 def _check_manifest(m: Manifest, where: Path) -> None:
-    if m.format_version != FORMAT_VERSION:
-        raise ModelDirError(f"{where}: format_version {m.format_version} unsupported (expected {FORMAT_VERSION})")
+    if m.format_version not in SUPPORTED_FORMATS:
+        raise ModelDirError(f"{where}: format_version {m.format_version} unsupported "
+                            f"(this service reads {', '.join(map(str, SUPPORTED_FORMATS))}: rebuild it with "
+                            "`make models`)")
     if m.kind not in KINDS:
         raise ModelDirError(f"{where}: kind {m.kind!r} is not one of {', '.join(KINDS)}")
     for role in ROLES[m.kind]:

@@ -27,16 +27,19 @@ TRANSLATOR = ROOT / "checkpoints" / "tatoeba-en-fr"
 def test_identical_logits_pass_and_scrambled_logits_fail():
     rng = np.random.default_rng(0)
     rows = [(rng.normal(size=(20, 50)), rng.integers(0, 50, 20)) for _ in range(5)]
-    same = parity.quality_figures(((x, x.copy(), t) for x, t in rows), "random")
+    same = parity.quality_figures(((x, x.copy(), t) for x, t in rows), "random", 0.0)
     q = same["quality"]
     assert same["quality_ok"] and q["tokens"] == 100
     assert q["perplexity_ratio"] == 1.0 and q["top1_agreement"] == 1.0 and q["kl_mean"] == 0.0
     # A variant whose logits are the reference's with a little noise: close but not equal.
-    noisy = parity.quality_figures(((x, x + rng.normal(scale=0.05, size=x.shape), t) for x, t in rows), "noisy")
+    noisy = parity.quality_figures(((x, x + rng.normal(scale=0.05, size=x.shape), t) for x, t in rows), "noisy", 0.0)
     assert 0 < noisy["quality"]["kl_mean"] < 0.01 and noisy["quality"]["top1_agreement"] > 0.9
     # Logits of another position: the most likely token and the perplexity move; the gate says no.
-    shifted = parity.quality_figures(((x, np.roll(x, 1, axis=0), t) for x, t in rows), "shifted")
+    shifted = parity.quality_figures(((x, np.roll(x, 1, axis=0), t) for x, t in rows), "shifted", 0.0)
     assert not shifted["quality_ok"] and shifted["quality"]["top1_agreement"] < 0.5
+    # Equal quality, but a row that moves with its batch: refused too.
+    moving = parity.quality_figures(((x, x.copy(), t) for x, t in rows), "batch-dependent", 0.35)
+    assert not moving["quality_ok"] and moving["quality"]["batch_max_abs_diff"] == 0.35
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def test_int8_generator_keeps_heldout_perplexity(generator_dir):
     assert perplexity(model, pairs)["perplexity"] == pytest.approx(q["perplexity_pytorch"], rel=1e-4)
     assert q["perplexity_ratio"] <= parity.QUALITY_LIMITS["perplexity_ratio_max"]
     assert q["top1_agreement"] >= parity.QUALITY_LIMITS["top1_agreement_min"]
-    assert figures["quality_ok"]
+    assert figures["quality_ok"] and q["batch_max_abs_diff"] == 0.0
     assert "quality" not in m.graph("decoder", "optimized").parity  # exact variants are held to tokens
     runtime = Runtime(Settings.from_env(env={}, device="cpu"))
     try:
@@ -70,12 +73,21 @@ def test_int8_generator_keeps_heldout_perplexity(generator_dir):
 def test_int8_translator_is_judged_on_test_pairs(tmp_path):
     if not (TRANSLATOR / "model.safetensors").is_file():
         pytest.skip("the trained translator checkpoint is not here")
-    m = build_checkpoint(TRANSLATOR, tmp_path / "t", ("int8",)).manifest
+    m = build_checkpoint(TRANSLATOR, tmp_path / "t", ("optimized", "int8")).manifest  # as `make models`
+    limits = parity.QUALITY_LIMITS
     for role in ("encoder", "decoder"):
-        q = m.graph(role, "int8").parity["quality"]
+        figures = m.graph(role, "int8").parity
+        q = figures["quality"]
         assert "test pairs" in q["sample"] and q["tokens"] > 1000
-        assert q["perplexity_ratio"] <= parity.QUALITY_LIMITS["perplexity_ratio_max"]
-        assert m.graph(role, "int8").parity["quality_ok"]
+        assert q["perplexity_ratio"] <= limits["perplexity_ratio_max"]
+        assert q["top1_agreement"] >= limits["top1_agreement_min"]
+        assert figures["quality_ok"] == (q["batch_max_abs_diff"] <= limits["batch_max_abs_diff"])
+    runtime = Runtime(Settings.from_env(env={}, device="cpu"))
+    try:  # served as int8 only if the batch check passed too
+        expected = "int8" if m.graph("decoder", "int8").parity["quality_ok"] else "optimized"
+        assert runtime.choose_variant(m, "decoder") == expected
+    finally:
+        runtime.close()
 
 
 @pytest.mark.parametrize("checkpoint", [GENERATOR, TRANSLATOR], ids=["generator", "translator"])

@@ -50,12 +50,13 @@ def test_decoder_graph_io_follows_the_kv_contract(tiny_models_root):
     g = m.graph("decoder")
     names = [t.name for t in g.inputs]
     n = m.architecture["n_layers"]
-    assert names[:3] == ["input_ids", "attention_mask", "position_ids"]
-    assert names[3:] == [f"past_key_values.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
+    assert names[:4] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+    assert [(t.dtype, t.shape) for t in g.inputs[2:4]] == [("int32", ["batch"]), ("int32", [])]
+    assert names[4:] == [f"past_key_values.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
     assert [t.name for t in g.outputs] == ["logits"] + [f"present.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
-    past = g.inputs[3]
-    assert past.shape == ["batch", m.architecture["n_heads"], "past_sequence",
-                          m.architecture["d_model"] // m.architecture["n_heads"]]
+    buffer = ["batch", m.architecture["n_heads"], "max_sequence", m.architecture["d_model"] // m.architecture["n_heads"]]
+    assert g.inputs[4].shape == buffer and g.outputs[1].shape == buffer  # present is the past buffer
+    assert m.format_version == 2
 
 
 def test_no_if_node_and_prefill_with_empty_past(tiny_models_root):
@@ -65,10 +66,12 @@ def test_no_if_node_and_prefill_with_empty_past(tiny_models_root):
     graph = onnx.load(str(d / "decoder.onnx")).graph
     assert not [node for node in graph.node if node.op_type in ("If", "Loop")]
     tok = json.loads((d / "model.json").read_text())["special_tokens"]
-    step = parity.onnx_step(parity.session(d / "decoder.onnx"))
+    assert [node.domain for node in graph.node if node.op_type == "GroupQueryAttention"] == ["com.microsoft"] * 2
+    step = parity.onnx_step(parity.session(d / "decoder.onnx"), max_length=32)
     ids = np.array([[tok["bos"], 70, 71]], dtype=np.int64)
-    logits, present = step(ids, np.ones_like(ids), np.arange(3)[None, :], None)
-    assert logits.shape[:2] == (1, 3) and present[0].shape[2] == 3
+    logits, (present, lengths) = step(ids, np.ones_like(ids), np.arange(3)[None, :], None)
+    assert logits.shape[:2] == (1, 3) and present[0].shape[2] == 32 and lengths.tolist() == [3]
+    assert np.abs(present[0][0, :, :3]).sum() > 0 and not present[0][0, :, 3:].any()  # slots 0-2 written
 
 
 def test_tokenizers_round_trip_and_add_special_tokens():

@@ -35,20 +35,21 @@ async def runtime(tiny_models_root: Path):
     rt.close()
 
 
-async def load(cls, runtime: Runtime, root: Path, name: str, **kwargs):
+async def load(cls, runtime: Runtime, root: Path, name: str, variant: str = "fp32", **kwargs):
     model_dir = load_model_dir(root / name)
-    model = cls(model_dir.manifest, *_sessions(cls, runtime, model_dir), runtime.settings, runtime, "fp32", **kwargs)
+    sessions = _sessions(cls, runtime, model_dir, variant)
+    model = cls(model_dir.manifest, *sessions, runtime.settings, runtime, variant, **kwargs)
     await model.start()
     return model
 
 
-def _sessions(cls, runtime: Runtime, model_dir) -> list:
+def _sessions(cls, runtime: Runtime, model_dir, variant: str = "fp32") -> list:
     from tokenizers import Tokenizer
 
     m = model_dir.manifest
     tok = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
     roles = ["decoder"] if cls is GenerationModel else ["encoder", "decoder"]
-    return [runtime.create_session(model_dir.file(m.graph(r).file)) for r in roles] + [tok]
+    return [runtime.create_session(model_dir.file(m.graph(r, variant).file)) for r in roles] + [tok]
 
 
 async def generate(model: GenerationModel, prompt: str, **params) -> list[int]:
@@ -66,14 +67,35 @@ async def test_greedy_matches_pytorch(runtime, tiny_models_root):
     await model.stop()
 
 
-async def test_concurrent_greedy_equals_alone_and_cache_is_compacted(runtime, tiny_models_root):
-    """More requests than batch rows (gen_max_batch=4), joining and leaving at different steps."""
-    model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt")
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+async def test_concurrent_greedy_equals_alone_and_cache_is_compacted(runtime, tiny_models_root, variant):
+    """More requests than batch rows (gen_max_batch=4), joining and leaving at different steps, so
+    rows move down in the cache buffer. int8 too: its weight-only quantisation scales each row on
+    its own, so a row's tokens cannot depend on its neighbours."""
+    model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt", variant)
     lengths = [5, 30, 12, 25, 8, 17]
     alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths)]
     crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths)))
     assert list(crowd) == alone
-    assert model.scheduler.idle and model.scheduler.cache.rows == 0 and model.scheduler.cache.length == 0
+    assert model.scheduler.idle and model.scheduler.cache.rows == 0 and model.scheduler.cache.tokens == 0
+    await model.stop()
+
+
+async def test_cache_buffer_is_updated_in_place(runtime, tiny_models_root):
+    """The graph writes each step's keys into the bound buffer itself: the slots of a running row
+    fill up one per step, with no new array handed back."""
+    model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt")
+    cache = model.scheduler.cache
+    prompt = model.tokenizer.encode("Once upon a time").ids
+    first = cache.prefill([prompt])
+    buffers = [id(b) for b in cache._host]
+    key = cache._host[0]
+    assert cache.rows == 1 and cache.lengths[0] == len(prompt)
+    assert np.abs(key[0, :, : len(prompt)]).sum() > 0 and np.abs(key[0, :, len(prompt) :]).sum() == 0
+    cache.step([int(first[0].argmax())])
+    assert cache.lengths[0] == len(prompt) + 1 and np.abs(key[0, :, len(prompt)]).sum() > 0
+    assert [id(b) for b in cache._host] == buffers
+    cache.reset()
     await model.stop()
 
 

@@ -7,7 +7,8 @@ hands a `Sequence` to the model's continuous-batching `Scheduler`; the returned 
 - max_new_tokens 0 means `gen_default_max_new_tokens` (settings); any value is *capped* so that
   prompt + new tokens fit the model's context (`max_positions`) and at most `max_output_tokens`
   (manifest) are generated; a capped generation ends with finish reason "length".
-On a CUDA provider the KV cache stays on the GPU between steps (IO binding); on CPU it is numpy.
+The KV cache is a buffer the graph updates in place (IO binding; on the GPU under CUDA), see
+batchcache.py.
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ class GenerationModel:
         self.context = int(manifest.architecture.get("max_positions") or manifest.max_input_tokens)
         self.max_prompt = min(int(manifest.max_input_tokens), self.context - 1)
         self.max_output = int(manifest.max_output_tokens or self.context)
-        if io_binding is None:
-            io_binding = self.provider == "CUDAExecutionProvider"
+        if not self.io.buffer_kv:
+            raise ValueError(f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
+                             "directory, whose cache is concatenated every step); rebuild it with `make models`")
+        if io_binding is None:  # bound in place; io_binding=False runs plain session.run (comparison only)
+            io_binding = True
         device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.scheduler = Scheduler(
             self.name, session, self.io, runtime, max_batch=settings.gen_max_batch, max_queue=settings.gen_max_queue,
             prefill_tokens=PREFILL_TOKENS_PER_STEP, pad_id=int(special.get("pad", 0)), device=device,
+            context=self.context,
         )
 
     @classmethod
@@ -67,9 +72,9 @@ class GenerationModel:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
-        log.info("generation model %s: %d layers, %d heads x %d, context %d, kv %s, io_binding=%s", model.name,
+        log.info("generation model %s: %d layers, %d heads x %d, context %d, kv %s %s, io_binding=%s", model.name,
                  model.io.n_layers, model.io.n_heads, model.io.head_dim, model.context, model.io.kv_dtype.__name__,
-                 model.scheduler.cache.device is not None)
+                 "buffer (in place)", model.scheduler.cache.device is not None)
         return model
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:

@@ -5,7 +5,9 @@ the `past_key_values.{i}.key|value` inputs (hence the number of layers), heads H
 (from the input shapes, or from the manifest when the graph leaves them symbolic), the KV dtype,
 and any extra inputs (a translator's `encoder_attention_mask` and `cross_key_values.*`).
 
-`KVBatch` is the running batch's cache: per layer key and value (B, H, L, D) plus a 1/0 mask
+`KVBatch` is the running batch's cache of a decoder with an attention mask and a growing past
+(a translator's decoder, a format-1 generation decoder; a GroupQueryAttention decoder's cache is
+`batchcache.SlotCache`): per layer key and value (B, H, L, D) plus a 1/0 mask
 (B, L) over the L cached slots. Rows of different lengths share it right-aligned: a row's valid
 slots are the last `length` columns, padding slots on the left are masked. Rows leave by index,
 newcomers are merged in, and `compact` drops leading columns no row uses, so L stays the longest
@@ -37,6 +39,7 @@ class GraphIO:
     head_dim: int
     kv_dtype: type
     vocab_size: int
+    buffer_kv: bool = False  # GroupQueryAttention over a fixed-length KV buffer (`seqlens_k` input)
 
     @staticmethod
     def inspect(session: ort.InferenceSession, architecture: dict) -> "GraphIO":
@@ -57,7 +60,7 @@ class GraphIO:
         logits = next(o for o in session.get_outputs() if o.name == "logits")
         vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else int(architecture["vocab_size"])
         return GraphIO(past, present, tuple(inputs), len(layers), heads, head_dim,
-                       _ORT_DTYPES.get(spec.type, np.float32), vocab)
+                       _ORT_DTYPES.get(spec.type, np.float32), vocab, buffer_kv="seqlens_k" in inputs)
 
     def empty_past(self, rows: int) -> list[np.ndarray]:
         return [np.zeros((rows, self.n_heads, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]

@@ -7,7 +7,7 @@ Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level sch
    their KV rows into the batch cache;
 3. run one decode step for every running row (one new token each), sample, send chunks;
 4. rows that finished, were cancelled (client gone, deadline) or failed leave the batch and their
-   cache rows are freed; the cache is compacted (see kvcache.KVBatch).
+   cache rows are freed (batchcache.SlotCache: a buffer the graph updates in place).
 Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
 chunks to each request's queue. Decode steps run back to back in one executor call (chunks are
 handed to the loop thread-safely as they come) until newcomers can be admitted, the batch
@@ -27,7 +27,8 @@ import numpy as np
 from service import metrics
 from service.errors import ResourceExhausted, Unavailable
 from service.textgen import metrics as gen_metrics
-from service.textgen.kvcache import GraphIO, KVBatch, pad_left, run_prefill, run_step
+from service.textgen.batchcache import SlotCache
+from service.textgen.kvcache import GraphIO
 from service.textgen.sequence import Chunk, GenerationHandle, Sequence
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ class _Series:
 
 class Scheduler:
     def __init__(self, name: str, session, io: GraphIO, runtime, *, max_batch: int, max_queue: int,
-                 prefill_tokens: int, pad_id: int, device: str | None):
+                 prefill_tokens: int, pad_id: int, device: str | None, context: int):
         self.name, self._session, self._io, self._runtime = name, session, io, runtime
         self.max_batch, self.max_queue, self.prefill_tokens, self.pad_id = max_batch, max_queue, prefill_tokens, pad_id
-        self.cache = KVBatch(io, device)
+        self.cache = SlotCache(session, io, capacity=max_batch, max_length=context, device=device)
         self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
         self.waiting: deque[Sequence] = deque()
         self.wake = asyncio.Event()
@@ -127,7 +128,8 @@ class Scheduler:
             log.exception("generation step failed for model %s", self.name)
             newcomers = args[0] if args and isinstance(args[0], list) else []
             involved = list({id(s): s for s in [*self.running, *newcomers]}.values())
-            self.running, self.cache = [], KVBatch(self._io, self.cache.device)
+            self.running = []
+            self.cache.reset()
             return [(seq, exc) for seq in involved]
         finally:
             self._computing = False
@@ -160,18 +162,15 @@ class Scheduler:
         return chosen
 
     def _prefill(self, newcomers: list[Sequence]) -> Delivery:
-        """Compute thread: prompts of the newcomers -> first tokens; surviving rows join the cache."""
-        ids, mask, positions = pad_left([s.prompt_ids for s in newcomers], self.pad_id)  # (n, T) each
+        """Compute thread: prompts of the newcomers -> first tokens; they join the batch, and the
+        ones already finished (EOS, one token asked, cancelled) leave it at once."""
         t0 = time.perf_counter()
-        logits, present = run_prefill(self._session, self._io,
-                                      {"input_ids": ids, "attention_mask": mask, "position_ids": positions})
-        self._observe(t0, newcomers, ids.size, prefill=True)
+        logits = self.cache.prefill([s.prompt_ids for s in newcomers])  # (n, V)
+        padded = len(newcomers) * max(len(s.prompt_ids) for s in newcomers)
+        self._observe(t0, newcomers, padded, prefill=True)
         out = self._sample(newcomers, logits)
-        keep = [i for i, s in enumerate(newcomers) if not s.done]
-        if keep:
-            idx = np.asarray(keep)
-            self.cache.merge([p[idx] for p in present], mask[idx])
-            self.running.extend(newcomers[i] for i in keep)
+        self.running.extend(newcomers)
+        self._keep(lambda s: not s.done)
         return out
 
     def _decode_slice(self, loop: asyncio.AbstractEventLoop) -> Delivery:
@@ -190,11 +189,9 @@ class Scheduler:
         self._keep(lambda s: not s.cancelled)
         if not self.running:
             return out
-        ids = np.asarray([[s.generated[-1]] for s in self.running], np.int64)  # (B, 1)
-        positions = np.asarray([[s.length - 1] for s in self.running], np.int64)  # (B, 1)
         t0 = time.perf_counter()
-        logits = run_step(self._session, self._io, {"input_ids": ids, "position_ids": positions}, self.cache)
-        self._observe(t0, self.running, self.cache.rows * self.cache.length, prefill=False)
+        logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
+        self._observe(t0, self.running, self.cache.tokens, prefill=False)
         out += self._sample(self.running, logits)
         self._keep(lambda s: not s.done)
         return out
