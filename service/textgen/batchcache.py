@@ -35,6 +35,7 @@ class SlotCache:
         self._dev: list[ort.OrtValue] | None = None
         self.lengths = np.zeros(capacity, np.int64)  # tokens cached per buffer row
         self.rows = 0
+        self._steps: dict[int, tuple[ort.IOBinding, dict[str, np.ndarray]]] = {}  # per row count
 
     @property
     def tokens(self) -> int:
@@ -67,14 +68,34 @@ class SlotCache:
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output("logits", "cpu")
+        self._bind_rows(binding, start, n)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
+
+    def _bind_rows(self, binding: ort.IOBinding, start: int, n: int) -> None:
+        """Binds past and present of buffer rows [start, start + n) to the same memory, by address."""
         shape = [n, *self._shape[1:]]
         for i, (past, present) in enumerate(zip(self.io.past_names, self.io.present_names)):
             base = self._dev[i].data_ptr() if self._dev is not None else self._host[i].ctypes.data
             ptr = base + start * self._row_bytes
             binding.bind_input(past, self.device, 0, self.io.kv_dtype, shape, ptr)
-            binding.bind_output(present, self.device, 0, self.io.kv_dtype, shape, ptr)  # the same memory
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+            binding.bind_output(present, self.device, 0, self.io.kv_dtype, shape, ptr)
+
+    def _step_binding(self, n: int) -> tuple[ort.IOBinding, dict[str, np.ndarray]]:
+        """The binding of a decode step over rows [0, n), made once per row count: the buffers and
+        the step's small input and logits arrays are bound by address, so a step only writes the
+        inputs' values (binding 20 tensors per step cost more than the step's attention)."""
+        if n not in self._steps:
+            arrays = {"input_ids": np.zeros((n, 1), np.int64), "position_ids": np.zeros((n, 1), np.int64),
+                      "seqlens_k": np.zeros(n, np.int32), "total_sequence_length": np.zeros((), np.int32),
+                      "logits": np.zeros((n, 1, self.io.vocab_size), self.io.kv_dtype)}
+            binding = self.session.io_binding()
+            for name, a in arrays.items():
+                bind = binding.bind_output if name == "logits" else binding.bind_input
+                bind(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+            self._bind_rows(binding, 0, n)
+            self._steps[n] = (binding, arrays)
+        return self._steps[n]
 
     def prefill(self, prompts: list[list[int]]) -> np.ndarray:
         """Prompts (each <= max_length tokens) -> their last-position logits (n, V); they become
@@ -94,13 +115,21 @@ class SlotCache:
         return logits[np.arange(n), lengths - 1]  # (n, V)
 
     def step(self, tokens: list[int]) -> np.ndarray:
-        """One new token per active row (in row order) -> logits (B, V)."""
+        """One new token per active row (in row order) -> logits (B, V), valid until the next step."""
         rows = self.rows
         lengths = self.lengths[:rows]
         if int(lengths.max()) >= self.max_length:
             raise RuntimeError(f"a row would pass the model's context of {self.max_length} tokens")
-        ids = np.asarray(tokens, np.int64)[:, None]  # (B, 1)
-        logits = self._run(ids, lengths[:, None].copy(), lengths + 1, 0)[:, -1]  # (B, V)
+        if self.device is None:
+            logits = self._run(np.asarray(tokens, np.int64)[:, None], lengths[:, None].copy(), lengths + 1, 0)[:, -1]
+        else:
+            binding, a = self._step_binding(rows)
+            a["input_ids"][:, 0] = tokens
+            a["position_ids"][:, 0] = lengths
+            a["seqlens_k"][:] = lengths  # length after this token, minus one
+            a["total_sequence_length"][...] = lengths.max() + 1
+            self.session.run_with_iobinding(binding)
+            logits = a["logits"][:, -1]  # (B, V): overwritten by the next step
         self.lengths[:rows] += 1
         return logits
 
