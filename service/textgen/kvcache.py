@@ -5,14 +5,13 @@ the `past_key_values.{i}.key|value` inputs (hence the number of layers), heads H
 (from the input shapes, or from the manifest when the graph leaves them symbolic), the KV dtype,
 and any extra inputs (a translator's `encoder_attention_mask` and `cross_key_values.*`).
 
-`KVBatch` is the running batch's cache of a decoder with an attention mask and a growing past
-(a translator's decoder, a format-1 generation decoder; a GroupQueryAttention decoder's cache is
-`batchcache.SlotCache`): per layer key and value (B, H, L, D) plus a 1/0 mask
-(B, L) over the L cached slots. Rows of different lengths share it right-aligned: a row's valid
-slots are the last `length` columns, padding slots on the left are masked. Rows leave by index,
-newcomers are merged in, and `compact` drops leading columns no row uses, so L stays the longest
-row's length. On CUDA the cache lives on the device as OrtValues (IO binding) between steps and
-comes to the host only when rows join or leave; on CPU it is plain numpy.
+`KVBatch` is the cache of a decoder with an attention mask and a growing past (a translator's
+decoder; the generation decoder's cache is `batchcache.SlotCache`): per layer key and value
+(B, H, L, D) plus a 1/0 mask (B, L) over the L cached slots. Rows of different lengths share it
+right-aligned: a row's valid slots are the last `length` columns, padding slots on the left are
+masked. Rows leave by index, and `compact` drops leading columns no row uses, so L stays the
+longest row's length. On CUDA the cache lives on the device as OrtValues (IO binding) between steps and
+comes to the host only when rows leave; on CPU it is plain numpy.
 """
 
 from __future__ import annotations
@@ -106,15 +105,6 @@ class KVBatch:
         self.mask = self.mask[idx]
         self.compact()
 
-    def merge(self, kv: list[np.ndarray], mask: np.ndarray) -> None:
-        """Appends rows (kv: per layer (n, H, T, D), mask (n, T)), right-aligning both sides."""
-        length = max(self.length, mask.shape[1])
-        old = [_left_pad(a, length, axis=2) for a in self.host()]
-        new = [_left_pad(a, length, axis=2) for a in kv]
-        self._host = [np.concatenate([a, b], axis=0) for a, b in zip(old, new)]  # (B+n, H, L, D)
-        self.mask = np.concatenate([_left_pad(self.mask, length, 1), _left_pad(mask, length, 1)], axis=0)
-        self.compact()
-
     def compact(self) -> None:
         """Drops leading columns that no row uses."""
         used = np.flatnonzero(self.mask.any(axis=0))
@@ -139,15 +129,6 @@ class KVBatch:
         else:
             self._dev, self._host = present, None
         self.mask = new_mask
-
-
-def _left_pad(a: np.ndarray, length: int, axis: int) -> np.ndarray:
-    missing = length - a.shape[axis]
-    if missing <= 0:
-        return a
-    widths = [(0, 0)] * a.ndim
-    widths[axis] = (missing, 0)
-    return np.pad(a, widths)
 
 
 def run_step(session: ort.InferenceSession, io: GraphIO, feeds: dict[str, np.ndarray], cache: KVBatch,
@@ -187,25 +168,3 @@ def to_device(arrays: dict[str, np.ndarray], device: str | None) -> dict:
     if device is None:
         return arrays
     return {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), device, 0) for k, v in arrays.items()}
-
-
-def run_prefill(session: ort.InferenceSession, io: GraphIO, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """A whole prompt batch with an empty past: feeds hold input_ids, attention_mask, position_ids
-    (B, T) and extra inputs. Returns last-position logits (B, V) and the present KV (host)."""
-    rows = feeds["input_ids"].shape[0]
-    outputs = session.run(["logits", *io.present_names], {**feeds, **dict(zip(io.past_names, io.empty_past(rows)))})
-    return outputs[0][:, -1, :], outputs[1:]  # (B, V), per layer (B, H, T, D)
-
-
-def pad_left(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Token lists -> input_ids, attention_mask, position_ids, each (n, longest), left-padded so
-    every row's last token sits in the last column; padding gets mask 0 and position 0."""
-    longest = max(len(r) for r in rows)
-    ids = np.full((len(rows), longest), pad_id, np.int64)  # (n, T)
-    mask = np.zeros((len(rows), longest), np.int64)  # (n, T)
-    positions = np.zeros((len(rows), longest), np.int64)  # (n, T)
-    for i, r in enumerate(rows):
-        ids[i, longest - len(r):] = r
-        mask[i, longest - len(r):] = 1
-        positions[i, longest - len(r):] = np.arange(len(r))
-    return ids, mask, positions
