@@ -113,8 +113,6 @@ class TranslatorTask:
         save_checkpoint(model, out, name=self.args.name or "tatoeba-en-fr", tokenizer_path=self.args.tok_path,
                         special_tokens=tokenizer_train.TRANSLATOR_SPECIAL_TOKENS, max_length=self.args.max_len,
                         training=training)
-        if not (out / HELDOUT_FILE).is_file():
-            write_heldout(out)
 
 
 class GeneratorTask:
@@ -156,8 +154,6 @@ class GeneratorTask:
         save_checkpoint(model, out, name=self.args.name or "tinystories-gpt", tokenizer_path=self.args.tok_path,
                         special_tokens=tokenizer_train.GENERATOR_SPECIAL_TOKENS, max_length=self.args.context,
                         training=training)
-        if not (out / HELDOUT_FILE).is_file():
-            write_heldout(out)
 
 
 def move(batch: dict, device: torch.device) -> dict:
@@ -230,6 +226,8 @@ def evaluate_and_save(task, model, opt, sched: dict, prog: Progress, args, lr: f
     save_training_state(args.run_dir / "state.pt", model=model, optimizer=opt, scheduler_state=sched,
                         step=prog.step, extra=extra)
     task.save(model, args.out, checkpoint_meta(args, task, sched, prog))
+    if not (args.out / HELDOUT_FILE).is_file():  # the export gate's held-out sample, written once
+        write_heldout(args.out)
 
 
 def resume(task, model, opt, sched: dict, args) -> tuple[dict, Progress]:
