@@ -124,3 +124,19 @@ def served_quality(model_dir: Path, variant: str) -> dict | None:
 
     figures = load_model_dir(model_dir).manifest.graph("decoder", variant).parity
     return {**figures["quality"], "quality_ok": figures["quality_ok"]} if "quality" in figures else None
+
+
+def snapshot_checkpoint(checkpoint: Path, out: Path) -> tuple[Path, object, dict, object, str]:
+    """Copies a trained checkpoint into out/checkpoint (a training job may overwrite the original
+    while the sides load it) and loads it: -> (snapshot path, model, meta, tokenizer, description)."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from export.checkpoint import load_checkpoint
+
+    snapshot = Path(shutil.copytree(checkpoint, out / "checkpoint"))
+    model, meta = load_checkpoint(snapshot)
+    tokenizer = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
+    source = f"trained checkpoint {checkpoint} ({meta.get('training', {}).get('steps')} steps)"
+    return snapshot, model, meta, tokenizer, source

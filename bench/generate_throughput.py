@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import ServiceProcess, conditions, run_worker, served_quality, summary
+from bench.common import ServiceProcess, conditions, run_worker, served_quality, snapshot_checkpoint, summary
 
 log = logging.getLogger("bench.generate")
 
@@ -43,22 +42,16 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     """Exports the checkpoint (or a random model of the default size) into out/models/bench-gpt;
     returns the checkpoint both sides load and a description of the weights."""
     import torch
-    from tokenizers import Tokenizer
 
     from export.build import build_generation, heldout_sample
-    from export.checkpoint import load_checkpoint, save_checkpoint
+    from export.checkpoint import save_checkpoint
     from export.decoder import DecoderConfig, GPTDecoder
     from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
 
     if (checkpoint / "config.json").is_file():
-        # A snapshot: a training job may overwrite the checkpoint while the sides load it.
-        source = f"trained checkpoint {checkpoint}"
-        checkpoint = Path(shutil.copytree(checkpoint, out / "checkpoint"))
-        model, meta = load_checkpoint(checkpoint)
-        tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out)
         special = meta["special_tokens"]
-        source += f" ({meta.get('training', {}).get('steps')} steps)"
-        sample = heldout_sample(meta, model.config, tokenizer)  # as `make models` judges the int8 variant
+        sample = heldout_sample(meta, model.config, tokenizer, checkpoint)  # as `make models` judges int8
     else:
         texts = STORIES.read_text(encoding="utf-8").split("\n")[:20000]
         tokenizer = train_generator_tokenizer(texts, DecoderConfig().vocab_size)

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import conditions, run_worker, served_quality, summary
+from bench.common import conditions, run_worker, served_quality, snapshot_checkpoint, summary
 
 log = logging.getLogger("bench.translate")
 
@@ -42,21 +41,16 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     """Exports the checkpoint snapshot (or a random model) into out/models/bench-translate;
     returns the checkpoint both sides load and a description of the weights."""
     import torch
-    from tokenizers import Tokenizer
 
     from export.build import build_translation, heldout_sample
-    from export.checkpoint import load_checkpoint, save_checkpoint
+    from export.checkpoint import save_checkpoint
     from export.seq2seq import Seq2SeqConfig, Translator
     from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
 
     if (checkpoint / "config.json").is_file():
-        source = f"trained checkpoint {checkpoint}"
-        checkpoint = Path(shutil.copytree(checkpoint, out / "checkpoint"))  # training may overwrite the original
-        model, meta = load_checkpoint(checkpoint)
-        tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out)
         special = meta["special_tokens"]
-        source += f" ({meta.get('training', {}).get('steps')} steps)"
-        sample = heldout_sample(meta, model.config, tokenizer)  # as `make models` judges the int8 variant
+        sample = heldout_sample(meta, model.config, tokenizer, checkpoint)  # as `make models` judges int8
     else:
         texts = [t for en, fr in split.train[:40000] for t in (en, fr)]
         tokenizer = train_translator_tokenizer(texts, Seq2SeqConfig().vocab_size)
