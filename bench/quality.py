@@ -34,22 +34,20 @@ def generation_perplexity(model_dir, variant: str) -> dict:
     from tokenizers import Tokenizer
 
     from export import data
-    from export.parity import _log_softmax, onnx_step, session
+    from export.parity import forced_logits, log_softmax, onnx_step, session
 
     m = model_dir.manifest
     meta = m.extra.get("training", {})
     tok = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
     _, held = data.split_stories(data.load_stories(data.DEFAULT_DATA["generator"]), seed=meta.get("seed", 0))
     stream = data.story_stream([e.ids[1:] for e in tok.encode_batch(held)], m.special_tokens["eos"])
-    step = onnx_step(session(model_dir.file(m.graph("decoder", variant).file)),
-                     max_length=int(m.architecture["max_positions"]))
-    nll, count, started = 0.0, 0, time.perf_counter()
     context = int(m.architecture["max_positions"])
+    step = onnx_step(session(model_dir.file(m.graph("decoder", variant).file)), max_length=context)
+    nll, count, started = 0.0, 0, time.perf_counter()
     for s in range(0, len(stream) - 1, context):
         chunk = stream[s : s + context + 1]
-        ids = chunk[None, :-1]
-        logits = step(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int64)[None, :], None)[0][0]
-        nll -= float(_log_softmax(logits)[np.arange(len(chunk) - 1), chunk[1:]].sum())
+        logits = forced_logits(step, chunk)  # (T, V) for inputs chunk[:-1]
+        nll -= float(log_softmax(logits)[np.arange(len(chunk) - 1), chunk[1:]].sum())
         count += len(chunk) - 1
     return {"perplexity": round(math.exp(nll / count), 3), "tokens": count,
             "seconds": round(time.perf_counter() - started, 1)}

@@ -275,7 +275,7 @@ def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant
 
 # ---- quality of reduced-precision variants (teacher-forced) ---------------------------------------
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
@@ -288,7 +288,7 @@ def quality_figures(rows, sample: str, batch_max_abs_diff: float) -> dict:
         difference, limits; "quality_ok": within QUALITY_LIMITS}."""
     tokens, nll_ref, nll_got, kl, same = 0, 0.0, 0.0, 0.0, 0
     for ref, got, targets in rows:
-        lr, lg = _log_softmax(ref), _log_softmax(got)
+        lr, lg = log_softmax(ref), log_softmax(got)
         at = np.arange(len(targets))
         nll_ref -= float(lr[at, targets].sum())
         nll_got -= float(lg[at, targets].sum())
@@ -307,7 +307,7 @@ def quality_figures(rows, sample: str, batch_max_abs_diff: float) -> dict:
     return {"quality": figures, "quality_ok": ok}
 
 
-def _forced(step: Step, seq: Sequence[int]) -> np.ndarray:
+def forced_logits(step: Step, seq: Sequence[int]) -> np.ndarray:
     """Logits (T, V) of one sequence's prefill (inputs seq[:-1], no past)."""
     ids = np.asarray([seq[:-1]], np.int64)
     return step(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int64)[None, :], None)[0][0]
@@ -325,9 +325,9 @@ def _batch_diff(step: Step, seqs: Sequence[Sequence[int]], alone: Sequence[np.nd
 def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], sample: str) -> dict:
     """Teacher-forced quality of a decoder graph vs `GPTDecoder` over token sequences (<= context)."""
     ref, got = torch_step(model), onnx_step(session(graph), max_length=model.config.max_positions)
-    alone = [_forced(got, s) for s in sequences]
+    alone = [forced_logits(got, s) for s in sequences]
     batch = _batch_diff(got, sequences[:BATCH_ROWS], alone[:BATCH_ROWS], model.config.pad_token_id)
-    return quality_figures(((_forced(ref, s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch)
+    return quality_figures(((forced_logits(ref, s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch)
 
 
 def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
@@ -351,8 +351,8 @@ def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
         with torch.no_grad():
             ref_cross = model.encode(ids, mask)
         ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, mask))
-        refs.append(_forced(ref, tgt))
-        alone.append(_forced(graph_step([src]), tgt))
+        refs.append(forced_logits(ref, tgt))
+        alone.append(forced_logits(graph_step([src]), tgt))
     head = pairs[:BATCH_ROWS]  # sources and targets of different lengths: both sides padded
     batch = _batch_diff(graph_step([s for s, _ in head]), [t for _, t in head], alone[:BATCH_ROWS], pad)
     return quality_figures(((r, a, np.asarray(t[1:])) for r, a, (_, t) in zip(refs, alone, pairs)), sample, batch)
