@@ -207,6 +207,41 @@ async def test_cancel_frees_the_row_within_one_step(runtime, tiny_models_root):
     await model.stop()
 
 
+def test_in_flight_counts_each_row_out_once_whatever_the_delivery_order(runtime, tiny_models_root):
+    """The compute thread runs ahead of the event loop: a step's delivery can still be queued when the
+    next step frees a row cancelled in between. The loop then sees that row in two deliveries; the
+    in-flight gauge must drop by one (it went to -1 in CI), and a row cancelled while a prefill runs
+    must be counted out too. The scheduler is driven step by step here, with no loop task."""
+    from prometheus_client import REGISTRY
+
+    model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
+    model = GenerationModel(model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings,
+                            runtime, "fp32")  # not started
+    sched = model.scheduler
+    in_flight = lambda: REGISTRY.get_sample_value("ts_generations_in_flight", {"model": model.name})  # noqa: E731
+    a = model.submit("Once upon a time", SamplingParams(max_new_tokens=50))
+    b = model.submit("The cat", SamplingParams(max_new_tokens=50))
+    sched._deliver(sched._prefill(sched._admit()))
+    assert in_flight() == 2 and sched.cache.rows == 2
+
+    queued = sched._decode()  # not yet delivered when the loop cancels `a`
+    a.cancel()
+    freed = sched._decode()
+    assert a.sequence not in sched.running and sched.cache.rows == 1
+    sched._deliver(queued)
+    sched._deliver(freed)
+    assert in_flight() == 1
+
+    c = model.submit("Hi", SamplingParams(max_new_tokens=50))
+    newcomers = sched._admit()
+    b.cancel()  # while c's prefill runs: b leaves in the prefill's delivery
+    sched._deliver(sched._prefill(newcomers))
+    assert [s is c.sequence for s in sched.running] == [True] and in_flight() == 1
+    c.cancel()
+    sched._deliver(sched._decode())
+    assert in_flight() == 0 and sched.idle and sched.cache.rows == 0
+
+
 async def test_ready_returns_queued_chunks_in_order_then_the_queued_error(runtime, tiny_models_root):
     model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt")
     alone = await generate(model, "Tom and Sue", max_new_tokens=30)

@@ -130,6 +130,8 @@ class Scheduler:
             involved = list({id(s): s for s in [*self.running, *newcomers]}.values())
             self.running = []
             self.cache.reset()
+            for seq in involved:
+                seq.left = True
             return [(seq, exc) for seq in involved]
         finally:
             self._computing = False
@@ -138,6 +140,8 @@ class Scheduler:
         gone = [s for s in self.waiting if s.cancelled]
         if gone:
             self.waiting = deque(s for s in self.waiting if not s.cancelled)
+            for seq in gone:
+                seq.left = seq.counted_out = True
             self._series.in_flight.dec(len(gone))
             metrics.DROPPED.labels(self.name, "cancelled").inc(len(gone))
             metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
@@ -170,8 +174,8 @@ class Scheduler:
         self._observe(t0, newcomers, padded, prefill=True)
         out = self._sample(newcomers, logits)
         self.running.extend(newcomers)
-        self._keep(lambda s: not s.done)
-        return out
+        # Rows cancelled since the last step leave here too; a sequence twice in a delivery is harmless.
+        return out + [(s, None) for s in self._keep(lambda s: not s.done)]
 
     def _decode_slice(self, loop: asyncio.AbstractEventLoop) -> Delivery:
         """Compute thread: decode steps until newcomers fit, the batch empties, closing, or the slice ends."""
@@ -185,22 +189,29 @@ class Scheduler:
 
     def _decode(self) -> Delivery:
         """Compute thread: drops cancelled rows, then one new token for every running row."""
-        out: Delivery = [(s, None) for s in self.running if s.cancelled]
-        self._keep(lambda s: not s.cancelled)
+        # A row the event loop cancels from here on is caught by _sample or by the next step.
+        out: Delivery = [(s, None) for s in self._keep(lambda s: not s.cancelled)]
         if not self.running:
             return out
         t0 = time.perf_counter()
         logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
         self._observe(t0, self.running, self.cache.tokens, prefill=False)
         out += self._sample(self.running, logits)
-        self._keep(lambda s: not s.done)
-        return out
+        return out + [(s, None) for s in self._keep(lambda s: not s.done)]
 
-    def _keep(self, pred) -> None:
-        keep = [i for i, s in enumerate(self.running) if pred(s)]
-        if len(keep) < len(self.running):
-            self.cache.keep(keep)
-            self.running = [self.running[i] for i in keep]
+    def _keep(self, pred) -> list[Sequence]:
+        """Frees the rows of the running sequences failing `pred`, once for all; returns those sequences.
+
+        `pred` is evaluated once per row: the event loop may cancel a sequence meanwhile."""
+        verdicts = [bool(pred(s)) for s in self.running]
+        if all(verdicts):
+            return []
+        self.cache.keep([i for i, ok in enumerate(verdicts) if ok])
+        gone = [s for s, ok in zip(self.running, verdicts) if not ok]
+        self.running = [s for s, ok in zip(self.running, verdicts) if ok]
+        for seq in gone:
+            seq.left = True
+        return gone
 
     def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> Delivery:
         out: Delivery = []
@@ -238,5 +249,7 @@ class Scheduler:
             elif item is not None:
                 self._series.output_tokens.inc(len(item.token_ids))
                 seq.queue.put_nowait(item)
-            if seq.done:
+            # A row leaves once, but it may sit in two deliveries queued before the loop runs them.
+            if seq.left and not seq.counted_out:
+                seq.counted_out = True
                 self._series.in_flight.dec()

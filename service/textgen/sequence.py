@@ -56,6 +56,8 @@ class Sequence:
     finished: str | None = None
     started: float | None = None  # when its prefill began
     last_token_at: float | None = None
+    left: bool = False  # its cache row is freed (set by the compute thread)
+    counted_out: bool = False  # the in-flight gauge was decremented for it (event loop)
 
     def __post_init__(self) -> None:
         self.rng = make_rng(self.params.seed)
