@@ -70,7 +70,7 @@ async def test_greedy_matches_pytorch(runtime, tiny_models_root):
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
 async def test_concurrent_greedy_equals_alone_and_cache_is_compacted(runtime, tiny_models_root, variant):
     """More requests than batch rows (gen_max_batch=4), joining and leaving at different steps, so
-    rows move down in the cache buffer. int8 too: its weight-only quantisation scales each row on
+    rows move down in the cache buffer. int8 too: its row-wise quantisation scales each row on
     its own, so a row's tokens cannot depend on its neighbours."""
     model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt", variant)
     lengths = [5, 30, 12, 25, 8, 17]

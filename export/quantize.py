@@ -1,0 +1,99 @@
+"""Row-wise dynamic int8 for decoder graphs: integer matrix products whose rows do not see each other.
+
+onnxruntime's dynamic quantisation (`quantize_dynamic`) gives each MatMul's activations one scale
+for the whole tensor, computed at run time: a row's result then depends on the other rows of its
+batch (measured: a batched row's logits moved by 0.35), which continuous batching cannot accept
+("greedy output identical alone or in a crowd"). `MatMulNBits` with int8 compute quantises each
+row on its own, but its kernel gains little from more rows (8 rows cost 3.6x one row here).
+
+This pass rewrites every MatMul whose second input is a constant 2-D weight W (K, N) as
+
+    s   = max(|A|, last axis) / 127                          one scale per row, (..., 1)
+    q   = uint8(A / s + 128.5)                               symmetric int8 shifted to uint8,
+                                                             rounded half up (the cast truncates)
+    out = MatMulIntegerToFloat(q, Wq, 1, w_scale, 128) * s
+
+with Wq = round(W / w_scale) per output column, symmetric, in 7 bits (-63..63): on AVX2 without
+VNNI the u8 x s8 kernel sums pairs of products in int16, which 8-bit weights could saturate (the
+reason for `reduce_range` in onnxruntime's own quantiser). The integer products are exact and
+every scale belongs to one row or one column, so a row's output is the same in any batch
+(the parity gate's `batch_max_abs_diff` checks it). Products sharing an input share its
+quantisation. The MatMuls are onnxruntime's MLAS u8s8 GEMM, which scales with rows as a GEMM
+should (bare decode steps, docs/notes/issue-4-perf.md "Session 3").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+WEIGHT_BITS = 7
+_ZERO_POINT = 128
+
+
+def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> int:
+    """src (fp32 ONNX) -> dst with row-wise int8 MatMuls; returns how many MatMuls were rewritten."""
+    model = onnx.load(str(src))
+    graph = model.graph
+    weights = {i.name: i for i in graph.initializer if len(i.dims) == 2 and i.data_type == TensorProto.FLOAT}
+    qmax = 2 ** (weight_bits - 1) - 1
+    added: list[onnx.TensorProto] = []
+
+    def constant(name: str, value: np.ndarray) -> str:
+        added.append(numpy_helper.from_array(value, name))
+        return name
+
+    eps = constant("rowq/eps", np.array(1e-12, np.float32))
+    inv_127 = constant("rowq/inv_127", np.array(1 / 127, np.float32))
+    shift = constant("rowq/shift", np.array(_ZERO_POINT + 0.5, np.float32))
+    zero_point = constant("rowq/zero_point", np.array(_ZERO_POINT, np.uint8))
+    one = constant("rowq/one", np.array(1.0, np.float32))
+
+    nodes: list[onnx.NodeProto] = []
+    quantised: dict[str, tuple[str, str]] = {}  # activation name -> (uint8 tensor, row scales)
+    replaced: set[str] = set()
+    for node in graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is None:
+            nodes.append(node)
+            continue
+        act = node.input[0]
+        if act not in quantised:
+            p = f"rowq/{len(quantised)}/"
+            nodes += [
+                helper.make_node("Abs", [act], [p + "abs"], name=p + "Abs"),
+                helper.make_node("ReduceMax", [p + "abs"], [p + "absmax"], name=p + "ReduceMax", axes=[-1], keepdims=1),
+                helper.make_node("Mul", [p + "absmax", inv_127], [p + "scale_raw"], name=p + "Scale"),
+                helper.make_node("Max", [p + "scale_raw", eps], [p + "scale"], name=p + "ScaleFloor"),
+                helper.make_node("Div", [act, p + "scale"], [p + "scaled"], name=p + "Div"),
+                helper.make_node("Add", [p + "scaled", shift], [p + "shifted"], name=p + "Shift"),
+                helper.make_node("Cast", [p + "shifted"], [p + "q"], name=p + "Cast", to=TensorProto.UINT8),
+            ]
+            quantised[act] = (p + "q", p + "scale")
+        q, row_scale = quantised[act]
+        w = numpy_helper.to_array(weight).astype(np.float32)
+        col_scale = (np.maximum(np.abs(w).max(axis=0), 1e-30) / qmax).astype(np.float32)
+        wq = np.clip(np.round(w / col_scale), -qmax, qmax).astype(np.int8)
+        name = weight.name + "/rowq"
+        out = node.output[0]
+        nodes += [
+            helper.make_node("MatMulIntegerToFloat",
+                             [q, constant(name, wq), one, constant(name + "/scale", col_scale), zero_point],
+                             [out + "/unscaled"], name=(node.name or out) + "/rowq", domain="com.microsoft"),
+            helper.make_node("Mul", [out + "/unscaled", row_scale], [out], name=(node.name or out) + "/rowq_scale"),
+        ]
+        replaced.add(weight.name)
+
+    still_used = {i for n in nodes for i in n.input}
+    kept = [i for i in graph.initializer if i.name in still_used]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + [c for c in added if c.name in still_used])
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(dst))
+    return sum(1 for n in nodes if n.op_type == "MatMulIntegerToFloat")
