@@ -74,14 +74,15 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> in
             ]
             quantised[act] = (p + "q", p + "scale")
         q, row_scale = quantised[act]
-        w = numpy_helper.to_array(weight).astype(np.float32)
-        col_scale = (np.maximum(np.abs(w).max(axis=0), 1e-30) / qmax).astype(np.float32)
-        wq = np.clip(np.round(w / col_scale), -qmax, qmax).astype(np.int8)
         name = weight.name + "/rowq"
+        if weight.name not in replaced:  # a weight used by several products is quantised once
+            w = numpy_helper.to_array(weight).astype(np.float32)
+            col_scale = (np.maximum(np.abs(w).max(axis=0), 1e-30) / qmax).astype(np.float32)
+            constant(name, np.clip(np.round(w / col_scale), -qmax, qmax).astype(np.int8))
+            constant(name + "/scale", col_scale)
         out = node.output[0]
         nodes += [
-            helper.make_node("MatMulIntegerToFloat",
-                             [q, constant(name, wq), one, constant(name + "/scale", col_scale), zero_point],
+            helper.make_node("MatMulIntegerToFloat", [q, name, one, name + "/scale", zero_point],
                              [out + "/unscaled"], name=(node.name or out) + "/rowq", domain="com.microsoft"),
             helper.make_node("Mul", [out + "/unscaled", row_scale], [out], name=(node.name or out) + "/rowq_scale"),
         ]
