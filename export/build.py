@@ -33,7 +33,6 @@ from service.manifest import ModelDir
 log = logging.getLogger(__name__)
 
 VARIANT_ORDER = ("optimized", "fp16", "int8")
-INT8_DECODERS = "rowwise"  # onnx_export.INT8_METHODS: how generation / translation graphs become int8
 # Varied inputs for the gate: lengths, punctuation, digits, non-ASCII, one long enough to truncate.
 GATE_TEXTS = [
     "Hello world.",
@@ -59,7 +58,7 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_ar
 
     fp16 and int8 start from the optimized graph when it was built (fused graphs run faster).
     decoder_model (generation, translation): fp16 graphs take and return float16 tensors, int8 is
-    INT8_DECODERS (batch-invariant, see onnx_export.make_int8); an embedding model keeps float32
+    row-wise (batch-invariant, see onnx_export.make_int8); an embedding model keeps float32
     inputs and outputs in fp16 and is dynamically quantised in int8.
     """
     graphs, base = [], dict(fp32)
@@ -73,8 +72,8 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_ar
             elif variant == "fp16":
                 ox.make_fp16(base[role], dst, keep_io_types=not decoder_model)
             else:
-                extra["int8_method"] = INT8_DECODERS if decoder_model else "dynamic"
-                ox.make_int8(base[role], dst, extra["int8_method"])
+                extra["int8_method"] = "rowwise" if decoder_model else "dynamic"
+                ox.make_int8(base[role], dst, row_wise=decoder_model)
         figures = {**measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
         if variant == "optimized":

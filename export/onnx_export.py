@@ -300,40 +300,23 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     onnx.save(model, str(dst))
 
 
-INT8_BLOCK = 32  # weight-only int8: one scale per 32 weights along the input dimension
-INT8_METHODS = ("rowwise", "weight_only", "dynamic")
+def make_int8(src: Path, dst: Path, row_wise: bool) -> None:
+    """int8 for the CPU.
 
-
-def make_int8(src: Path, dst: Path, method: str = "dynamic") -> None:
-    """int8 for the CPU, by one of INT8_METHODS.
-
-    rowwise (decoders, the default for them): export/quantize.py; u8 x s8 integer GEMMs with one
-    activation scale per row, computed at run time, and 7-bit weights per output column. A row's
-    result does not depend on the other rows of its batch, which continuous batching needs
-    (parity.py checks it), and the GEMM gains from more rows.
-    weight_only: every MatMul with a constant weight becomes a com.microsoft MatMulNBits with
-    8-bit symmetric weights in blocks of INT8_BLOCK and accuracy_level 4 (each activation row
-    quantised on its own). Batch-invariant too and the fastest at one row, but its kernel gains
-    little from more rows (docs/notes/issue-4-perf.md).
-    dynamic (encoders, opt-in only): onnxruntime's dynamic quantisation, per-channel weights,
+    row_wise (decoders): export/quantize.py; u8 x s8 integer GEMMs with one activation scale per
+    row, computed at run time, and 7-bit weights per output column. A row's result does not
+    depend on the other rows of its batch, which continuous batching needs (parity.py checks it),
+    and the GEMM gains from more rows. (The weight-only `MatMulNBits` used before is batch-invariant
+    too but gains little from more rows: docs/notes/issue-4-perf.md.)
+    Otherwise (encoders, opt-in only): onnxruntime's dynamic quantisation, per-channel weights,
     reduce_range (AVX2 without VNNI), embeddings left in fp32 (FACTS.md); its activations are
     scaled per tensor, so a row's embedding moves a little with the rest of its batch.
     """
-    if method == "rowwise":
+    if row_wise:
         from export.quantize import quantize_rowwise
 
         quantize_rowwise(src, dst)
         return
-    if method == "weight_only":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=INT8_BLOCK, is_symmetric=True,
-                                         accuracy_level=4)
-        quantizer.process()
-        quantizer.model.save_model_to_file(str(dst))
-        return
-    if method != "dynamic":
-        raise ValueError(f"int8 method {method!r}: expected one of {INT8_METHODS}")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(
