@@ -307,7 +307,7 @@ def make_int8(src: Path, dst: Path, row_wise: bool) -> None:
     row, computed at run time, and 7-bit weights per output column. A row's result does not
     depend on the other rows of its batch, which continuous batching needs (parity.py checks it),
     and the GEMM gains from more rows. (The weight-only `MatMulNBits` used before is batch-invariant
-    too but gains little from more rows: docs/notes/issue-4-perf.md.)
+    too but gains little from more rows: docs/design/export.md.)
     Otherwise (encoders, opt-in only): onnxruntime's dynamic quantisation, per-channel weights,
     reduce_range (AVX2 without VNNI), embeddings left in fp32 (FACTS.md); its activations are
     scaled per tensor, so a row's embedding moves a little with the rest of its batch.

@@ -19,7 +19,7 @@ reason for `reduce_range` in onnxruntime's own quantiser). The integer products 
 every scale belongs to one row or one column, so a row's output is the same in any batch
 (the parity gate's `batch_max_abs_diff` checks it). Products sharing an input share its
 quantisation. The MatMuls are onnxruntime's MLAS u8s8 GEMM, which scales with rows as a GEMM
-should (bare decode steps, docs/notes/issue-4-perf.md "Session 3").
+should (bare decode steps: docs/performance.md).
 """
 
 from __future__ import annotations
