@@ -9,6 +9,15 @@
   `compute_workers` threads, never on the event loop; onnxruntime releases the GIL while it runs,
   so `compute_workers` batches run in parallel (intra-op threads per session from settings).
 - `choose_variant(manifest, role)` picks the graph variant to serve (settings `variant`).
+- `create_graph_session(path)`: a second CUDA session with `enable_cuda_graph` for generation decode
+  steps (settings `cuda_graph`), or None and the reason (not CUDA, or onnxruntime refused).
+- `embed_batch_limits()`: the embedding batch limits, by device where the settings leave them 0.
+
+CUDA provider options (onnxruntime's CUDA EP documentation, docs/design/gpu.md): the memory arena
+grows by what is asked (`kSameAsRequested`; the default doubles, reserving up to twice the peak of
+the varying batch shapes served) and copies stay on the compute stream (`do_copy_in_default_stream`,
+the default, stated because the documentation warns that 0 can race). No cuDNN option: these
+graphs have no convolution.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+CUDA_OPTIONS = {"device_id": "0", "arena_extend_strategy": "kSameAsRequested", "do_copy_in_default_stream": "1"}
+# Embedding batch limits where the settings leave them 0: (token budget, rows). CUDA's are sized for
+# the GPU's parallelism (the bare engine on an H100: 44k sentences/s in batches of 32 rows, 132k in
+# 512; GPU.md), not measured through the service; the CPU's are the ones measured on 2 cores.
+EMBED_BATCH_LIMITS = {CPU: (2048, 32), CUDA: (16384, 256)}
 T = TypeVar("T")
 
 
@@ -70,7 +84,7 @@ class Runtime:
         """An InferenceSession on the chosen provider; raises ProviderError on a strict fallback."""
         providers: list[Any] = [CPU]
         if self.requested_provider == CUDA and self._cuda_offered:
-            providers = [(CUDA, {"device_id": 0}), CPU]
+            providers = [(CUDA, CUDA_OPTIONS), CPU]
         session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=providers)
         used = session.get_providers()[0]
         if used != self.requested_provider:
@@ -78,6 +92,27 @@ class Runtime:
                            "(CUDA/cuDNN libraries missing or incompatible?)")
         self.provider = used
         return session
+
+    def create_graph_session(self, path: str | Path) -> tuple[ort.InferenceSession | None, str]:
+        """A session of the decoder at path whose runs capture and replay CUDA graphs (one per
+        `gpu_graph_id`), or None and why not: the setting is off, the provider is not CUDA, or
+        onnxruntime refused (it requires every compute node on CUDA; GroupQueryAttention has CUDA
+        kernels for fp16 and bf16 only, so an fp32 decoder cannot)."""
+        if not self.settings.cuda_graph:
+            return None, "the cuda_graph setting is off"
+        if self.provider != CUDA:
+            return None, f"they need {CUDA} and this model runs on {self.provider}"
+        options = {**CUDA_OPTIONS, "enable_cuda_graph": "1"}
+        try:
+            session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=[(CUDA, options)])
+        except Exception as e:  # onnxruntime's own exception types (Fail, InvalidArgument...) share no base
+            return None, f"onnxruntime refused a CUDA-graph session for {Path(path).name}: {e}"
+        return session, "on"
+
+    def embed_batch_limits(self) -> tuple[int, int]:
+        """(max_batch_tokens, max_batch_size) of embedding batches: the settings', or by device where 0."""
+        tokens, rows = EMBED_BATCH_LIMITS[CUDA if self.is_cuda else CPU]
+        return self.settings.embed_max_batch_tokens or tokens, self.settings.embed_max_batch_size or rows
 
     def _fallback(self, reason: str) -> None:
         if self.settings.strict_provider:

@@ -49,13 +49,16 @@ class Settings:
                       choices=VARIANT_CHOICES)
     intra_op_threads: int = _f(1, "onnxruntime intra-op threads per session")
     compute_workers: int = _f(2, "threads of the one compute executor (parallel batches)")
+    cuda_graph: bool = _f(False, "generation decode steps replay CUDA graphs (CUDA only; off until a GPU run shows "
+                          "their tokens equal the plain steps', docs/design/gpu.md)")
     # Default models per kind (empty: the manifest's extra.default, else the first by name)
     default_embedding_model: str = _f("", "embedding model used when a request names none")
     default_generation_model: str = _f("", "generation model used when a request names none")
     default_translation_model: str = _f("", "translation model used when a request names none")
     # Embeddings
-    embed_max_batch_tokens: int = _f(2048, "token budget of one embedding batch (rows x longest, padding counted)")
-    embed_max_batch_size: int = _f(32, "most inputs in one embedding batch")
+    embed_max_batch_tokens: int = _f(0, "token budget of one embedding batch (rows x longest, padding counted); "
+                                     "0 = by device (CPU 2048, CUDA 16384)")
+    embed_max_batch_size: int = _f(0, "most inputs in one embedding batch; 0 = by device (CPU 32, CUDA 256)")
     embed_max_wait_ms: float = _f(2.0, "how long a batch waits for more inputs before it closes")
     embed_max_queue: int = _f(2048, "queued inputs per embedding model; beyond it RESOURCE_EXHAUSTED")
     embed_max_inputs: int = _f(256, "most inputs in one Embed request")
@@ -79,11 +82,12 @@ class Settings:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 out.append(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_batch_tokens",
-                    "embed_max_batch_size", "embed_max_queue", "embed_max_inputs", "gen_max_batch",
-                    "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch", "translate_max_beam")
+        positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_queue", "embed_max_inputs",
+                    "gen_max_batch", "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch",
+                    "translate_max_beam")
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
-        non_negative = ("port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length")
+        non_negative = ("port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
+                        "embed_max_batch_tokens", "embed_max_batch_size")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")

@@ -88,13 +88,14 @@ async def test_cache_buffer_is_updated_in_place(runtime, tiny_models_root):
     cache = model.scheduler.cache
     prompt = model.tokenizer.encode("Once upon a time").ids
     first = cache.prefill([prompt])
-    buffers = [id(b) for b in cache._host]
-    key = cache._host[0]
+    buffers = [v.data_ptr() for v in cache._kv]
+    key = cache._kv[0].numpy()  # (capacity, H, L, D), read back after each call
     assert cache.rows == 1 and cache.lengths[0] == len(prompt)
     assert np.abs(key[0, :, : len(prompt)]).sum() > 0 and np.abs(key[0, :, len(prompt) :]).sum() == 0
     cache.step([int(first[0].argmax())])
+    key = cache._kv[0].numpy()
     assert cache.lengths[0] == len(prompt) + 1 and np.abs(key[0, :, len(prompt)]).sum() > 0
-    assert [id(b) for b in cache._host] == buffers
+    assert [v.data_ptr() for v in cache._kv] == buffers
     cache.reset()
     await model.stop()
 

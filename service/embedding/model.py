@@ -55,8 +55,9 @@ class EmbeddingModel:
         session = runtime.create_session(model_dir.file(m.graph("encoder", variant).file))
         engine = EmbeddingEngine(session, pad_id=int(m.special_tokens.get("pad", 0)))
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+        max_tokens, max_rows = runtime.embed_batch_limits()  # by device where the settings leave them 0
         limits = BatchLimits(
-            max_batch_tokens=settings.embed_max_batch_tokens, max_batch_size=settings.embed_max_batch_size,
+            max_batch_tokens=max_tokens, max_batch_size=max_rows,
             max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
             workers=settings.compute_workers,
         )

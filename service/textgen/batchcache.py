@@ -1,13 +1,26 @@
-"""The generation scheduler's KV cache: a buffer the decoder graph updates in place.
+"""The generation scheduler's KV cache: device buffers the decoder graph updates in place.
 
 The generation decoder is exported with GroupQueryAttention (export/onnx_export.py): each
-layer's keys and values live in one buffer (capacity, H, L, D) allocated once, L = the model's
-context. Row r's tokens sit at slots [0, length_r) of buffer row r and the active rows are buffer
-rows [0, B): both are contiguous, so the graph's past and present are bound (IO binding, by
-pointer) to the same memory and the graph writes each new key in place. No step copies the cache
-(a concatenating decoder copies all of it every step: 30 % of a step at 8 rows here); a row that
-leaves is replaced by moving the later rows down (`keep`). On CUDA the buffers live on the
-device and rows move through the host (rows leave rarely).
+layer's keys and values live in one buffer (capacity, H, L, D) allocated once on the session's
+device, L = the model's context. Row r's tokens sit at slots [0, length_r) of buffer row r and the
+active rows are buffer rows [0, B): both are contiguous, so the graph's past and present are bound
+(IO binding, by address) to the same memory and the graph writes each new key in place. No step
+copies the cache; a row that leaves is replaced by moving the later rows down (`keep`), device to
+device (rowcopy.py).
+
+A decode step is device-resident: its inputs (token ids, positions, `seqlens_k`,
+`total_sequence_length`) and its logits are OrtValues allocated once per row count, at fixed
+addresses, bound once; each step refills the inputs with `OrtValue.update_inplace` and reads the
+logits back. IO binding copies a host input to the device when it is *bound*, not at each run
+(onnxruntime issues #5857, #29782): refilling a host array bound once feeds the first step's values
+forever on CUDA. `total_sequence_length` stays on the host because GroupQueryAttention reads it
+there (a CPU input even on CUDA). The same code runs with "cpu" OrtValues (memory onnxruntime owns,
+not numpy's), so the CPU tests run what the GPU runs. docs/design/gpu.md has the whole story.
+
+CUDA graphs (`enable_graphs`, settings `cuda_graph`): decode steps run on a second session created
+with `enable_cuda_graph`, one captured graph per row-count bucket (run option `gpu_graph_id`), rows
+padded up to the bucket, and `total_sequence_length` fixed at L (a captured graph replays the
+host-side values of its capture).
 
 The scheduler asks: `prefill(prompts)` runs the newcomers' prompts, appends them as rows and
 returns each one's last-position logits (n, V); `step(tokens)` feeds one token per row and
@@ -21,81 +34,151 @@ import numpy as np
 import onnxruntime as ort
 
 from service.textgen.kvcache import GraphIO
+from service.textgen.rowcopy import RowCopier
+
+HOST_INPUTS = frozenset({"total_sequence_length"})  # GroupQueryAttention's CPU input, on every provider
+GRAPH_ID_KEY = "gpu_graph_id"  # onnxruntime run option naming the captured graph to replay
+
+
+class _StepIO:
+    """One decode step's inputs and logits for buffer rows [0, rows): OrtValues at fixed addresses,
+    bound once together with the KV rows; `run` refills them in place. total: a fixed
+    total_sequence_length (CUDA graphs), or None for the longest row's each step."""
+
+    def __init__(self, session: ort.InferenceSession, cache: "SlotCache", rows: int, total: int | None,
+                 run_options: ort.RunOptions | None):
+        self.session, self.rows, self.total, self.run_options = session, rows, total, run_options
+        self.host = {"input_ids": np.zeros((rows, 1), np.int64), "position_ids": np.zeros((rows, 1), np.int64),
+                     "seqlens_k": np.zeros(rows, np.int32), "total_sequence_length": np.zeros((), np.int32)}
+        self.values = {name: ort.OrtValue.ortvalue_from_shape_and_type(
+            a.shape, a.dtype, "cpu" if name in HOST_INPUTS else cache.device, 0) for name, a in self.host.items()}
+        self.logits = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1, cache.io.vocab_size), cache.io.kv_dtype,
+                                                                cache.device, 0)
+        self.binding = session.io_binding()
+        for name, value in self.values.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.binding.bind_ortvalue_output("logits", self.logits)
+        cache._bind_rows(self.binding, 0, rows)
+        self.refill = list(self.values)
+        if total is not None:  # set once: a captured graph keeps the value of its capture anyway
+            self.host["total_sequence_length"][...] = total
+            self.values["total_sequence_length"].update_inplace(self.host["total_sequence_length"])
+            self.refill.remove("total_sequence_length")
+
+    def run(self, tokens: list[int], lengths: np.ndarray) -> np.ndarray:
+        """tokens, lengths (n,), n <= rows; rows past n are padding (token 0 at position 0, which
+        writes slot 0 of a free buffer row). -> logits (n, V), valid until the next step."""
+        n, h = len(tokens), self.host
+        h["input_ids"][:n, 0], h["input_ids"][n:] = tokens, 0
+        h["position_ids"][:n, 0], h["position_ids"][n:] = lengths, 0
+        h["seqlens_k"][:n], h["seqlens_k"][n:] = lengths, 0  # each row's length after this token, minus one
+        if self.total is None:
+            h["total_sequence_length"][...] = lengths.max() + 1
+        for name in self.refill:
+            self.values[name].update_inplace(h[name])
+        self.session.run_with_iobinding(self.binding, self.run_options)
+        return self.logits.numpy()[:n, -1]  # (n, V); on CUDA a copy of the step's logits only
 
 
 class SlotCache:
     def __init__(self, session: ort.InferenceSession, io: GraphIO, capacity: int, max_length: int,
                  device: str | None = "cpu"):
-        """device: "cpu" (host buffers bound in place), "cuda" (device buffers), or None (no binding:
-        `session.run` gets the rows' buffers and its present is copied back; for comparison)."""
+        """device: "cpu" or "cuda" (OrtValue buffers and steps on that device), or None (no binding:
+        `session.run` gets the rows' numpy buffers and its present is copied back; for comparison)."""
         self.session, self.io, self.capacity, self.max_length, self.device = session, io, capacity, max_length, device
         self._shape = (capacity, io.n_heads, max_length, io.head_dim)
         self._row_bytes = int(np.prod(self._shape[1:])) * np.dtype(io.kv_dtype).itemsize
-        self._host: list[np.ndarray] | None = None
-        self._dev: list[ort.OrtValue] | None = None
+        self._host: list[np.ndarray] | None = None  # device None
+        self._kv: list[ort.OrtValue] | None = None  # device "cpu" / "cuda"
+        self._copier: RowCopier | None = None
         self.lengths = np.zeros(capacity, np.int64)  # tokens cached per buffer row
         self.rows = 0
-        self._steps: dict[int, tuple[ort.IOBinding, dict[str, np.ndarray]]] = {}  # per row count
+        self._steps: dict[int, _StepIO] = {}  # per row count, or per bucket with graphs
+        self._graph_session: ort.InferenceSession | None = None
 
     @property
     def tokens(self) -> int:
         """Cached tokens of the active rows (what a step attends over)."""
         return int(self.lengths[: self.rows].sum())
 
-    def _buffers(self) -> None:
-        """Allocates the buffers at first use (capacity x context x layers: tens of MB)."""
-        if self._host is None and self._dev is None:
-            if self.device == "cuda":
-                self._dev = [ort.OrtValue.ortvalue_from_shape_and_type(self._shape, self.io.kv_dtype, "cuda", 0)
-                             for _ in self.io.past_names]
-            else:
-                self._host = [np.zeros(self._shape, self.io.kv_dtype) for _ in self.io.past_names]
+    @property
+    def graphs(self) -> bool:
+        """Decode steps replay CUDA graphs (per row-count bucket)."""
+        return self._graph_session is not None
 
-    def _run(self, ids: np.ndarray, positions: np.ndarray, lengths_after: np.ndarray, start: int) -> np.ndarray:
-        """One graph call for buffer rows [start, start + n): ids, positions (n, T); lengths_after (n,)
-        = each row's length once these tokens are cached. -> logits (n, T, V)."""
-        n = ids.shape[0]
-        feeds = {"input_ids": ids, "position_ids": positions, "seqlens_k": (lengths_after - 1).astype(np.int32),
-                 "total_sequence_length": np.asarray(lengths_after.max(), np.int32)}
-        if self.device is None:  # plain run: the graph copies past into a new present, copied back here
-            outputs = self.session.run(["logits", *self.io.present_names],
-                                       {**feeds, **{name: buf[start : start + n]
-                                                    for name, buf in zip(self.io.past_names, self._host)}})
-            for buf, present in zip(self._host, outputs[1:]):
-                buf[start : start + n] = present
-            return outputs[0]
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        binding.bind_output("logits", "cpu")
-        self._bind_rows(binding, start, n)
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+    def enable_graphs(self, graph_session: ort.InferenceSession) -> None:
+        """Decode steps run on graph_session (created with `enable_cuda_graph`): rows padded up to a
+        bucket, one graph per bucket. Prefill stays on the plain session; both share the buffers."""
+        if self.device is None:
+            raise ValueError("CUDA graphs need bound device buffers (device 'cuda')")
+        self._graph_session = graph_session
+        self._steps.clear()
+
+    def buckets(self) -> list[int]:
+        """Row counts a graph is captured for: powers of two below capacity, and capacity."""
+        out = [1 << i for i in range(self.capacity.bit_length()) if 1 << i < self.capacity]
+        return out + [self.capacity]
+
+    def _buffers(self) -> None:
+        """Allocates the zeroed buffers at first use (capacity x context x layers: tens of MB)."""
+        if self._host is not None or self._kv is not None:
+            return
+        zeros = np.zeros(self._shape, self.io.kv_dtype)
+        if self.device is None:
+            self._host = [zeros.copy() for _ in self.io.past_names]
+            return
+        self._kv = [ort.OrtValue.ortvalue_from_shape_and_type(self._shape, self.io.kv_dtype, self.device, 0)
+                    for _ in self.io.past_names]
+        for value in self._kv:
+            value.update_inplace(zeros)
+        self._copier = RowCopier(self.session.get_providers(), self.device, [v.data_ptr() for v in self._kv],
+                                 self._row_bytes)
 
     def _bind_rows(self, binding: ort.IOBinding, start: int, n: int) -> None:
         """Binds past and present of buffer rows [start, start + n) to the same memory, by address."""
         shape = [n, *self._shape[1:]]
-        for i, (past, present) in enumerate(zip(self.io.past_names, self.io.present_names)):
-            base = self._dev[i].data_ptr() if self._dev is not None else self._host[i].ctypes.data
-            ptr = base + start * self._row_bytes
+        for value, past, present in zip(self._kv, self.io.past_names, self.io.present_names):
+            ptr = value.data_ptr() + start * self._row_bytes
             binding.bind_input(past, self.device, 0, self.io.kv_dtype, shape, ptr)
             binding.bind_output(present, self.device, 0, self.io.kv_dtype, shape, ptr)
 
-    def _step_binding(self, n: int) -> tuple[ort.IOBinding, dict[str, np.ndarray]]:
-        """The binding of a decode step over rows [0, n), made once per row count: the buffers and
-        the step's small input and logits arrays are bound by address, so a step only writes the
-        inputs' values (binding 20 tensors per step cost more than the step's attention)."""
-        if n not in self._steps:
-            arrays = {"input_ids": np.zeros((n, 1), np.int64), "position_ids": np.zeros((n, 1), np.int64),
-                      "seqlens_k": np.zeros(n, np.int32), "total_sequence_length": np.zeros((), np.int32),
-                      "logits": np.zeros((n, 1, self.io.vocab_size), self.io.kv_dtype)}
-            binding = self.session.io_binding()
-            for name, a in arrays.items():
-                bind = binding.bind_output if name == "logits" else binding.bind_input
-                bind(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-            self._bind_rows(binding, 0, n)
-            self._steps[n] = (binding, arrays)
-        return self._steps[n]
+    def _step_io(self, n: int) -> _StepIO:
+        """The step binding for n active rows: exact on the plain session, a bucket with graphs."""
+        if self._graph_session is None:
+            key, session, total, options = n, self.session, None, None
+        else:
+            key = next(b for b in self.buckets() if b >= n)
+            session, total, options = self._graph_session, self.max_length, ort.RunOptions()
+            options.add_run_config_entry(GRAPH_ID_KEY, str(key))
+        if key not in self._steps:
+            self._steps[key] = _StepIO(session, self, key, total, options)
+        return self._steps[key]
+
+    def _run_plain(self, ids: np.ndarray, positions: np.ndarray, lengths_after: np.ndarray, start: int) -> np.ndarray:
+        """One `session.run` over rows [start, start + n) of the numpy buffers (device None)."""
+        n = ids.shape[0]
+        feeds = {"input_ids": ids, "position_ids": positions, "seqlens_k": (lengths_after - 1).astype(np.int32),
+                 "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
+                 **{name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host)}}
+        outputs = self.session.run(["logits", *self.io.present_names], feeds)
+        for buf, present in zip(self._host, outputs[1:]):
+            buf[start : start + n] = present
+        return outputs[0]
+
+    def _run_prefill(self, ids: np.ndarray, positions: np.ndarray, lengths: np.ndarray, start: int) -> np.ndarray:
+        """A prefill over rows [start, start + n): a fresh binding, so the bind-time copy of these
+        host inputs is the right one. -> logits (n, T, V) on the host."""
+        if self.device is None:
+            return self._run_plain(ids, positions, lengths, start)
+        binding = self.session.io_binding()
+        feeds = {"input_ids": ids, "position_ids": positions, "seqlens_k": (lengths - 1).astype(np.int32),
+                 "total_sequence_length": np.asarray(lengths.max(), np.int32)}
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output("logits", "cpu")
+        self._bind_rows(binding, start, ids.shape[0])
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
 
     def prefill(self, prompts: list[list[int]]) -> np.ndarray:
         """Prompts (each <= max_length tokens) -> their last-position logits (n, V); they become
@@ -108,8 +191,8 @@ class SlotCache:
         ids = np.zeros((n, int(lengths.max())), np.int64)  # (n, T), right-padded
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = p
-        positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape)
-        logits = self._run(ids, np.ascontiguousarray(positions), lengths, self.rows)  # (n, T, V)
+        positions = np.ascontiguousarray(np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape))
+        logits = self._run_prefill(ids, positions, lengths, self.rows)  # (n, T, V)
         self.lengths[self.rows : self.rows + n] = lengths
         self.rows += n
         return logits[np.arange(n), lengths - 1]  # (n, V)
@@ -121,27 +204,18 @@ class SlotCache:
         if int(lengths.max()) >= self.max_length:
             raise RuntimeError(f"a row would pass the model's context of {self.max_length} tokens")
         if self.device is None:
-            logits = self._run(np.asarray(tokens, np.int64)[:, None], lengths[:, None].copy(), lengths + 1, 0)[:, -1]
+            ids = np.asarray(tokens, np.int64)[:, None]
+            logits = self._run_plain(ids, lengths[:, None].copy(), lengths + 1, 0)[:, -1]
         else:
-            binding, a = self._step_binding(rows)
-            a["input_ids"][:, 0] = tokens
-            a["position_ids"][:, 0] = lengths
-            a["seqlens_k"][:] = lengths  # length after this token, minus one
-            a["total_sequence_length"][...] = lengths.max() + 1
-            self.session.run_with_iobinding(binding)
-            logits = a["logits"][:, -1]  # (B, V): overwritten by the next step
+            logits = self._step_io(rows).run(tokens, lengths)
         self.lengths[:rows] += 1
         return logits
 
     def keep(self, rows: list[int]) -> None:
         """Keeps these rows (ascending) as rows [0, len(rows)), moving each down to its new slot."""
         moves = [(dst, src) for dst, src in enumerate(rows) if dst != src]
-        if moves and self._dev is not None:  # device buffers: rearrange through the host (rows leave rarely)
-            host = [v.numpy() for v in self._dev]
-            for buf, dev in zip(host, self._dev):
-                for dst, src in moves:
-                    buf[dst] = buf[src]
-                dev.update_inplace(buf)
+        if moves and self._copier is not None:
+            self._copier.move(moves)
         elif moves:
             for buf in self._host:
                 for dst, src in moves:

@@ -8,7 +8,7 @@ hands a `Sequence` to the model's continuous-batching `Scheduler`; the returned 
   prompt + new tokens fit the model's context (`max_positions`) and at most `max_output_tokens`
   (manifest) are generated; a capped generation ends with finish reason "length".
 The KV cache is a buffer the graph updates in place (IO binding; on the GPU under CUDA), see
-batchcache.py.
+batchcache.py; with settings `cuda_graph` on CUDA, decode steps replay CUDA graphs.
 """
 
 from __future__ import annotations
@@ -67,11 +67,16 @@ class GenerationModel:
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "GenerationModel":
         m = model_dir.manifest
         variant = runtime.choose_variant(m, "decoder")
-        session = runtime.create_session(model_dir.file(m.graph("decoder", variant).file))
+        path = model_dir.file(m.graph("decoder", variant).file)
+        session = runtime.create_session(path)
         tokenizer = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
+        graph_session, why = runtime.create_graph_session(path)  # decode steps only; prefill stays plain
+        if graph_session is not None:
+            model.scheduler.cache.enable_graphs(graph_session)
+        log.info("generation model %s: CUDA graphs %s", model.name, why if graph_session else f"off: {why}")
         log.info("generation model %s: %d layers, %d heads x %d, context %d, kv %s %s, io_binding=%s", model.name,
                  model.io.n_layers, model.io.n_heads, model.io.head_dim, model.context, model.io.kv_dtype.__name__,
                  "buffer (in place)", model.scheduler.cache.device is not None)
