@@ -9,15 +9,22 @@ a bad model directory, strict provider fallback, a port in use).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import sys
 
 from service.settings import Settings
-from service.supervisor import Supervisor, configure_logging
+from service.supervisor import Supervisor, auto_workers, configure_logging
+
+log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_args(argv)
     configure_logging(settings.log_level)
+    if settings.workers == 0:
+        settings = dataclasses.replace(settings, workers=auto_workers(settings))
+        log.info("workers: %d (auto)", settings.workers)
     if settings.workers > 1:
         return Supervisor(settings).run()
     from service.server import run  # here, not at import: a supervisor never loads onnxruntime

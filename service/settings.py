@@ -42,7 +42,7 @@ class Settings:
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
     workers: int = _f(1, "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
-                      "1 = one process, no supervisor")
+                      "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)")
     # onnxruntime
     device: str = _f("auto", "auto (CUDA when present, else CPU) | cpu | cuda", choices=DEVICES)
     strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
@@ -81,11 +81,11 @@ class Settings:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 out.append(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        positive = ("workers", "intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_batch_tokens",
+        positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_batch_tokens",
                     "embed_max_batch_size", "embed_max_queue", "embed_max_inputs", "gen_max_batch",
                     "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch", "translate_max_beam")
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
-        non_negative = ("port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length")
+        non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")

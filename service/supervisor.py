@@ -51,6 +51,32 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 1.0, 30.0
 CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_SECONDS = 5, 60.0
 KILL_AFTER_GRACE_SECONDS = 15.0
+MAX_AUTO_WORKERS = 8  # every worker holds its own copy of every model
+
+
+def auto_workers(settings: Settings) -> int:
+    """`--workers 0`: 1 where CUDA runs the models (one GPU context and copy of the weights per
+    process); on a CPU, as many workers as the cores hold `compute_workers x intra_op_threads`
+    threads each, at most MAX_AUTO_WORKERS. docs/design/workers.md has the measurements."""
+    if settings.device == "cuda":
+        return 1
+    if settings.device == "auto":
+        import onnxruntime  # only here: a supervisor with an explicit count never loads it
+
+        if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            return 1
+    threads = settings.compute_workers * settings.intra_op_threads
+    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // threads))
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 quota (a container's CPU limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))
 
 
 def configure_logging(level: str, tag: str = "") -> None:
@@ -139,6 +165,11 @@ class Supervisor:
             log.error("cannot start: %s", e)
             return 1
         port = hold.getsockname()[1]
+        s = self.settings
+        if s.device != "cuda" and s.workers * s.compute_workers * s.intra_op_threads > usable_cores():
+            log.warning("%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
+                        "they will contend (lower --compute-workers)", s.workers, s.compute_workers,
+                        s.intra_op_threads, usable_cores())
         log.info("gRPC listening on %s:%d (%d workers, SO_REUSEPORT)", self.settings.host, port, self.settings.workers)
         self.worker_settings = dataclasses.replace(self.settings, port=port, metrics_port=-1)
         wake_r, wake_w = os.pipe()

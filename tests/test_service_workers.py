@@ -7,6 +7,7 @@ the supervisor exits 0; a group that cannot start exits 1 instead of restarting 
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import re
 import signal
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.client import embed_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
+from service.settings import Settings
 from service.textgen.client import generate_request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,3 +183,15 @@ def test_workers_refuse_a_port_in_use(embed_models_root):
                "--metrics-port", "-1", "--workers", "2"]
         result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
+
+
+def test_auto_workers_follow_device_and_cores():
+    from service.supervisor import MAX_AUTO_WORKERS, auto_workers, usable_cores
+
+    assert auto_workers(Settings.from_env(env={}, workers=0, device="cuda")) == 1
+    cpu = Settings.from_env(env={}, workers=0, device="cpu", compute_workers=1, intra_op_threads=1)
+    assert auto_workers(cpu) == min(MAX_AUTO_WORKERS, usable_cores())
+    wide = dataclasses.replace(cpu, compute_workers=usable_cores() + 1)
+    assert auto_workers(wide) == 1  # never fewer than one process
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        Settings.from_env(env={"TS_WORKERS": "-1"})
