@@ -14,7 +14,8 @@ import logging
 import sys
 
 from service.settings import Settings
-from service.supervisor import Supervisor, auto_workers, configure_logging
+from service.supervisor import Supervisor
+from service.worker import auto_workers, configure_logging
 
 log = logging.getLogger("service")
 

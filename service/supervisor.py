@@ -18,12 +18,11 @@ kernel hands each new TCP connection to one listening worker). Gunicorn's arbite
 - metrics: prometheus_client multiprocess mode. PROMETHEUS_MULTIPROC_DIR (yours, emptied at start,
   or a fresh temporary folder removed at exit) holds every worker's samples; the supervisor serves
   their aggregate on the metrics port and marks an exited worker dead (its live gauges vanish).
-A worker whose supervisor vanishes (its pipe closes) drains and exits.
+A worker whose supervisor vanishes (its pipe closes) drains and exits (service/worker.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import multiprocessing
@@ -31,7 +30,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections import deque
@@ -43,44 +41,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from service.settings import Settings
+from service.worker import usable_cores, worker_main
 
 log = logging.getLogger(__name__)
 
-LOG_FORMAT = "%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 1.0, 30.0
 CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_SECONDS = 5, 60.0
 KILL_AFTER_GRACE_SECONDS = 15.0
-MAX_AUTO_WORKERS = 8  # every worker holds its own copy of every model
-
-
-def auto_workers(settings: Settings) -> int:
-    """`--workers 0`: 1 where CUDA runs the models (one GPU context and copy of the weights per
-    process); on a CPU, as many workers as the cores hold `compute_workers x intra_op_threads`
-    threads each, at most MAX_AUTO_WORKERS. docs/design/workers.md has the measurements."""
-    if settings.device == "cuda":
-        return 1
-    if settings.device == "auto":
-        import onnxruntime  # only here: a supervisor with an explicit count never loads it
-
-        if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-            return 1
-    threads = settings.compute_workers * settings.intra_op_threads
-    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // threads))
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on: its affinity, capped by a cgroup v2 quota (a container's CPU limit)."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-    except (OSError, ValueError):
-        return cores
-    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))
-
-
-def configure_logging(level: str, tag: str = "") -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT.format(tag=tag))
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -100,25 +68,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
     except OSError as e:
         raise OSError(f"cannot bind gRPC to {host}:{port} ({e})") from e
     return hold
-
-
-def worker_main(settings: Settings, index: int, conn: Connection) -> None:
-    """A worker process: one server on the shared port; tells the supervisor when it serves."""
-    configure_logging(settings.log_level, tag=f"[worker {index} pid {os.getpid()}] ")
-    from service.server import run  # here, not at import: the supervisor never loads onnxruntime
-
-    def on_ready(server) -> None:
-        conn.send(("ready", os.getpid()))
-        asyncio.get_running_loop().add_reader(conn.fileno(), _on_supervisor_closed, server, conn)
-
-    sys.exit(run(settings, worker=index, on_ready=on_ready))
-
-
-def _on_supervisor_closed(server, conn: Connection) -> None:
-    """The pipe turned readable: the supervisor never writes, so it has gone (EOF): drain and exit."""
-    asyncio.get_running_loop().remove_reader(conn.fileno())
-    log.warning("supervisor gone; draining")
-    server.shutdown()
 
 
 @dataclasses.dataclass
@@ -250,7 +199,8 @@ class Supervisor:
             return  # it exited before reporting; its sentinel says so
         worker.ready = True
         log.info("worker %d ready (pid %d)", worker.index, worker.process.pid)
-        if not self.served and all(w.ready for w in self.workers.values()) and len(self.workers) == self.settings.workers:
+        group = self.workers.values()
+        if not self.served and len(group) == self.settings.workers and all(w.ready for w in group):
             self.served = True
             log.info("all %d workers serving on %s:%d", len(self.workers), self.settings.host,
                      self.worker_settings.port)

@@ -130,7 +130,7 @@ def test_a_killed_worker_is_restarted_and_counted(group):
     victim = group.pid(1)
     subprocess.run(["kill", "-KILL", str(victim)], check=True)
     group.wait_for(rf"worker 1 \(pid {victim}\) exited")
-    group.wait_for(r"worker 1 ready \(pid (?!%d\))\d+\)" % victim)
+    group.wait_for(rf"worker 1 ready \(pid (?!{victim}\))\d+\)")
     metrics = group.metrics()
     assert metrics[("ts_worker_restarts_total", ())] == restarts + 1
     assert metrics[("ts_workers_ready", ())] == 2
@@ -147,7 +147,8 @@ def test_sigterm_drains_every_worker_and_exits_0(tiny_models_root):
         embed_stream = pb_grpc.EmbeddingServiceStub(channel).EmbedStream(iter(inbox.get, None))
         inbox.put(embed_request(["before the signal"], request_id="1"))
         assert next(embed_stream).request_id == "1"
-        stream = pb_grpc.GenerationServiceStub(channel).GenerateStream(generate_request("Once upon a", max_new_tokens=100))
+        generation = pb_grpc.GenerationServiceStub(channel)
+        stream = generation.GenerateStream(generate_request("Once upon a", max_new_tokens=100))
         chunks = [next(stream)]
 
         group.proc.send_signal(signal.SIGTERM)
@@ -169,7 +170,7 @@ def test_sigterm_drains_every_worker_and_exits_0(tiny_models_root):
 def test_a_group_that_cannot_start_exits_1_without_restarting(tmp_path):
     cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1",
            "--workers", "2"]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "no model directories" in result.stderr
     assert "restarting worker" not in result.stderr
 
@@ -181,12 +182,12 @@ def test_workers_refuse_a_port_in_use(embed_models_root):
         port = taken.getsockname()[1]
         cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", str(port),
                "--metrics-port", "-1", "--workers", "2"]
-        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
 
 
 def test_auto_workers_follow_device_and_cores():
-    from service.supervisor import MAX_AUTO_WORKERS, auto_workers, usable_cores
+    from service.worker import MAX_AUTO_WORKERS, auto_workers, usable_cores
 
     assert auto_workers(Settings.from_env(env={}, workers=0, device="cuda")) == 1
     cpu = Settings.from_env(env={}, workers=0, device="cpu", compute_workers=1, intra_op_threads=1)
