@@ -103,22 +103,22 @@ class Supervisor:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def _run(self, metrics_dir: Path) -> int:
-        for stale in metrics_dir.glob("*.db"):
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        for stale in metrics_dir.glob("*.db"):  # a previous run's samples would be summed in
             stale.unlink()
         os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every worker
         self.metrics_dir = metrics_dir
+        hold = metrics_server = None
         try:
             hold = reserve_port(self.settings.host, self.settings.port)
             metrics_server = self._start_metrics()
         except OSError as e:
             log.error("cannot start: %s", e)
+            if hold is not None:
+                hold.close()
             return 1
         port = hold.getsockname()[1]
-        s = self.settings
-        if s.device != "cuda" and s.workers * s.compute_workers * s.intra_op_threads > usable_cores():
-            log.warning("%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
-                        "they will contend (lower --compute-workers)", s.workers, s.compute_workers,
-                        s.intra_op_threads, usable_cores())
+        self._warn_if_oversubscribed()
         log.info("gRPC listening on %s:%d (%d workers, SO_REUSEPORT)", self.settings.host, port, self.settings.workers)
         self.worker_settings = dataclasses.replace(self.settings, port=port, metrics_port=-1)
         wake_r, wake_w = os.pipe()
@@ -140,6 +140,13 @@ class Supervisor:
                 metrics_server.server_close()
         log.info("all workers stopped; exit %d", self.exit_code)
         return self.exit_code
+
+    def _warn_if_oversubscribed(self) -> None:
+        s, cores = self.settings, usable_cores()
+        if s.device != "cuda" and s.workers * s.compute_workers * s.intra_op_threads > cores:
+            log.warning("%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
+                        "they will contend (lower --compute-workers)", s.workers, s.compute_workers,
+                        s.intra_op_threads, cores)
 
     def _start_metrics(self):
         if self.settings.metrics_port < 0:
