@@ -8,6 +8,7 @@ the supervisor exits 0; a group that cannot start exits 1 instead of restarting 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import queue
 import re
 import signal
@@ -196,3 +197,29 @@ def test_auto_workers_follow_device_and_cores():
     assert auto_workers(wide) == 1  # never fewer than one process
     with pytest.raises(ValueError, match="workers must be >= 0"):
         Settings.from_env(env={"TS_WORKERS": "-1"})
+
+
+def test_restarts_back_off_and_a_crash_loop_stops_the_group(tmp_path):
+    """The restart policy alone, on exits of stand-in processes (the real kill is tested above)."""
+    from service import supervisor as sv
+
+    class Exited:  # what the supervisor reads of a process that has exited
+        pid, exitcode, sentinel = 999_999, -9, -1
+
+        def join(self) -> None:
+            pass
+
+    group = sv.Supervisor(Settings.from_env(env={}, workers=2))
+    group.metrics_dir, group.served = tmp_path, True
+    delays = []
+    for _ in range(sv.CRASH_LOOP_RESTARTS):
+        mine, _theirs = multiprocessing.Pipe()
+        group.workers[0] = sv.Worker(0, Exited(), mine, ready=True)
+        start = time.monotonic()
+        group._on_exit(group.workers[0])
+        delays.append(round(group.restart_at.pop(0) - start))
+    assert delays == [1, 2, 4, 8, 16] and group.stop_deadline is None
+    mine, _theirs = multiprocessing.Pipe()
+    group.workers[0] = sv.Worker(0, Exited(), mine, ready=True)
+    group._on_exit(group.workers[0])  # one exit more within the window: a crash loop
+    assert group.stop_deadline is not None and group.exit_code == 1 and not group.restart_at
