@@ -83,7 +83,7 @@ class Server:
                 await registry.start()
             else:
                 await registry.start()
-                await server._bind()
+                await server._bind(health_pb2.HealthCheckResponse.SERVING)  # warm: SERVING from its first call
         except BaseException:
             await server.shutdown(grace=0)
             raise
@@ -91,7 +91,7 @@ class Server:
         log.info("serving %d model(s) on %s", len(list(registry)), server.address)
         return server
 
-    async def _bind(self) -> None:
+    async def _bind(self, status: int = health_pb2.HealthCheckResponse.NOT_SERVING) -> None:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
         textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
@@ -99,7 +99,7 @@ class Server:
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.grpc)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._set_health(status)
         try:
             self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
         except RuntimeError as e:  # grpc's "Failed to bind": port in use, bad address

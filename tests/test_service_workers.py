@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import embed_request
@@ -122,6 +123,13 @@ def test_calls_reach_both_workers_and_metrics_sum_across_them(group):
     assert sum(per_worker) == 24 and min(per_worker) > 0, per_worker
     assert after[("ts_workers_ready", ())] == 2
     assert after[("ts_queue_capacity", (("model", "tiny-embed"),))] == 2 * 2048  # livesum of both workers
+
+
+def test_health_on_any_connection_is_serving(group):
+    for _ in range(8):  # connections land on either worker; each answers for itself
+        with own_channel(group.address) as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert check.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_a_killed_worker_is_restarted_and_counted(group):
