@@ -144,6 +144,7 @@ def test_a_killed_worker_is_restarted_and_counted(group):
     assert metrics[("ts_worker_restarts_total", ())] == restarts + 1
     assert metrics[("ts_workers_ready", ())] == 2
     assert embed_calls(metrics) == served  # the dead worker's counts are kept
+    assert metrics[("ts_queue_capacity", (("model", "tiny-embed"),))] == 2 * 2048  # its live gauges are not
     embed_on_new_connections(group.address, 8)
     assert embed_calls(group.metrics()) == served + 8
 
