@@ -1,6 +1,7 @@
 """`python -m service`: run the gRPC service (flags and TS_* variables: service/settings.py).
 
     python -m service --models models --host 127.0.0.1 --port 50051 --metrics-port 9464
+    python -m service --workers 2 ...     # 2 serving processes on one port (service/supervisor.py)
 
 Exits 0 after a graceful SIGTERM / SIGINT shutdown, 1 when it cannot start (the log says why:
 a bad model directory, strict provider fallback, a port in use).
@@ -8,28 +9,28 @@ a bad model directory, strict provider fallback, a port in use).
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import sys
 
-from service.manifest import ModelDirError
-from service.registry import ModelLoadError
-from service.runtime import ProviderError
-from service.server import serve
 from service.settings import Settings
+from service.supervisor import Supervisor
+from service.worker import auto_workers, configure_logging
 
 log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_args(argv)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return asyncio.run(serve(settings))
-    except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
-        log.error("cannot start: %s", e)
-        return 1
+    configure_logging(settings.log_level)
+    if settings.workers == 0:
+        settings = dataclasses.replace(settings, workers=auto_workers(settings))
+        log.info("workers: %d (auto)", settings.workers)
+    if settings.workers > 1:
+        return Supervisor(settings).run()
+    from service.server import run  # here, not at import: a supervisor never loads onnxruntime
+
+    return run(settings)
 
 
 if __name__ == "__main__":

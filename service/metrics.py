@@ -4,6 +4,12 @@ The names are public (dashboards and alerts in deploy/ use them). Series shared 
 kind live here; generation-only series live in service/textgen/metrics.py and reuse the buckets.
 All metrics are registered on prometheus_client's default registry, served over HTTP on their own
 port by `start_metrics_server` (port 0 picks a free port; the port actually bound is returned).
+
+With several worker processes (service/supervisor.py) prometheus_client runs in multiprocess mode:
+each worker writes its samples to files in PROMETHEUS_MULTIPROC_DIR and the supervisor serves their
+aggregate. Counters and histograms add up; each gauge says how (`multiprocess_mode`): "livesum"
+for amounts the workers hold side by side (queue items, capacity, generations in flight), "livemax"
+for the 1-per-model info gauge; "live" drops the values of a worker once it has exited.
 """
 
 from __future__ import annotations
@@ -32,8 +38,11 @@ QUEUE_DURATION = Histogram(
     "ts_queue_duration_seconds", "time an item waited in a model's queue before its batch ran",
     ["model"], buckets=LATENCY_BUCKETS,
 )
-QUEUE_DEPTH = Gauge("ts_queue_depth", "items waiting in a model's queue", ["model"])
-QUEUE_CAPACITY = Gauge("ts_queue_capacity", "most items a model's queue holds before RESOURCE_EXHAUSTED", ["model"])
+QUEUE_DEPTH = Gauge("ts_queue_depth", "items waiting in a model's queue", ["model"], multiprocess_mode="livesum")
+QUEUE_CAPACITY = Gauge(
+    "ts_queue_capacity", "most items a model's queue holds before RESOURCE_EXHAUSTED", ["model"],
+    multiprocess_mode="livesum",
+)
 BATCH_SIZE = Histogram("ts_batch_size", "rows per model forward pass", ["model"], buckets=BATCH_SIZE_BUCKETS)
 BATCH_TOKENS = Histogram(
     "ts_batch_tokens", "tokens per forward pass, padding counted (rows x longest row)", ["model"],
@@ -42,7 +51,7 @@ BATCH_TOKENS = Histogram(
 TOKENS = Counter("ts_tokens", "tokens read (input) and generated (output)", ["model", "direction"])
 MODEL_INFO = Gauge(
     "ts_model_info", "1 per served model; labels say what runs where",
-    ["model", "kind", "provider", "variant", "requested_provider"],
+    ["model", "kind", "provider", "variant", "requested_provider"], multiprocess_mode="livemax",
 )
 INFERENCE_DURATION = Histogram(
     "ts_inference_duration_seconds", "wall time of one model forward pass (one batch)", ["model"],
@@ -51,6 +60,10 @@ INFERENCE_DURATION = Histogram(
 DROPPED = Counter(
     "ts_dropped_items", "queued items dropped before compute because their call was cancelled or expired",
     ["model", "reason"],
+)
+WORKER_RPCS = Counter(
+    "ts_worker_rpcs", "RPCs accepted by each worker process (health checks aside); only with --workers > 1",
+    ["worker"],
 )
 
 

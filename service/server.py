@@ -9,6 +9,10 @@ Lifecycle (`Server.start` then `Server.shutdown`):
    health NOT_SERVING at once (`enter_graceful_shutdown`), new calls refused with UNAVAILABLE,
    in-flight calls finish within `grace_seconds` (`server.stop(grace)`), the models' queues drain,
    and `serve()` returns 0. (grpc `examples/python/route_guide/asyncio_route_guide_server.py`.)
+
+As one of several worker processes (`worker` = its index, service/supervisor.py) the server shares
+its port with the others (SO_REUSEPORT), warms up *before* it binds so the kernel never hands a
+connection to a cold worker, counts its calls per worker, and serves no metrics itself.
 """
 
 from __future__ import annotations
@@ -16,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service import metrics
+from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
-from service.registry import ModelRegistry
-from service.runtime import Runtime
+from service.registry import ModelLoadError, ModelRegistry
+from service.runtime import ProviderError, Runtime
 from service.servicers import EmbeddingServicer, ModelServicer
 from service.settings import Settings
 from service.textgen import servicers as textgen_servicers
@@ -40,12 +46,15 @@ SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generati
 class Server:
     """A running service; `address`, `port` and `metrics_port` are the ones actually bound."""
 
-    def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry):
-        self.settings, self.runtime, self.registry = settings, runtime, registry
-        self.grpc = grpc.aio.server(options=[
+    def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry, worker: int | None = None):
+        self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
+        interceptors = [] if worker is None else [_CountCalls(metrics.WORKER_RPCS.labels(str(worker)))]
+        self.grpc = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            # grpc sets SO_REUSEPORT by default on Linux, so a second server on a taken port would
+            # silently share it; one process refuses a taken port, workers share theirs on purpose.
+            ("grpc.so_reuseport", 0 if worker is None else 1),
         ])
         self.health = health.aio.HealthServicer()
         self.port = 0
@@ -59,18 +68,22 @@ class Server:
         return f"{self.settings.host}:{self.port}"
 
     @classmethod
-    async def start(cls, settings: Settings) -> "Server":
-        """Loads, binds, warms up; returns once every model serves (raises if one cannot)."""
+    async def start(cls, settings: Settings, worker: int | None = None) -> "Server":
+        """Loads, binds, warms up (a worker: warms up, then binds); returns once every model serves."""
         runtime = Runtime(settings)
         try:
             registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime)
         except BaseException:
             runtime.close()
             raise
-        server = cls(settings, runtime, registry)
+        server = cls(settings, runtime, registry, worker)
         try:
-            await server._bind()
-            await registry.start()
+            if worker is None:
+                await server._bind()
+                await registry.start()
+            else:
+                await registry.start()
+                await server._bind(health_pb2.HealthCheckResponse.SERVING)  # warm: SERVING from its first call
         except BaseException:
             await server.shutdown(grace=0)
             raise
@@ -78,7 +91,7 @@ class Server:
         log.info("serving %d model(s) on %s", len(list(registry)), server.address)
         return server
 
-    async def _bind(self) -> None:
+    async def _bind(self, status: int = health_pb2.HealthCheckResponse.NOT_SERVING) -> None:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
         textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
@@ -86,7 +99,7 @@ class Server:
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.grpc)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._set_health(status)
         try:
             self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
         except RuntimeError as e:  # grpc's "Failed to bind": port in use, bad address
@@ -138,9 +151,35 @@ def _on_signal(server: Server, sig: signal.Signals) -> None:
     server.shutdown()
 
 
-async def serve(settings: Settings) -> int:
-    """Runs the service until a signal stops it; returns the process exit code."""
-    server = await Server.start(settings)
+async def serve(settings: Settings, worker: int | None = None,
+                on_ready: Callable[[Server], None] | None = None) -> int:
+    """Runs the service until a signal stops it; returns the process exit code.
+
+    on_ready(server) is called once it serves (a worker tells its supervisor)."""
+    server = await Server.start(settings, worker)
     install_signal_handlers(server)
+    if on_ready is not None:
+        on_ready(server)
     await server.stopped.wait()
     return 0
+
+
+def run(settings: Settings, worker: int | None = None, on_ready: Callable[[Server], None] | None = None) -> int:
+    """`serve` in a fresh event loop; 1 with the reason logged when the service cannot start."""
+    try:
+        return asyncio.run(serve(settings, worker, on_ready))
+    except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+
+
+class _CountCalls(grpc.aio.ServerInterceptor):
+    """Counts the RPCs one worker accepts (health checks aside): shows how connections spread."""
+
+    def __init__(self, counter):
+        self._counter = counter
+
+    async def intercept_service(self, continuation, handler_call_details):
+        if not handler_call_details.method.startswith("/grpc.health."):
+            self._counter.inc()
+        return await continuation(handler_call_details)

@@ -41,6 +41,8 @@ class Settings:
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message accepted or sent, in bytes")
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
+    workers: int = _f(1, "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
+                      "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)")
     # onnxruntime
     device: str = _f("auto", "auto (CUDA when present, else CPU) | cpu | cuda", choices=DEVICES)
     strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
@@ -86,7 +88,7 @@ class Settings:
                     "gen_max_batch", "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch",
                     "translate_max_beam")
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
-        non_negative = ("port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
+        non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
                         "embed_max_batch_tokens", "embed_max_batch_size")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
         if self.metrics_port < -1:

@@ -21,7 +21,8 @@ INTER_TOKEN_LATENCY = Histogram(
     "ts_inter_token_latency_seconds", "time between consecutive tokens of one generation", ["model"],
     buckets=LATENCY_BUCKETS,
 )
-IN_FLIGHT = Gauge("ts_generations_in_flight", "generations queued or running (cache rows not yet freed)", ["model"])
+IN_FLIGHT = Gauge("ts_generations_in_flight", "generations queued or running (cache rows not yet freed)", ["model"],
+                  multiprocess_mode="livesum")
 GENERATION_BATCH_SIZE = Histogram(
     "ts_generation_batch_size", "rows in one decode step of a generation model", ["model"],
     buckets=BATCH_SIZE_BUCKETS,

@@ -69,8 +69,9 @@ def test_deployment_is_production_shaped(overlay):
     (container,) = pod["containers"]
     env = env_of(container)
     limits = container["resources"]["limits"]
-    # Threads fill the CPU limit exactly: compute workers x intra-op threads.
-    assert int(env["TS_COMPUTE_WORKERS"]) * int(env["TS_INTRA_OP_THREADS"]) == cpus(limits["cpu"])
+    # Threads fill the CPU limit exactly: worker processes x compute workers x intra-op threads.
+    threads = int(env["TS_WORKERS"]) * int(env["TS_COMPUTE_WORKERS"]) * int(env["TS_INTRA_OP_THREADS"])
+    assert threads == cpus(limits["cpu"])
     assert container["resources"]["requests"]["cpu"] == limits["cpu"]
     # SIGKILL comes only after preStop + the server's drain.
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]

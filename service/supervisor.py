@@ -1,0 +1,273 @@
+"""`--workers N` (N > 1): N serving processes on one gRPC port under one supervisor process.
+
+A Python event loop and the GIL cap one process at about one core of serving work; N processes,
+each with its own onnxruntime sessions and executor, share one port through SO_REUSEPORT (the
+kernel hands each new TCP connection to one listening worker). Gunicorn's arbiter, in short:
+- the supervisor reserves the port (port 0: a free one, logged) and starts the workers with
+  `multiprocessing` "spawn" (a fresh interpreter: no grpc or onnxruntime state crosses a fork);
+- a worker loads and warms its models, *then* binds the port, then reports ready over its pipe;
+  the supervisor logs "all N workers serving on HOST:PORT" once every worker has reported;
+- SIGTERM / SIGINT: the supervisor passes SIGTERM to every worker (each drains as a single server
+  does: health NOT_SERVING, UNAVAILABLE for new calls, accepted calls finish within the grace
+  period) and exits 0 when all of them exited 0, 1 otherwise (a worker still running `grace + 15`
+  seconds later is killed);
+- a worker that exits while the group serves is restarted after a backoff (1 s, doubling, at most
+  30 s) and counted in `ts_worker_restarts_total`; more than 5 restarts in 60 s is a crash loop:
+  the supervisor stops the group and exits 1. A worker that fails before the group first served
+  (bad model directory, port) stops the group at once: exit 1, as a single process would;
+- metrics: prometheus_client multiprocess mode. PROMETHEUS_MULTIPROC_DIR (yours, emptied at start,
+  or a fresh temporary folder removed at exit) holds every worker's samples; the supervisor serves
+  their aggregate on the metrics port and marks an exited worker dead (its live gauges vanish).
+A worker whose supervisor vanishes (its pipe closes) drains and exits (service/worker.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from service.settings import Settings
+from service.worker import usable_cores, worker_main
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 1.0, 30.0
+CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_SECONDS = 5, 60.0
+KILL_AFTER_GRACE_SECONDS = 15.0
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, never listening SO_REUSEPORT socket holding host:port (port 0: a free one) for the workers.
+
+    A plain bind first: it fails when anyone holds the port, where SO_REUSEPORT alone could join a
+    stranger's group. Only listening sockets get connections, so the reservation gets none."""
+    family, _, _, _, address = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                                  flags=socket.AI_PASSIVE)[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(address)
+            chosen = probe.getsockname()[1]
+        hold = socket.socket(family, socket.SOCK_STREAM)
+        hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        hold.bind((address[0], chosen, *address[2:]))
+    except OSError as e:
+        raise OSError(f"cannot bind gRPC to {host}:{port} ({e})") from e
+    return hold
+
+
+@dataclasses.dataclass
+class Worker:
+    index: int
+    process: multiprocessing.Process
+    conn: Connection  # the supervisor's end of the worker's pipe
+    ready: bool = False
+
+
+class Supervisor:
+    """Runs the group until a signal or a crash loop stops it; `run()` returns the exit code."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.workers: dict[int, Worker] = {}
+        self.restart_at: dict[int, float] = {}  # index -> monotonic time of its scheduled restart
+        self.crashes: deque[float] = deque()  # monotonic times of recent worker exits
+        self.restarts = 0
+        self.served = False  # every worker reported ready at least once
+        self.stop_deadline: float | None = None
+        self.exit_code = 0
+        self._signal: int | None = None
+        self._spawn = multiprocessing.get_context("spawn")
+
+    def run(self) -> int:
+        own_dir = MULTIPROC_ENV not in os.environ
+        metrics_dir = Path(tempfile.mkdtemp(prefix="ts-metrics-") if own_dir else os.environ[MULTIPROC_ENV])
+        try:
+            return self._run(metrics_dir)
+        finally:
+            if own_dir:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def _run(self, metrics_dir: Path) -> int:
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        for stale in metrics_dir.glob("*.db"):  # a previous run's samples would be summed in
+            stale.unlink()
+        os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every worker
+        self.metrics_dir = metrics_dir
+        hold = metrics_server = None
+        try:
+            hold = reserve_port(self.settings.host, self.settings.port)
+            metrics_server = self._start_metrics()
+        except OSError as e:
+            log.error("cannot start: %s", e)
+            if hold is not None:
+                hold.close()
+            return 1
+        port = hold.getsockname()[1]
+        self._warn_if_oversubscribed()
+        log.info("gRPC listening on %s:%d (%d workers, SO_REUSEPORT)", self.settings.host, port, self.settings.workers)
+        self.worker_settings = dataclasses.replace(self.settings, port=port, metrics_port=-1)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            for index in range(self.settings.workers):
+                self._start_worker(index)
+            while self.workers or (self.restart_at and self.stop_deadline is None):
+                self._step(wake_r)
+        finally:
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r), os.close(wake_w)
+            hold.close()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
+        log.info("all workers stopped; exit %d", self.exit_code)
+        return self.exit_code
+
+    def _warn_if_oversubscribed(self) -> None:
+        s, cores = self.settings, usable_cores()
+        if s.device != "cuda" and s.workers * s.compute_workers * s.intra_op_threads > cores:
+            log.warning("%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
+                        "they will contend (lower --compute-workers)", s.workers, s.compute_workers,
+                        s.intra_op_threads, cores)
+
+    def _start_metrics(self):
+        if self.settings.metrics_port < 0:
+            return None
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.metrics_dir))
+        registry.register(_SupervisorCollector(self))
+        server, _thread = start_http_server(self.settings.metrics_port, addr=self.settings.metrics_address,
+                                            registry=registry)
+        log.info("metrics on http://%s:%d/metrics (all workers)", self.settings.metrics_address, server.server_port)
+        return server
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self._signal = signum  # handled in _step: no logging or process work inside a signal handler
+
+    def _start_worker(self, index: int) -> None:
+        mine, theirs = multiprocessing.Pipe()
+        process = self._spawn.Process(target=worker_main, args=(self.worker_settings, index, theirs),
+                                      name=f"ts-worker-{index}")
+        process.start()
+        theirs.close()
+        self.workers[index] = Worker(index, process, mine)
+        log.info("worker %d started (pid %d)", index, process.pid)
+
+    def _step(self, wake_r: int) -> None:
+        """Waits for a worker message or exit, a signal or a due restart, and handles what came."""
+        now = time.monotonic()
+        due = [t for t in (*self.restart_at.values(), self.stop_deadline) if t is not None]
+        timeout = max(0.0, min(due, default=now + 1.0) - now)
+        watched = {w.process.sentinel: w for w in self.workers.values()}
+        pipes = {w.conn: w for w in self.workers.values() if not w.ready}
+        fired = wait([wake_r, *watched, *pipes], timeout=min(timeout, 1.0))
+        if wake_r in fired:
+            os.read(wake_r, 512)
+        for obj in fired:
+            if obj in pipes:
+                self._on_message(pipes[obj])
+        for obj in fired:
+            if obj in watched:
+                self._on_exit(watched[obj])
+        if self._signal is not None:
+            log.info("received %s; draining %d worker(s)", signal.Signals(self._signal).name, len(self.workers))
+            self._signal = None
+            self._stop(exit_code=0)
+        self._restart_due()
+        if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
+            for worker in self.workers.values():
+                log.error("worker %d (pid %d) still running after the grace period; killing it",
+                          worker.index, worker.process.pid)
+                worker.process.kill()
+            self.exit_code, self.stop_deadline = 1, float("inf")
+
+    def _on_message(self, worker: Worker) -> None:
+        try:
+            worker.conn.recv()
+        except (EOFError, OSError):
+            return  # it exited before reporting; its sentinel says so
+        worker.ready = True
+        log.info("worker %d ready (pid %d)", worker.index, worker.process.pid)
+        group = self.workers.values()
+        if not self.served and len(group) == self.settings.workers and all(w.ready for w in group):
+            self.served = True
+            log.info("all %d workers serving on %s:%d", len(self.workers), self.settings.host,
+                     self.worker_settings.port)
+
+    def _on_exit(self, worker: Worker) -> None:
+        worker.process.join()
+        code = worker.process.exitcode
+        del self.workers[worker.index]
+        worker.conn.close()
+        mark_process_dead(worker.process.pid, str(self.metrics_dir))
+        if self.stop_deadline is not None:
+            log.info("worker %d (pid %d) exited with %s", worker.index, worker.process.pid, code)
+            if code != 0:
+                self.exit_code = 1
+            return
+        log.error("worker %d (pid %d) exited with %s", worker.index, worker.process.pid, code)
+        if not self.served:
+            log.error("cannot start: worker %d failed before the group served", worker.index)
+            self._stop(exit_code=1)
+            return
+        now = time.monotonic()
+        self.crashes.append(now)
+        while self.crashes and self.crashes[0] < now - CRASH_LOOP_WINDOW_SECONDS:
+            self.crashes.popleft()
+        if len(self.crashes) > CRASH_LOOP_RESTARTS:
+            log.error("crash loop: %d worker exits in %.0f s; stopping", len(self.crashes), CRASH_LOOP_WINDOW_SECONDS)
+            self._stop(exit_code=1)
+            return
+        delay = min(MAX_BACKOFF_SECONDS, BACKOFF_SECONDS * 2 ** (len(self.crashes) - 1))
+        log.info("restarting worker %d in %.1f s", worker.index, delay)
+        self.restart_at[worker.index] = now + delay
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for index, at in list(self.restart_at.items()):
+            if at <= now and self.stop_deadline is None:
+                del self.restart_at[index]
+                self.restarts += 1
+                self._start_worker(index)
+
+    def _stop(self, exit_code: int) -> None:
+        """SIGTERM to every worker once; later calls only raise the exit code."""
+        self.exit_code = max(self.exit_code, exit_code)
+        if self.stop_deadline is not None:
+            return
+        self.stop_deadline = time.monotonic() + self.settings.grace_seconds + KILL_AFTER_GRACE_SECONDS
+        self.restart_at.clear()
+        for worker in self.workers.values():
+            worker.process.terminate()
+
+
+class _SupervisorCollector:
+    """The supervisor's own series, read from its state at scrape time (no multiprocess files)."""
+
+    def __init__(self, supervisor: Supervisor):
+        self._supervisor = supervisor
+
+    def collect(self):
+        sup = self._supervisor
+        yield CounterMetricFamily("ts_worker_restarts", "worker processes restarted after they exited",
+                                  value=sup.restarts)
+        yield GaugeMetricFamily("ts_workers_ready", "worker processes serving (warm, on the port)",
+                                value=sum(w.ready for w in list(sup.workers.values())))

@@ -1,0 +1,71 @@
+"""One serving process of a `--workers` group (service/supervisor.py), and how many to run.
+
+`worker_main` is the entry point the supervisor spawns: it logs with a `[worker I pid P]` tag,
+runs the ordinary server (service/server.py) as worker I, tells the supervisor over its pipe once
+it serves, and drains when that pipe closes (the supervisor has gone).
+`auto_workers` is `--workers 0`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"
+MAX_AUTO_WORKERS = 8  # every worker holds its own copy of every model
+
+
+def configure_logging(level: str, tag: str = "") -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT.format(tag=tag))
+
+
+def worker_main(settings: Settings, index: int, conn: Connection) -> None:
+    """A worker process: one server on the shared port; tells the supervisor when it serves."""
+    configure_logging(settings.log_level, tag=f"[worker {index} pid {os.getpid()}] ")
+    from service.server import run  # here, not at import: the supervisor never loads onnxruntime
+
+    def on_ready(server) -> None:
+        conn.send(("ready", os.getpid()))
+        asyncio.get_running_loop().add_reader(conn.fileno(), _on_supervisor_closed, server, conn)
+
+    sys.exit(run(settings, worker=index, on_ready=on_ready))
+
+
+def _on_supervisor_closed(server, conn: Connection) -> None:
+    """The pipe turned readable: the supervisor never writes, so it has gone (EOF): drain and exit."""
+    asyncio.get_running_loop().remove_reader(conn.fileno())
+    log.warning("supervisor gone; draining")
+    server.shutdown()
+
+
+def auto_workers(settings: Settings) -> int:
+    """`--workers 0`: 1 where CUDA runs the models (one GPU context and copy of the weights per
+    process); on a CPU, as many workers as the cores hold `compute_workers x intra_op_threads`
+    threads each, at most MAX_AUTO_WORKERS. docs/design/workers.md has the measurements."""
+    if settings.device == "cuda":
+        return 1
+    if settings.device == "auto":
+        import onnxruntime  # only here: a supervisor with an explicit count never loads it
+
+        if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            return 1
+    threads = settings.compute_workers * settings.intra_op_threads
+    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // threads))
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 quota (a container's CPU limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))
