@@ -1,0 +1,96 @@
+"""Server CPU per generated token under concurrent GenerateStream calls (a real `python -m service`).
+
+Starts the service on 127.0.0.1 over `--models`, warms it, then runs `--rounds` rounds of
+`--streams` concurrent GenerateStream calls of `--new-tokens` greedy tokens each (grpc.aio client
+in this process) and reads the server's user + system CPU time from /proc around each round.
+Prints JSON: median server CPU per generated token, tokens/s and messages per call.
+
+    python -m bench.generate_stream_cpu --models DIR [--model NAME] [--streams 64] [--new-tokens 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+
+PROMPTS = ["Once upon a time", "The cat sat on", "Tom and Sue went to the", "Hi"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+async def _stream(stub, prompt: str, model: str, new_tokens: int) -> tuple[int, int]:
+    tokens = messages = 0
+    request = pb.GenerateRequest(prompt=prompt, model=model, max_new_tokens=new_tokens)
+    async for chunk in stub.GenerateStream(request):
+        tokens += len(chunk.token_ids)
+        messages += 1
+    return tokens, messages
+
+
+async def _round(address: str, pid: int, args) -> dict[str, float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        await _stream(stub, "Hello", args.model, 4)
+        cpu, wall = _cpu_seconds(pid), time.perf_counter()
+        results = await asyncio.gather(*(_stream(stub, PROMPTS[i % len(PROMPTS)], args.model, args.new_tokens)
+                                         for i in range(args.streams)))
+        wall, cpu = time.perf_counter() - wall, _cpu_seconds(pid) - cpu
+    tokens = sum(t for t, _ in results)
+    return {"server_cpu_us_per_token": cpu / tokens * 1e6, "tokens_per_s": tokens / wall,
+            "messages_per_call": sum(m for _, m in results) / len(results), "tokens": tokens}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def main_async(args) -> dict:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "service", "--models", str(args.models), "--host", "127.0.0.1", "--port", str(port),
+           "--metrics-port", "-1", "--gen-max-batch", str(args.max_batch), "--log-level", "WARNING"]
+    server = subprocess.Popen(cmd)
+    try:
+        address = f"127.0.0.1:{port}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            await asyncio.wait_for(channel.channel_ready(), 120)
+        rounds = [await _round(address, server.pid, args) for _ in range(args.rounds)]
+    finally:
+        server.terminate()
+        server.wait(30)
+    out = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
+    out["range_cpu_us_per_token"] = [round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
+                                     round(max(r["server_cpu_us_per_token"] for r in rounds), 2)]
+    return {**out, "streams": args.streams, "new_tokens": args.new_tokens, "rounds": args.rounds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", type=Path, required=True)
+    ap.add_argument("--model", default="", help="generation model name (empty: the default)")
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=40)
+    ap.add_argument("--max-batch", type=int, default=64, help="the server's --gen-max-batch")
+    ap.add_argument("--rounds", type=int, default=5)
+    print(json.dumps(asyncio.run(main_async(ap.parse_args()))))
+
+
+if __name__ == "__main__":
+    main()
