@@ -29,7 +29,7 @@ class Row:
 
     params: SamplingParams
     seen: np.ndarray  # int64 ids the repetition penalty applies to (prompt + generated)
-    rng: np.random.Generator
+    rng: np.random.Generator | None  # None for a greedy row
 
 
 def choose_tokens(logits: np.ndarray, rows: list[Row]) -> list[int | Exception]:

@@ -64,7 +64,8 @@ class Sequence:
     def __post_init__(self) -> None:
         self._penalised = self.params.repetition_penalty not in (0.0, 1.0)
         seen = np.asarray(self.prompt_ids if self._penalised else [], dtype=np.int64)
-        self.sampling = Row(self.params, seen, make_rng(self.params.seed))  # what the sampler reads
+        # What the sampler reads; greedy rows draw nothing (an unseeded generator costs an OS entropy read).
+        self.sampling = Row(self.params, seen, None if self.params.greedy else make_rng(self.params.seed))
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self.stops = StopMatcher(self.params.stop) if self.params.stop else None
         self._unsent: list[int] = []
