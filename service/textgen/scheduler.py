@@ -21,8 +21,9 @@ text work (detokenising, stop sequences) is per row. Failures (docs/design/gener
   and leaves; the others go on. Sampling depends only on the request's settings, so its failure
   is INVALID_ARGUMENT; a text failure is a server fault (INTERNAL) of that row alone;
 - a failed graph call (the whole step) empties the cache; its rows are re-queued at the front,
-  once each, and re-prefilled alone from their tokens so far (the same tokens they would have
-  fed), so a row whose tokens break the graph fails by itself; a row failing again fails.
+  once each, and re-prefilled one by one from their tokens so far (what they would have fed), so a
+  row whose tokens break the graph fails alone at its re-prefill. A row in a second failed step
+  after its retry fails (INTERNAL: a server fault); a failed prefill touches only its newcomers.
 """
 
 from __future__ import annotations
@@ -35,31 +36,17 @@ from collections import deque
 import numpy as np
 
 from service import metrics
-from service.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable
-from service.textgen import metrics as gen_metrics
+from service.errors import ResourceExhausted, ServiceError, Unavailable
 from service.textgen.batchcache import SlotCache
 from service.textgen.kvcache import GraphIO
 from service.textgen.sampler import choose_tokens
 from service.textgen.sequence import Chunk, GenerationHandle, Sequence
+from service.textgen.stepseries import Series, observe_many
 
 log = logging.getLogger(__name__)
 
 Delivery = list[tuple[Sequence, Chunk | BaseException | None]]
 DECODE_SLICE_S = 0.25  # longest run of decode steps between two visits of the event loop
-
-
-class _Series:
-    """The model's per-token metric children, resolved once (`labels()` costs microseconds a call)."""
-
-    def __init__(self, name: str):
-        self.ttft = gen_metrics.TIME_TO_FIRST_TOKEN.labels(name)
-        self.itl = gen_metrics.INTER_TOKEN_LATENCY.labels(name)
-        self.inference = metrics.INFERENCE_DURATION.labels(name)
-        self.batch = metrics.BATCH_SIZE.labels(name)
-        self.batch_tokens = metrics.BATCH_TOKENS.labels(name)
-        self.decode_batch = gen_metrics.GENERATION_BATCH_SIZE.labels(name)
-        self.output_tokens = metrics.TOKENS.labels(name, "output")
-        self.in_flight = gen_metrics.IN_FLIGHT.labels(name)
 
 
 class Scheduler:
@@ -76,7 +63,7 @@ class Scheduler:
         self._computing = False  # a compute call is in the executor (its deliveries may still be queued)
         self._outbox: deque[Delivery] = deque()  # decode steps' deliveries, appended by the compute thread
         self._drain_pending = False  # a drain of the outbox is scheduled on the loop
-        self._series = _Series(name)
+        self._series = Series(name)
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
         self._series.in_flight.set(0)
 
@@ -263,7 +250,7 @@ class Scheduler:
             seq = seqs[i]
             try:
                 if isinstance(token, Exception):
-                    raise _sampling_error(seq, token) from token
+                    raise seq.sampling_failed(token) from token
                 chunk = seq.accept(token)
             except Exception as exc:  # noqa: BLE001 - this row's failure is its call's alone
                 out.append((seq, self._row_failed(seq, exc)))
@@ -325,19 +312,3 @@ class Scheduler:
         if tokens:
             self._series.output_tokens.inc(tokens)
 
-
-def _sampling_error(seq: Sequence, exc: Exception) -> InvalidArgument:
-    p = seq.params
-    return InvalidArgument(f"sampling token {len(seq.generated) + 1} failed with this request's settings "
-                           f"(temperature={p.temperature}, top_k={p.top_k}, top_p={p.top_p}, "
-                           f"repetition_penalty={p.repetition_penalty}): {type(exc).__name__}; try other values")
-
-
-def observe_many(histogram, value: float, count: int) -> None:
-    """`count` observations of one value in a prometheus_client Histogram child: what `observe`
-    does count times (sum, then the first bucket whose bound holds the value) in one update."""
-    histogram._sum.inc(value * count)
-    for i, bound in enumerate(histogram._upper_bounds):
-        if value <= bound:
-            histogram._buckets[i].inc(count)
-            break

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.errors import InvalidArgument
 from service.textgen.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
 from service.textgen.sampler import Row
 
@@ -118,6 +119,13 @@ class Sequence:
         if self.stops.stopped:
             self.finished = STOP
         return out
+
+    def sampling_failed(self, exc: Exception) -> InvalidArgument:
+        """The error of a row whose sampling raised: its settings are all that sampling depends on."""
+        p = self.params
+        return InvalidArgument(f"sampling token {len(self.generated) + 1} failed with this request's settings "
+                               f"(temperature={p.temperature}, top_k={p.top_k}, top_p={p.top_p}, "
+                               f"repetition_penalty={p.repetition_penalty}): {type(exc).__name__}; try other values")
 
     def _finish(self, chunk: Chunk) -> None:
         now = time.perf_counter()
