@@ -1,11 +1,11 @@
 """Server CPU per generated token under concurrent GenerateStream calls (a real `python -m service`).
 
 Starts the service on 127.0.0.1 over `--models`, warms it, then runs `--rounds` rounds of
-`--streams` concurrent GenerateStream calls of `--new-tokens` greedy tokens each (grpc.aio client
-in this process) and reads the server's user + system CPU time from /proc around each round.
+`--streams` concurrent streams, each making `--calls` GenerateStream calls of `--new-tokens` greedy
+tokens one after the other (grpc.aio client in this process) and reads the server's user + system CPU time from /proc around each round.
 Prints JSON: median server CPU per generated token, tokens/s and messages per call.
 
-    python -m bench.generate_stream_cpu --models DIR [--model NAME] [--streams 64] [--new-tokens 40]
+    python -m bench.generate_stream_cpu --models DIR [--model NAME] [--streams 64] [--calls 1] [--new-tokens 40]
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-async def _stream(stub, prompt: str, model: str, new_tokens: int) -> tuple[int, int]:
+async def _stream(stub, prompt: str, model: str, new_tokens: int, calls: int = 1) -> tuple[int, int]:
+    """`calls` GenerateStream calls one after the other -> (tokens, messages) received."""
     tokens = messages = 0
     request = pb.GenerateRequest(prompt=prompt, model=model, max_new_tokens=new_tokens)
-    async for chunk in stub.GenerateStream(request):
-        tokens += len(chunk.token_ids)
-        messages += 1
+    for _ in range(calls):
+        async for chunk in stub.GenerateStream(request):
+            tokens += len(chunk.token_ids)
+            messages += 1
     return tokens, messages
 
 
@@ -48,12 +50,12 @@ async def _round(address: str, pid: int, args) -> dict[str, float]:
         stub = pb_grpc.GenerationServiceStub(channel)
         await _stream(stub, "Hello", args.model, 4)
         cpu, wall = _cpu_seconds(pid), time.perf_counter()
-        results = await asyncio.gather(*(_stream(stub, PROMPTS[i % len(PROMPTS)], args.model, args.new_tokens)
-                                         for i in range(args.streams)))
+        results = await asyncio.gather(*(_stream(stub, PROMPTS[i % len(PROMPTS)], args.model, args.new_tokens,
+                                                 args.calls) for i in range(args.streams)))
         wall, cpu = time.perf_counter() - wall, _cpu_seconds(pid) - cpu
     tokens = sum(t for t, _ in results)
     return {"server_cpu_us_per_token": cpu / tokens * 1e6, "tokens_per_s": tokens / wall,
-            "messages_per_call": sum(m for _, m in results) / len(results), "tokens": tokens}
+            "messages_per_call": sum(m for _, m in results) / (len(results) * args.calls), "tokens": tokens}
 
 
 def _free_port() -> int:
@@ -78,7 +80,7 @@ async def main_async(args) -> dict:
     out = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
     out["range_cpu_us_per_token"] = [round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
                                      round(max(r["server_cpu_us_per_token"] for r in rounds), 2)]
-    return {**out, "streams": args.streams, "new_tokens": args.new_tokens, "rounds": args.rounds}
+    return {**out, "streams": args.streams, "calls": args.calls, "new_tokens": args.new_tokens, "rounds": args.rounds}
 
 
 def main() -> None:
@@ -88,6 +90,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=40)
     ap.add_argument("--max-batch", type=int, default=64, help="the server's --gen-max-batch")
+    ap.add_argument("--calls", type=int, default=1, help="calls each stream makes one after the other per round")
     ap.add_argument("--rounds", type=int, default=5)
     print(json.dumps(asyncio.run(main_async(ap.parse_args()))))
 
