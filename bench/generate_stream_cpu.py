@@ -3,7 +3,8 @@
 Starts the service on 127.0.0.1 over `--models`, warms it, then runs `--rounds` rounds of
 `--streams` concurrent streams, each making `--calls` GenerateStream calls of `--new-tokens` greedy
 tokens one after the other (grpc.aio client in this process) and reads the server's user + system CPU time from /proc around each round.
-Prints JSON: median server CPU per generated token, tokens/s and messages per call.
+Prints JSON: median server CPU per generated token (and the share of its main thread, the event
+loop: gRPC, asyncio, handing chunks out), tokens/s and messages per call.
 
     python -m bench.generate_stream_cpu --models DIR [--model NAME] [--streams 64] [--calls 1] [--new-tokens 40]
 """
@@ -29,9 +30,14 @@ from service.proto import inference_pb2_grpc as pb_grpc
 PROMPTS = ["Once upon a time", "The cat sat on", "Tom and Sue went to the", "Hi"]
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    """(whole process, its main thread: the event loop) CPU seconds so far."""
+    return _cpu_seconds(Path(f"/proc/{pid}/stat")), _cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
 
 
 async def _stream(stub, prompt: str, model: str, new_tokens: int, calls: int = 1) -> tuple[int, int]:
@@ -49,12 +55,13 @@ async def _round(address: str, pid: int, args) -> dict[str, float]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         await _stream(stub, "Hello", args.model, 4)
-        cpu, wall = _cpu_seconds(pid), time.perf_counter()
+        (cpu, loop_cpu), wall = _cpu(pid), time.perf_counter()
         results = await asyncio.gather(*(_stream(stub, PROMPTS[i % len(PROMPTS)], args.model, args.new_tokens,
                                                  args.calls) for i in range(args.streams)))
-        wall, cpu = time.perf_counter() - wall, _cpu_seconds(pid) - cpu
+        wall, (cpu_end, loop_end) = time.perf_counter() - wall, _cpu(pid)
     tokens = sum(t for t, _ in results)
-    return {"server_cpu_us_per_token": cpu / tokens * 1e6, "tokens_per_s": tokens / wall,
+    return {"server_cpu_us_per_token": (cpu_end - cpu) / tokens * 1e6,
+            "event_loop_cpu_us_per_token": (loop_end - loop_cpu) / tokens * 1e6, "tokens_per_s": tokens / wall,
             "messages_per_call": sum(m for _, m in results) / (len(results) * args.calls), "tokens": tokens}
 
 

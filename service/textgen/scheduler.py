@@ -128,8 +128,9 @@ class Scheduler:
             log.exception("generation step failed for model %s", self.name)
             self._drain()  # the steps before the failure, in order
             newcomers = args[0] if fn == self._prefill else []
-            if newcomers:  # a failed prefill: the running rows are intact; drop rows it may have added
-                self.cache.keep(list(range(len(self.running))))
+            joined = {id(s) for s in newcomers} & {id(s) for s in self.running}
+            if newcomers and not joined:  # the prefill failed before its rows joined: the others are intact
+                self.cache.keep(list(range(len(self.running))))  # drops the rows it may have appended
                 involved = newcomers
             else:
                 involved, self.running = self.running, []
@@ -147,7 +148,7 @@ class Scheduler:
                 seq.left = True
                 out.append((seq, None if seq.done else ServiceError(
                     f"generation on model {self.name!r} failed twice at token {len(seq.generated) + 1} "
-                    "(a server fault, logged); other requests were not affected; retry later")))
+                    "after a retry (a server fault, logged); retry the call later")))
             else:
                 seq.retried = True
                 self.waiting.appendleft(seq)
