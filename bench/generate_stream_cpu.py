@@ -71,19 +71,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def main_async(args) -> dict:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "service", "--models", str(args.models), "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "-1", "--gen-max-batch", str(args.max_batch), "--log-level", "WARNING"]
-    server = subprocess.Popen(cmd)
-    try:
-        address = f"127.0.0.1:{port}"
-        async with grpc.aio.insecure_channel(address) as channel:
-            await asyncio.wait_for(channel.channel_ready(), 120)
-        rounds = [await _round(address, server.pid, args) for _ in range(args.rounds)]
-    finally:
-        server.terminate()
-        server.wait(30)
+async def measure(address: str, pid: int, args) -> dict:
+    async with grpc.aio.insecure_channel(address) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 120)
+    rounds = [await _round(address, pid, args) for _ in range(args.rounds)]
     out = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
     out["range_cpu_us_per_token"] = [round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
                                      round(max(r["server_cpu_us_per_token"] for r in rounds), 2)]
@@ -99,7 +90,16 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=64, help="the server's --gen-max-batch")
     ap.add_argument("--calls", type=int, default=1, help="calls each stream makes one after the other per round")
     ap.add_argument("--rounds", type=int, default=5)
-    print(json.dumps(asyncio.run(main_async(ap.parse_args()))))
+    args = ap.parse_args()
+    port = _free_port()
+    cmd = [sys.executable, "-m", "service", "--models", str(args.models), "--host", "127.0.0.1", "--port", str(port),
+           "--metrics-port", "-1", "--gen-max-batch", str(args.max_batch), "--log-level", "WARNING"]
+    server = subprocess.Popen(cmd)
+    try:
+        print(json.dumps(asyncio.run(measure(f"127.0.0.1:{port}", server.pid, args))))
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 if __name__ == "__main__":
