@@ -108,3 +108,44 @@ async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_a
     assert calls["prefill"] >= 1 + len(PROMPTS) + 1  # then each row of the failed step alone, poison included
     await asyncio.sleep(0.05)
     assert sched.idle and cache.rows == 0
+
+
+class MarkedTokenizer:
+    """The served tokenizer, whose decode raises on any ids holding `marker` (one request's prompt)."""
+
+    def __init__(self, tokenizer, marker: int):
+        self._tok, self._marker = tokenizer, marker
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def decode(self, ids, skip_special_tokens=True):
+        if self._marker in ids:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+async def test_over_grpc_the_failing_call_gets_its_status_and_the_others_their_text(server):
+    """Through a real server: the call whose text fails ends INTERNAL with a message saying so; the
+    concurrent calls sharing its decoding steps return the same text as alone."""
+    from service.proto import inference_pb2 as pb
+
+    model = server.server.registry.get("generation")
+    stub = server.generation
+    prompts = ["Once upon a time", "The cat", "Tom and Sue"]
+    alone = [(await stub.Generate(pb.GenerateRequest(prompt=p, max_new_tokens=20))).text for p in prompts]
+    poison = "A prompt ending in \u00a7"
+    model.tokenizer = MarkedTokenizer(model.tokenizer, model.tokenizer.encode(poison).ids[-1])
+    assert all(model.tokenizer._marker not in model.tokenizer.encode(p).ids for p in prompts)
+
+    async def poisoned() -> grpc.aio.AioRpcError:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in stub.GenerateStream(pb.GenerateRequest(prompt=poison, max_new_tokens=20)):
+                pass
+        return info.value
+
+    results = await asyncio.gather(poisoned(), *(stub.Generate(pb.GenerateRequest(prompt=p, max_new_tokens=20))
+                                                  for p in prompts))
+    error, texts = results[0], [r.text for r in results[1:]]
+    assert error.code() == grpc.StatusCode.INTERNAL and "other requests were not affected" in error.details()
+    assert texts == alone
