@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from service.errors import ServiceError
 from service.runtime import Runtime
@@ -50,6 +51,10 @@ class FailingGenerator:
         raise FloatingPointError("injected")
 
 
+def in_flight(model: GenerationModel) -> float:
+    return REGISTRY.get_sample_value("ts_generations_in_flight", {"model": model.name})
+
+
 def submit_sequence(model: GenerationModel, prompt: str, tokenizer=None, **params):
     ids = model.tokenizer.encode(prompt).ids
     seq = Sequence(ids, SamplingParams(**params), model.eos_id, tokenizer or model.tokenizer)
@@ -76,7 +81,7 @@ async def test_a_row_whose_text_or_sampling_fails_fails_alone(model):
     assert text_error.code == grpc.StatusCode.INTERNAL and "other requests were not affected" in text_error.message
     assert sampling_error.code == grpc.StatusCode.INVALID_ARGUMENT and "temperature=0.8" in sampling_error.message
     await asyncio.sleep(0.05)  # the failed rows are counted out at the next delivery
-    assert model.scheduler.idle and model.scheduler.cache.rows == 0
+    assert model.scheduler.idle and model.scheduler.cache.rows == 0 and in_flight(model) == 0
 
 
 async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_alone(model):
@@ -107,7 +112,7 @@ async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_a
     assert crowd[-1].code == grpc.StatusCode.INTERNAL and "failed twice" in crowd[-1].message
     assert calls["prefill"] >= 1 + len(PROMPTS) + 1  # then each row of the failed step alone, poison included
     await asyncio.sleep(0.05)
-    assert sched.idle and cache.rows == 0
+    assert sched.idle and cache.rows == 0 and in_flight(model) == 0
 
 
 class MarkedTokenizer:

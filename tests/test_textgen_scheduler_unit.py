@@ -56,3 +56,26 @@ async def test_steps_while_the_loop_is_busy_go_out_in_one_hand_off_and_join(runt
         chunks = [await handle.__anext__(), *handle.ready()]
         assert chunks[-1].finish_reason is not None
         assert [t for c in chunks for t in c.token_ids] == expected
+
+
+def test_rows_that_left_before_a_failed_step_are_still_counted_out(runtime, tiny_models_root):  # noqa: F811
+    from prometheus_client import REGISTRY
+
+    model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
+    model = GenerationModel(model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings,
+                            runtime, "fp32")  # not started: driven here
+    sched = model.scheduler
+    a = model.submit("Once upon a time", SamplingParams(max_new_tokens=20))
+    model.submit("The cat", SamplingParams(max_new_tokens=20))
+    sched._deliver(sched._prefill(sched._admit()))
+    a.cancel()
+
+    def failing_step(tokens):
+        raise RuntimeError("injected step failure")
+
+    sched.cache.step = failing_step
+    with pytest.raises(RuntimeError):
+        sched._decode()
+    sched._drain()
+    assert a.sequence.counted_out
+    assert REGISTRY.get_sample_value("ts_generations_in_flight", {"model": model.name}) == 1

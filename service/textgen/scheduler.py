@@ -220,9 +220,13 @@ class Scheduler:
         if not self.running:
             return out
         t0 = time.perf_counter()
-        logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
-        self._observe(t0, self.running, self.cache.tokens, prefill=False)
-        out += self._sample(self.running, logits)
+        try:
+            logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
+            self._observe(t0, self.running, self.cache.tokens, prefill=False)
+            out += self._sample(self.running, logits)
+        except Exception:
+            self._outbox.append(out)  # the rows that left before the failure are still counted out
+            raise
         return out + [(s, None) for s in self._keep(lambda s: not s.done)]
 
     def _keep(self, pred) -> list[Sequence]:
