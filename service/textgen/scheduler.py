@@ -9,10 +9,21 @@ Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level sch
 4. rows that finished, were cancelled (client gone, deadline) or failed leave the batch and their
    cache rows are freed (batchcache.SlotCache: a buffer the graph updates in place).
 Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
-chunks to each request's queue. Decode steps run back to back in one executor call (chunks are
-handed to the loop thread-safely as they come) until newcomers can be admitted, the batch
-empties or `DECODE_SLICE_S` passes: a thread hand-off per token costs milliseconds on a busy CPU.
-A cancelled request leaves at the next step boundary.
+chunks to each request's queue. Decode steps run back to back in one executor call until
+newcomers can be admitted, the batch empties or `DECODE_SLICE_S` passes: a thread hand-off per
+token costs milliseconds on a busy CPU. Each step's chunks go to an outbox that the event loop
+drains; at most one wake-up of the loop is pending at a time, so a busy loop takes several steps
+in one visit. A cancelled request leaves at the next step boundary.
+
+A step works on its batch as arrays (sampler.choose_tokens over the (B, V) logits); only the
+text work (detokenising, stop sequences) is per row. Failures (docs/design/generation-scheduling.md):
+- a row whose own work raises (its sampling, detokenising, stop matching) fails its own call
+  and leaves; the others go on. Sampling depends only on the request's settings, so its failure
+  is INVALID_ARGUMENT; a text failure is a server fault (INTERNAL) of that row alone;
+- a failed graph call (the whole step) empties the cache; its rows are re-queued at the front,
+  once each, and re-prefilled one by one from their tokens so far (what they would have fed), so a
+  row whose tokens break the graph fails alone at its re-prefill. A row in a second failed step
+  after its retry fails (INTERNAL: a server fault); a failed prefill touches only its newcomers.
 """
 
 from __future__ import annotations
@@ -25,30 +36,17 @@ from collections import deque
 import numpy as np
 
 from service import metrics
-from service.errors import ResourceExhausted, Unavailable
-from service.textgen import metrics as gen_metrics
+from service.errors import ResourceExhausted, ServiceError, Unavailable
 from service.textgen.batchcache import SlotCache
 from service.textgen.kvcache import GraphIO
+from service.textgen.sampler import choose_tokens
 from service.textgen.sequence import Chunk, GenerationHandle, Sequence
+from service.textgen.stepseries import Series, observe_many
 
 log = logging.getLogger(__name__)
 
 Delivery = list[tuple[Sequence, Chunk | BaseException | None]]
 DECODE_SLICE_S = 0.25  # longest run of decode steps between two visits of the event loop
-
-
-class _Series:
-    """The model's per-token metric children, resolved once (`labels()` costs microseconds a call)."""
-
-    def __init__(self, name: str):
-        self.ttft = gen_metrics.TIME_TO_FIRST_TOKEN.labels(name)
-        self.itl = gen_metrics.INTER_TOKEN_LATENCY.labels(name)
-        self.inference = metrics.INFERENCE_DURATION.labels(name)
-        self.batch = metrics.BATCH_SIZE.labels(name)
-        self.batch_tokens = metrics.BATCH_TOKENS.labels(name)
-        self.decode_batch = gen_metrics.GENERATION_BATCH_SIZE.labels(name)
-        self.output_tokens = metrics.TOKENS.labels(name, "output")
-        self.in_flight = gen_metrics.IN_FLIGHT.labels(name)
 
 
 class Scheduler:
@@ -63,7 +61,9 @@ class Scheduler:
         self.closing = False
         self._task: asyncio.Task | None = None
         self._computing = False  # a compute call is in the executor (its deliveries may still be queued)
-        self._series = _Series(name)
+        self._outbox: deque[Delivery] = deque()  # decode steps' deliveries, appended by the compute thread
+        self._drain_pending = False  # a drain of the outbox is scheduled on the loop
+        self._series = Series(name)
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
         self._series.in_flight.set(0)
 
@@ -120,21 +120,40 @@ class Scheduler:
                 await asyncio.sleep(0)
 
     async def _guarded(self, fn, *args) -> Delivery:
-        """Runs a compute step; on an unexpected failure every row involved fails and is freed."""
+        """Runs a compute call; when the graph step itself fails, its rows are retried once (module doc)."""
         self._computing = True
         try:
             return await self._runtime.run(fn, *args)
-        except Exception as exc:  # noqa: BLE001 - one bad step must not kill the model's loop
+        except Exception:  # noqa: BLE001 - one bad step must not kill the model's loop
             log.exception("generation step failed for model %s", self.name)
-            newcomers = args[0] if args and isinstance(args[0], list) else []
-            involved = list({id(s): s for s in [*self.running, *newcomers]}.values())
-            self.running = []
-            self.cache.reset()
-            for seq in involved:
-                seq.left = True
-            return [(seq, exc) for seq in involved]
+            self._drain()  # the steps before the failure, in order
+            newcomers = args[0] if fn == self._prefill else []
+            joined = {id(s) for s in newcomers} & {id(s) for s in self.running}
+            if newcomers and not joined:  # the prefill failed before its rows joined: the others are intact
+                self.cache.keep(list(range(len(self.running))))  # drops the rows it may have appended
+                involved = newcomers
+            else:
+                involved, self.running = self.running, []
+                self.cache.reset()
+            return self._retry(involved)
         finally:
+            self._drain()
             self._computing = False
+
+    def _retry(self, involved: list[Sequence]) -> Delivery:
+        """Event loop: rows of a failed step go back to the front of the queue once; then they fail."""
+        out: Delivery = []
+        for seq in reversed(involved):
+            if seq.retried or seq.done:
+                seq.left = True
+                out.append((seq, None if seq.done else ServiceError(
+                    f"generation on model {self.name!r} failed twice at token {len(seq.generated) + 1} "
+                    "after a retry (a server fault, logged); retry the call later")))
+            else:
+                seq.retried = True
+                self.waiting.appendleft(seq)
+        metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
+        return out
 
     def _drop_cancelled_waiting(self) -> None:
         gone = [s for s in self.waiting if s.cancelled]
@@ -147,31 +166,35 @@ class Scheduler:
             metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
 
     def _admit(self) -> list[Sequence]:
-        """Newcomers for this turn: batch room permitting, prefill tokens (padding counted) capped."""
+        """Newcomers for this turn: batch room permitting, prefill tokens (padding counted) capped.
+        A row retried after a failed step is prefilled alone (if it fails again, it fails alone)."""
         chosen: list[Sequence] = []
         longest = 0
         while self.waiting and len(self.running) + len(chosen) < self.max_batch:
             nxt = self.waiting[0]
-            padded = (len(chosen) + 1) * max(longest, len(nxt.prompt_ids))
-            if chosen and padded > self.prefill_tokens:
+            size = len(nxt.prompt_ids) + len(nxt.generated)
+            padded = (len(chosen) + 1) * max(longest, size)
+            if chosen and (padded > self.prefill_tokens or nxt.retried or chosen[0].retried):
                 break
             chosen.append(self.waiting.popleft())
-            longest = max(longest, len(nxt.prompt_ids))
+            longest = max(longest, size)
         now = time.perf_counter()
         for seq in chosen:
-            seq.started = now
-            seq.timings.queue_ms = (now - seq.arrived) * 1e3
-            metrics.QUEUE_DURATION.labels(self.name).observe(now - seq.arrived)
+            if seq.started is None:
+                seq.started = now
+                seq.timings.queue_ms = (now - seq.arrived) * 1e3
+                metrics.QUEUE_DURATION.labels(self.name).observe(now - seq.arrived)
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
         return chosen
 
     def _prefill(self, newcomers: list[Sequence]) -> Delivery:
-        """Compute thread: prompts of the newcomers -> first tokens; they join the batch, and the
-        ones already finished (EOS, one token asked, cancelled) leave it at once."""
+        """Compute thread: prompts of the newcomers (with their tokens so far, for a retried row) ->
+        next tokens; they join the batch, and the ones already finished (EOS, one token asked,
+        cancelled, failed) leave it at once."""
         t0 = time.perf_counter()
-        logits = self.cache.prefill([s.prompt_ids for s in newcomers])  # (n, V)
-        padded = len(newcomers) * max(len(s.prompt_ids) for s in newcomers)
-        self._observe(t0, newcomers, padded, prefill=True)
+        prompts = [s.cache_ids for s in newcomers]
+        logits = self.cache.prefill(prompts)  # (n, V)
+        self._observe(t0, newcomers, len(prompts) * max(map(len, prompts)), prefill=True)
         out = self._sample(newcomers, logits)
         self.running.extend(newcomers)
         # Rows cancelled since the last step leave here too; a sequence twice in a delivery is harmless.
@@ -181,7 +204,10 @@ class Scheduler:
         """Compute thread: decode steps until newcomers fit, the batch empties, closing, or the slice ends."""
         end = time.perf_counter() + DECODE_SLICE_S
         while self.running:
-            loop.call_soon_threadsafe(self._deliver, self._decode())
+            self._outbox.append(self._decode())
+            if not self._drain_pending:  # else the drain already scheduled takes this step too
+                self._drain_pending = True
+                loop.call_soon_threadsafe(self._drain)
             admissible = self.waiting and len(self.running) < self.max_batch
             if admissible or self.closing or time.perf_counter() > end:
                 break
@@ -194,9 +220,13 @@ class Scheduler:
         if not self.running:
             return out
         t0 = time.perf_counter()
-        logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
-        self._observe(t0, self.running, self.cache.tokens, prefill=False)
-        out += self._sample(self.running, logits)
+        try:
+            logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
+            self._observe(t0, self.running, self.cache.tokens, prefill=False)
+            out += self._sample(self.running, logits)
+        except Exception:
+            self._outbox.append(out)  # the rows that left before the failure are still counted out
+            raise
         return out + [(s, None) for s in self._keep(lambda s: not s.done)]
 
     def _keep(self, pred) -> list[Sequence]:
@@ -214,21 +244,45 @@ class Scheduler:
         return gone
 
     def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> Delivery:
-        out: Delivery = []
-        for seq, row in zip(seqs, logits):
-            if seq.cancelled:
-                out.append((seq, None))
+        """Compute thread: logits (n, V) of these rows -> their tokens (one batched pass), then each
+        row's text. A row whose own work raises gets its error; the others are not touched."""
+        live = [i for i, s in enumerate(seqs) if not s.cancelled]
+        out: Delivery = [(s, None) for s in seqs if s.cancelled]
+        tokens = choose_tokens(logits if len(live) == len(seqs) else logits[live], [seqs[i].sampling for i in live])
+        now = time.perf_counter()
+        first, since = [], {}  # rows' first tokens; previous token time -> rows (one step's rows share it)
+        for i, token in zip(live, tokens):
+            seq = seqs[i]
+            try:
+                if isinstance(token, Exception):
+                    raise seq.sampling_failed(token) from token
+                chunk = seq.accept(token)
+            except Exception as exc:  # noqa: BLE001 - this row's failure is its call's alone
+                out.append((seq, self._row_failed(seq, exc)))
                 continue
-            chunk = seq.accept(seq.choose(row))
-            now = time.perf_counter()
             if seq.last_token_at is None:
                 seq.timings.time_to_first_token_ms = (now - seq.arrived) * 1e3
-                self._series.ttft.observe(now - seq.arrived)
+                first.append(now - seq.arrived)
             else:
-                self._series.itl.observe(now - seq.last_token_at)
+                since[seq.last_token_at] = since.get(seq.last_token_at, 0) + 1
             seq.last_token_at = now
             out.append((seq, chunk))
+        for value in first:
+            self._series.ttft.observe(value)
+        for last, count in since.items():
+            observe_many(self._series.itl, now - last, count)
         return out
+
+    def _row_failed(self, seq: Sequence, exc: Exception) -> ServiceError:
+        """Ends one row whose own work raised; returns the error its call gets."""
+        seq.cancelled = True  # it leaves at this step's _keep like a cancelled row
+        if isinstance(exc, ServiceError):
+            log.warning("generation on model %s: one request failed: %s", self.name, exc.message)
+            return exc
+        log.exception("generation on model %s: one request failed at token %d", self.name, len(seq.generated))
+        return ServiceError(f"generation on model {self.name!r} failed while decoding token {len(seq.generated)} "
+                            f"of this request ({type(exc).__name__}; a server fault, logged); other requests "
+                            "were not affected")
 
     def _observe(self, t0: float, seqs: list[Sequence], tokens: int, prefill: bool) -> None:
         elapsed = time.perf_counter() - t0
@@ -240,16 +294,26 @@ class Scheduler:
         if not prefill:
             self._series.decode_batch.observe(len(seqs))
 
+    def _drain(self) -> None:
+        """Event loop: delivers every step the compute thread put in the outbox so far."""
+        self._drain_pending = False  # first: a step appended after this schedules a new drain
+        while self._outbox:
+            self._deliver(self._outbox.popleft())
+
     def _deliver(self, delivery: Delivery) -> None:
         """Event loop: chunks to their queues; rows that left stop counting as in flight."""
+        tokens = 0
         for seq, item in delivery:
             if isinstance(item, BaseException):
                 seq.cancelled = True
                 seq.queue.put_nowait(item)
             elif item is not None:
-                self._series.output_tokens.inc(len(item.token_ids))
+                tokens += len(item.token_ids)
                 seq.queue.put_nowait(item)
             # A row leaves once, but it may sit in two deliveries queued before the loop runs them.
             if seq.left and not seq.counted_out:
                 seq.counted_out = True
                 self._series.in_flight.dec()
+        if tokens:
+            self._series.output_tokens.inc(tokens)
+

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.textgen.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng, next_token
+from service.errors import InvalidArgument
+from service.textgen.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
+from service.textgen.sampler import Row
 
 LENGTH, STOP, EOS = "length", "stop", "eos"  # finish reasons
 
@@ -58,12 +60,15 @@ class Sequence:
     last_token_at: float | None = None
     left: bool = False  # its cache row is freed (set by the compute thread)
     counted_out: bool = False  # the in-flight gauge was decremented for it (event loop)
+    retried: bool = False  # it was re-prefilled once after a failed step (scheduler)
 
     def __post_init__(self) -> None:
-        self.rng = make_rng(self.params.seed)
+        self._penalised = self.params.repetition_penalty not in (0.0, 1.0)
+        seen = np.asarray(self.prompt_ids if self._penalised else [], dtype=np.int64)
+        # What the sampler reads; greedy rows draw nothing (an unseeded generator costs an OS entropy read).
+        self.sampling = Row(self.params, seen, None if self.params.greedy else make_rng(self.params.seed))
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
-        self.stops = StopMatcher(self.params.stop)
-        self._seen = np.asarray(self.prompt_ids, dtype=np.int64)
+        self.stops = StopMatcher(self.params.stop) if self.params.stop else None
         self._unsent: list[int] = []
 
     @property
@@ -75,31 +80,29 @@ class Sequence:
     def done(self) -> bool:
         return self.finished is not None or self.cancelled
 
-    def choose(self, logits: np.ndarray) -> int:
-        """Picks the next token from this row's logits (V,)."""
-        seen = self._seen if self.params.repetition_penalty not in (0.0, 1.0) else self._seen[:0]
-        return next_token(logits, self.params, seen, self.rng)
+    @property
+    def cache_ids(self) -> list[int]:
+        """The tokens its cache row holds once the last generated token is fed back (a re-prefill)."""
+        return self.prompt_ids + self.generated
 
     def accept(self, token: int) -> Chunk | None:
-        """Records a generated token; returns the chunk to send, if any."""
+        """Records a generated token; returns the chunk to send, if any. Text work is skipped where
+        it cannot change anything: no detokenising of EOS, no stop matching without stop sequences."""
         self.generated.append(token)
         self._unsent.append(token)
-        if self.params.repetition_penalty not in (0.0, 1.0):
-            self._seen = np.append(self._seen, token)
+        if self._penalised:
+            self.sampling.seen = np.append(self.sampling.seen, token)
         text = ""
         if token == self.eos_id:
             self.finished = EOS
         else:
-            text = self.stops.push(self.detok.push(token))
-            if self.stops.stopped:
-                self.finished = STOP
-            elif len(self.generated) >= self.params.max_new_tokens:
+            text = self._released(self.detok.push(token))
+            if self.finished is None and len(self.generated) >= self.params.max_new_tokens:
                 self.finished = LENGTH
         if self.finished is not None and self.finished != STOP:
-            text += self.stops.push(self.detok.flush())
-            text += self.stops.flush()
-            if self.stops.stopped:
-                self.finished = STOP
+            text += self._released(self.detok.flush())
+            if self.stops is not None and not self.stops.stopped:
+                text += self.stops.flush()
         if self.finished is None and not text:
             return None
         chunk = Chunk(text, self._unsent)
@@ -107,6 +110,22 @@ class Sequence:
         if self.finished is not None:
             self._finish(chunk)
         return chunk
+
+    def _released(self, text: str) -> str:
+        """Decoded text -> the part that may be sent; sets finished = STOP on a stop sequence."""
+        if self.stops is None or not text:
+            return text
+        out = self.stops.push(text)
+        if self.stops.stopped:
+            self.finished = STOP
+        return out
+
+    def sampling_failed(self, exc: Exception) -> InvalidArgument:
+        """The error of a row whose sampling raised: its settings are all that sampling depends on."""
+        p = self.params
+        return InvalidArgument(f"sampling token {len(self.generated) + 1} failed with this request's settings "
+                               f"(temperature={p.temperature}, top_k={p.top_k}, top_p={p.top_p}, "
+                               f"repetition_penalty={p.repetition_penalty}): {type(exc).__name__}; try other values")
 
     def _finish(self, chunk: Chunk) -> None:
         now = time.perf_counter()
