@@ -3,8 +3,8 @@
 Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level scheduling):
 1. admit waiting requests while the batch has room, capping the prompt tokens prefilled per turn
    (`prefill_tokens`, padding counted) so newcomers cannot starve running decodes;
-2. prefill the newcomers together (left-padded, empty past), sample their first token, and merge
-   their KV rows into the batch cache;
+2. prefill the newcomers together (right-padded, each row's length telling the graph where it
+   ends), sample their first token; their KV rows are appended to the batch cache;
 3. run one decode step for every running row (one new token each), sample, send chunks;
 4. rows that finished, were cancelled (client gone, deadline) or failed leave the batch and their
    cache rows are freed (batchcache.SlotCache: a buffer the graph updates in place).
