@@ -41,7 +41,9 @@ from service.proto import inference_pb2_grpc as pb_grpc
 log = logging.getLogger("bench.overhead")
 TICK = os.sysconf("SC_CLK_TCK")
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
-LONG_TEXT = " ".join(["Serving overhead is measured with long inputs that take a while to tokenize."] * 30)
+# 16 of these make a call of ~10k characters: tokenized in a thread, as large calls are.
+LONG_TEXT = " ".join(["Serving overhead is measured with long inputs that take a while to tokenize."] * 8)
+STSB = [ROOT.parent / "shared" / "data" / "stsb", ROOT.parents[1] / "shared" / "data" / "stsb"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -54,9 +56,9 @@ def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1e3, 2) if values else None
 
 
-async def embed_calls(address: str, calls: int, concurrency: int, inputs: list[str]) -> float:
+async def embed_calls(address: str, calls: int, concurrency: int, inputs: list[str], packed: bool = False) -> float:
     """Sends `calls` Embed calls of `inputs`, `concurrency` at a time; returns wall seconds."""
-    request = embed_request(inputs)
+    request = embed_request(inputs, packed=True) if packed else embed_request(inputs)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.EmbeddingServiceStub(channel)
         left = [calls]
@@ -92,9 +94,13 @@ def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int) -
     pid = service.proc.pid
     try:
         asyncio.run(embed_calls(service.address, 200, 32, [SENTENCE]))  # warm-up
-        before = cpu_seconds(pid)
-        wall = asyncio.run(embed_calls(service.address, embed_calls_n, 32, [SENTENCE]))
-        embed_cpu = cpu_seconds(pid) - before
+        embed = {}
+        for packed in (False, True):
+            before = cpu_seconds(pid)
+            wall = asyncio.run(embed_calls(service.address, embed_calls_n, 32, [SENTENCE], packed))
+            embed["packed" if packed else "float"] = {
+                "server_cpu_us_per_call": round((cpu_seconds(pid) - before) / embed_calls_n * 1e6, 1),
+                "calls_per_s": round(embed_calls_n / wall, 1)}
         asyncio.run(generate_streams(service.address, 16, 8))  # warm-up
         before, gen_wall, tokens = cpu_seconds(pid), 0.0, 0
         for r in range(gen_rounds):
@@ -103,16 +109,15 @@ def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int) -
         gen_cpu = cpu_seconds(pid) - before
     finally:
         service.stop()
-    return {"models": label, "embed": {"calls": embed_calls_n, "in_flight": 32,
-                                       "server_cpu_us_per_call": round(embed_cpu / embed_calls_n * 1e6, 1),
-                                       "calls_per_s": round(embed_calls_n / wall, 1)},
+    return {"models": label, "embed": {"calls": embed_calls_n, "in_flight": 32, **embed},
             "generate": {"streams": 64, "tokens": tokens, "server_cpu_us_per_token": round(gen_cpu / tokens * 1e6, 1),
                          "tokens_per_s": round(tokens / gen_wall, 1)}}
 
 
 def versus_st(models: Path, sentences: int) -> dict:
     """16 concurrent 1-sentence clients vs sentence-transformers (batch 8, 2 threads), same sentences."""
-    texts = load_sentences(None, sentences)
+    data = next((d / "sts-dev.csv" for d in STSB if d.is_dir()), None)
+    texts = load_sentences(data, sentences)
     service = ServiceProcess(models, [])
     try:
         name = asyncio.run(resolve_model(service.address, ""))
