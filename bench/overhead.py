@@ -5,7 +5,8 @@ Parts (`--parts`, default all), each against a real `python -m service` subproce
   (32 calls in flight) and per generated token (64 concurrent GenerateStream calls of 40 tokens),
   on the tiny models (`--tiny`, built with `python -m export tiny` when absent: compute close to
   zero, so this is the serving layer's own cost) and on the default models (`--models`); wall-clock
-  calls/s and tokens/s beside it.
+  calls/s and tokens/s beside it, and the mean rows per embedding batch (per-batch costs are
+  shared by that many calls, so CPU per call moves with it).
 - st: 16 concurrent 1-sentence Embed clients vs sentence-transformers in process at batch 8 with 2
   threads, same sentences (bench/embed_throughput.py), with the server's CPU per call.
 - overload: `--embed-max-queue 64 --gen-max-queue 8`, a 10x burst (40 Embed calls of 16 long inputs
@@ -32,7 +33,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from bench.common import ROOT, ServiceProcess, conditions
+from bench.common import ROOT, ServiceProcess, conditions, histogram_delta, scrape_histogram
 from bench.embed_throughput import load_sentences, resolve_model, run_clients, sentence_transformers_run
 from service.client import embed_request
 from service.proto import inference_pb2 as pb
@@ -90,17 +91,18 @@ async def generate_streams(address: str, streams: int, tokens: int, seed: int = 
 
 def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int) -> dict:
     """Server CPU per 1-input Embed call (32 in flight) and per generated token (64 streams x 40)."""
-    service = ServiceProcess(models, [])
+    service = ServiceProcess(models, [], metrics=True)
     pid = service.proc.pid
     try:
         asyncio.run(embed_calls(service.address, 200, 32, [SENTENCE]))  # warm-up
         embed = {}
         for packed in (False, True):
-            before = cpu_seconds(pid)
+            before, batches = cpu_seconds(pid), scrape_histogram(service.metrics_url, "ts_batch_size")
             wall = asyncio.run(embed_calls(service.address, embed_calls_n, 32, [SENTENCE], packed))
+            rows = histogram_delta(batches, scrape_histogram(service.metrics_url, "ts_batch_size"))["mean"]
             embed["packed" if packed else "float"] = {
                 "server_cpu_us_per_call": round((cpu_seconds(pid) - before) / embed_calls_n * 1e6, 1),
-                "calls_per_s": round(embed_calls_n / wall, 1)}
+                "calls_per_s": round(embed_calls_n / wall, 1), "rows_per_batch": rows}
         asyncio.run(generate_streams(service.address, 16, 8))  # warm-up
         before, gen_wall, tokens = cpu_seconds(pid), 0.0, 0
         for r in range(gen_rounds):

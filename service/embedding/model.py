@@ -26,7 +26,7 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs)
+INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs), text by text
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class EmbeddingModel:
         start = time.perf_counter()
         try:
             if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
-                encoded = self.tokenizer.encode(texts, truncate)
+                encoded = self.tokenizer.encode(texts, truncate, parallel=False)
             else:
                 encoded = await asyncio.to_thread(self.tokenizer.encode, texts, truncate)
         except BaseException:
