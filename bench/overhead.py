@@ -205,7 +205,8 @@ def tiny_models(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
     p.add_argument("--models", type=Path, default=ROOT / "models", help="default models root")
-    p.add_argument("--tiny", type=Path, default=ROOT / "build" / "bench-tiny", help="tiny models root (built if absent)")
+    p.add_argument("--tiny", type=Path, default=ROOT / "build" / "bench-tiny",
+                   help="tiny models root (built if absent)")
     p.add_argument("--parts", default="cpu,st,overload", help="comma-separated: cpu, st, overload")
     p.add_argument("--embed-calls", type=int, default=3000)
     p.add_argument("--gen-rounds", type=int, default=2, help="rounds of 64 streams x 40 tokens")
