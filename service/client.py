@@ -91,12 +91,12 @@ class Client(GenerationClientMixin):
         return self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
 
     def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
-        """Embeddings of inputs, in order (kwargs: model, normalize, truncate, dimensions)."""
-        return vectors(self.embed_response(inputs, packed=True, **kwargs))
+        """Embeddings of inputs, in order (kwargs: model, normalize, truncate, dimensions; sent packed)."""
+        return vectors(self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     def embed_array(self, inputs: Iterable[str], **kwargs: Any) -> np.ndarray:
         """Embeddings of inputs as one (N, D) float32 array (sent packed)."""
-        return array(self.embed_response(inputs, packed=True, **kwargs))
+        return array(self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     def embed_stream(self, requests: Iterable[pb.EmbedRequest]) -> Iterator[pb.EmbedResponse]:
         """One response per request, in order (for batch jobs; no per-call deadline)."""
@@ -135,10 +135,10 @@ class AsyncClient(AsyncGenerationClientMixin):
         return await self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
 
     async def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
-        return vectors(await self.embed_response(inputs, packed=True, **kwargs))
+        return vectors(await self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     async def embed_array(self, inputs: Iterable[str], **kwargs: Any) -> np.ndarray:
-        return array(await self.embed_response(inputs, packed=True, **kwargs))
+        return array(await self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     def embed_stream(self, requests: AsyncIterable[pb.EmbedRequest] | Iterable[pb.EmbedRequest]):
         """An async iterator of responses, one per request, in order."""
