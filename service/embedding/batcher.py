@@ -35,6 +35,7 @@ from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
 
+CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution  # what asyncio allows its timers
 Forward = Callable[[list[Encoded]], np.ndarray]
 RunInExecutor = Callable[..., Awaitable]
 
@@ -168,11 +169,12 @@ class Batcher:
                 await self._wake.wait()
                 continue
             close_at = self._queue[0].request.enqueued + self.limits.max_wait_s
-            if not self._full() and close_at > time.monotonic():
-                # A timer sets the event (asyncio.wait_for would create a task per batch).
+            if not self._full() and close_at - time.monotonic() >= CLOCK_RESOLUTION:
+                # A timer sets the event (asyncio.wait_for would create a task per batch). asyncio
+                # fires timers up to one clock resolution early: the loop below stops by then too.
                 timer = asyncio.get_running_loop().call_at(close_at, self._wake.set)
                 try:
-                    while not self._full() and close_at > time.monotonic():
+                    while not self._full() and close_at - time.monotonic() >= CLOCK_RESOLUTION:
                         self._wake.clear()
                         await self._wake.wait()
                 finally:
