@@ -48,6 +48,9 @@ async def test_full_queue_refuses_before_tokenizing(srv, monkeypatch):
                 await srv.embedding.Embed(embed_request(inputs))
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "4 of 4 queued inputs" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [r async for r in srv.embedding.EmbedStream(iter([embed_request(["streamed"])]))]
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert exploding.calls == 0
         monkeypatch.undo()
     assert len((await first).embeddings) == 1
