@@ -2,6 +2,7 @@
 
     with Client("127.0.0.1:50051") as c:
         vectors = c.embed(["a sentence", "another"])          # list of lists of floats
+        matrix = c.embed_array(["a sentence", "another"])      # (2, D) float32, sent packed
         response = c.embed_response(["a sentence"], dimensions=128)   # the EmbedResponse
     async with AsyncClient("127.0.0.1:50051") as c:
         vectors = await c.embed(["a sentence"])
@@ -20,10 +21,12 @@ from collections.abc import AsyncIterable, Iterable, Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.batch.cli import add_batch_parser
+from service.packing import array
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.textgen.client import (
@@ -40,8 +43,10 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 def embed_request(inputs: Iterable[str], model: str = "", normalize: bool | None = None, truncate: bool | None = None,
-                  dimensions: int = 0, request_id: str = "") -> pb.EmbedRequest:
-    request = pb.EmbedRequest(inputs=list(inputs), model=model, dimensions=dimensions, request_id=request_id)
+                  dimensions: int = 0, request_id: str = "", packed: bool = False) -> pb.EmbedRequest:
+    """An EmbedRequest; `packed` asks for the vectors as little-endian float32 bytes (Embedding.packed)."""
+    request = pb.EmbedRequest(inputs=list(inputs), model=model, dimensions=dimensions, request_id=request_id,
+                              encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32 if packed else pb.EMBEDDING_ENCODING_FLOAT)
     if normalize is not None:
         request.normalize = normalize
     if truncate is not None:
@@ -50,7 +55,7 @@ def embed_request(inputs: Iterable[str], model: str = "", normalize: bool | None
 
 
 def vectors(response: pb.EmbedResponse) -> list[list[float]]:
-    return [list(e.values) for e in response.embeddings]
+    return array(response).tolist()
 
 
 def _stubs(obj: Any, channel: grpc.Channel | grpc.aio.Channel) -> None:
@@ -86,8 +91,12 @@ class Client(GenerationClientMixin):
         return self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
 
     def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
-        """Embeddings of inputs, in order (kwargs: model, normalize, truncate, dimensions)."""
-        return vectors(self.embed_response(inputs, **kwargs))
+        """Embeddings of inputs, in order (kwargs: model, normalize, truncate, dimensions; sent packed)."""
+        return vectors(self.embed_response(inputs, **{"packed": True, **kwargs}))
+
+    def embed_array(self, inputs: Iterable[str], **kwargs: Any) -> np.ndarray:
+        """Embeddings of inputs as one (N, D) float32 array (sent packed)."""
+        return array(self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     def embed_stream(self, requests: Iterable[pb.EmbedRequest]) -> Iterator[pb.EmbedResponse]:
         """One response per request, in order (for batch jobs; no per-call deadline)."""
@@ -126,7 +135,10 @@ class AsyncClient(AsyncGenerationClientMixin):
         return await self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
 
     async def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
-        return vectors(await self.embed_response(inputs, **kwargs))
+        return vectors(await self.embed_response(inputs, **{"packed": True, **kwargs}))
+
+    async def embed_array(self, inputs: Iterable[str], **kwargs: Any) -> np.ndarray:
+        return array(await self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     def embed_stream(self, requests: AsyncIterable[pb.EmbedRequest] | Iterable[pb.EmbedRequest]):
         """An async iterator of responses, one per request, in order."""
@@ -153,7 +165,7 @@ def _print_json(obj: Any) -> None:
 
 def _cmd_embed(args: argparse.Namespace, client: Client) -> int:
     response = client.embed_response(args.texts, model=args.model, normalize=args.normalize,
-                                     truncate=args.truncate, dimensions=args.dimensions)
+                                     truncate=args.truncate, dimensions=args.dimensions, packed=args.packed)
     _print_json(MessageToDict(response, preserving_proto_field_name=True))
     return 0
 
@@ -183,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--dimensions", type=int, default=0, help="keep the first N values (0: all)")
     embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None)
     embed.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None)
+    embed.add_argument("--packed", action="store_true", help="ask for packed float32 bytes (printed as base64)")
     embed.set_defaults(handler=_cmd_embed)
     models = sub.add_parser("models", help="list the served models, or show one")
     models.add_argument("name", nargs="?", default="")

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service import packing
 from service.embedding import EmbedResult
+from service.errors import InvalidArgument
 from service.proto import inference_pb2 as pb
 
 
@@ -21,10 +23,18 @@ class EmbedParams:
     truncate: bool
     dimensions: int
     request_id: str
+    packed: bool  # vectors as little-endian float32 bytes (EMBEDDING_ENCODING_PACKED_FLOAT32)
+
+
+ENCODINGS = {pb.EMBEDDING_ENCODING_UNSPECIFIED: False, pb.EMBEDDING_ENCODING_FLOAT: False,
+             pb.EMBEDDING_ENCODING_PACKED_FLOAT32: True}  # encoding -> packed
 
 
 def embed_params(request: pb.EmbedRequest) -> EmbedParams:
     """An EmbedRequest as plain values, optional fields resolved to their defaults."""
+    if request.encoding not in ENCODINGS:
+        raise InvalidArgument(f"encoding={request.encoding} is not an EmbeddingEncoding; use "
+                              "EMBEDDING_ENCODING_FLOAT or EMBEDDING_ENCODING_PACKED_FLOAT32")
     return EmbedParams(
         inputs=list(request.inputs),
         model=request.model,
@@ -32,6 +42,7 @@ def embed_params(request: pb.EmbedRequest) -> EmbedParams:
         truncate=request.truncate if request.HasField("truncate") else True,
         dimensions=int(request.dimensions),
         request_id=request.request_id,
+        packed=ENCODINGS[request.encoding],
     )
 
 
@@ -46,9 +57,10 @@ def timings(total_s: float, tokenize_s: float = 0.0, queue_s: float = 0.0, infer
                       total_ms=total_s * 1e3, time_to_first_token_ms=time_to_first_token_s * 1e3)
 
 
-def embed_response(result: EmbedResult, model: str, request_id: str, total_s: float) -> pb.EmbedResponse:
+def embed_response(result: EmbedResult, model: str, request_id: str, total_s: float,
+                   packed: bool = False) -> pb.EmbedResponse:
     return pb.EmbedResponse(
-        embeddings=[pb.Embedding(values=row) for row in result.embeddings.tolist()],
+        embeddings=packing.embeddings(result.embeddings, packed),
         model=model,
         usage=usage(result.input_tokens),
         timings=timings(total_s, result.tokenize_s, result.queue_s, result.inference_s),

@@ -115,9 +115,17 @@ class _Call:
         await context.abort(self.code, message)
 
     def finish(self) -> None:
-        metrics.REQUESTS.labels(self.service, self.method, self.model, self.code.name).inc()
-        elapsed = time.perf_counter() - self.start
-        metrics.REQUEST_DURATION.labels(self.service, self.method, self.model).observe(elapsed)
+        count, duration = _series(self.service, self.method, self.model, self.code.name)
+        count.inc()
+        duration.observe(time.perf_counter() - self.start)
+
+
+@functools.lru_cache(maxsize=4096)
+def _series(service: str, method: str, model: str, code: str) -> tuple:
+    """The labelled children of one call's metrics, resolved once (labels() costs microseconds a call;
+    label values are bounded: model names are resolved ones or "-")."""
+    return (metrics.REQUESTS.labels(service, method, model, code),
+            metrics.REQUEST_DURATION.labels(service, method, model))
 
 
 def grpc_errors(service: str) -> Callable:

@@ -71,7 +71,8 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
         model = self.registry.get("embedding", params.model)
         label_model(model.name)
         result = await model.embed(params.inputs, params.normalize, params.truncate, params.dimensions, deadline)
-        return converters.embed_response(result, model.name, params.request_id, time.perf_counter() - start)
+        return converters.embed_response(result, model.name, params.request_id, time.perf_counter() - start,
+                                         params.packed)
 
     def _validate(self, params: EmbedParams) -> None:
         limit = self.settings.embed_max_inputs

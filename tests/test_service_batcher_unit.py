@@ -37,7 +37,10 @@ async def run_calls(calls: list[list[int]], limits: BatchLimits) -> tuple[list[n
     batcher = Batcher("unit", forward, run, limits)
     batcher.start()
     try:
-        futures = [batcher.submit(encoded(c, lengths), deadline=None) for c, lengths in enumerate(calls)]
+        futures = []
+        for c, lengths in enumerate(calls):
+            batcher.reserve(len(lengths))
+            futures.append(batcher.enqueue(encoded(c, lengths), deadline=None))
         outcomes = await asyncio.gather(*futures)
     finally:
         await batcher.stop()

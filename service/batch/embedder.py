@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 
 from service.batch.sources import Chunk, Item
+from service.packing import array
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -76,7 +77,8 @@ class ChunkEmbedder:
 
     def request(self, texts: list[str], request_id: str = "") -> pb.EmbedRequest:
         o = self.options
-        req = pb.EmbedRequest(inputs=texts, model=o.model, dimensions=o.dimensions, request_id=request_id)
+        req = pb.EmbedRequest(inputs=texts, model=o.model, dimensions=o.dimensions, request_id=request_id,
+                              encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32)
         if o.normalize is not None:
             req.normalize = o.normalize
         if o.truncate is not None:
@@ -89,7 +91,7 @@ class ChunkEmbedder:
             response = await self._unary(PROBE_TEXT)
         except grpc.aio.AioRpcError as e:
             raise BatchFailed(f"the server refused the job's options: {e.code().name}: {e.details()}") from e
-        self.dim = len(response.embeddings[0].values)
+        self.dim = array(response).shape[1]
         self.model = response.model or self.options.model
         return self.dim
 
@@ -156,7 +158,7 @@ class ChunkEmbedder:
             await asyncio.gather(writer, return_exceptions=True)
 
     def _vectors(self, response: pb.EmbedResponse, expected: int) -> np.ndarray:
-        vectors = np.array([e.values for e in response.embeddings], dtype=np.float32).reshape(-1, self.dim)
+        vectors = array(response).reshape(-1, self.dim)  # packed float32 bytes
         if vectors.shape[0] != expected:
             raise BatchFailed(f"the server returned {vectors.shape[0]} embeddings for {expected} inputs")
         return vectors  # (n, D)

@@ -10,8 +10,13 @@ row has arrived, so large calls split over several batches merge back in order.
 
 Items of a call that was cancelled or whose deadline passed are dropped before compute (in the
 queue, and again in the worker right before the forward pass) and counted in
-`ts_dropped_items_total`. A full queue refuses new calls at once with RESOURCE_EXHAUSTED; a
-stopping batcher refuses them with UNAVAILABLE. (TEI `core/src/queue.rs`, `core/src/infer.rs`.)
+`ts_dropped_items_total`.
+
+Admission comes before any work: `reserve(n)` takes n queue places for a call from its input count
+alone, before it is tokenized, and refuses at once with RESOURCE_EXHAUSTED when queued plus reserved
+inputs would pass `max_queue` (UNAVAILABLE while stopping); `enqueue` turns the reservation into
+queue items, `release` gives it back when tokenization fails. Queued + reserved never exceeds
+`max_queue`. (TEI `core/src/infer.rs`: a permit first, `try_acquire` else Overloaded.)
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
 
+CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution  # what asyncio allows its timers
 Forward = Callable[[list[Encoded]], np.ndarray]
 RunInExecutor = Callable[..., Awaitable]
 
@@ -55,6 +61,9 @@ class Request:
     queue_s: float = 0.0
     inference_s: float = 0.0
     abandoned: bool = False  # future done (cancelled / failed): set on the loop, read by workers
+
+    def abandon(self, _future: asyncio.Future) -> None:
+        self.abandoned = True
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -84,13 +93,21 @@ class Batcher:
     def __init__(self, model: str, forward: Forward, run: RunInExecutor, limits: BatchLimits):
         self.model, self._forward, self._run, self.limits = model, forward, run, limits
         self._queue: list[Item] = []  # arrival order
+        self._reserved = 0  # places taken by admitted calls not yet queued (being tokenized)
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(limits.workers)
         self._running: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self._closing = False
+        # Labelled children resolved once: labels() costs microseconds per call.
+        self._depth = metrics.QUEUE_DEPTH.labels(model)
+        self._queue_duration = metrics.QUEUE_DURATION.labels(model)
+        self._batch_size = metrics.BATCH_SIZE.labels(model)
+        self._batch_tokens = metrics.BATCH_TOKENS.labels(model)
+        self._inference = metrics.INFERENCE_DURATION.labels(model)
+        self._input_tokens = metrics.TOKENS.labels(model, "input")
         metrics.QUEUE_CAPACITY.labels(model).set(limits.max_queue)
-        metrics.QUEUE_DEPTH.labels(model).set(0)
+        self._depth.set(0)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.model}")
@@ -98,26 +115,36 @@ class Batcher:
     async def stop(self) -> None:
         """Refuses new calls, lets queued and running batches finish, then ends the queue task."""
         self._closing = True
-        while self._queue or self._running:
+        while self._queue or self._running or self._reserved:
             self._drop_abandoned()
             await asyncio.sleep(0.005)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def submit(self, encoded: list[Encoded], deadline: float | None) -> asyncio.Future:
-        """Queues one call's inputs; the future resolves to an Outcome. Raises at once when full."""
+    def reserve(self, inputs: int) -> None:
+        """Takes `inputs` queue places for a call before any work on it; raises at once when full."""
         if self._closing:
             raise Unavailable(f"model {self.model!r} is shutting down; retry on another replica")
-        if len(self._queue) + len(encoded) > self.limits.max_queue:
+        queued = len(self._queue) + self._reserved
+        if queued + inputs > self.limits.max_queue:
             raise ResourceExhausted(
-                f"model {self.model!r} is overloaded ({len(self._queue)} of {self.limits.max_queue} queued inputs, "
-                f"this call adds {len(encoded)}); retry with backoff"
+                f"model {self.model!r} is overloaded ({queued} of {self.limits.max_queue} queued inputs, "
+                f"this call adds {inputs}); retry with backoff"
             )
+        self._reserved += inputs
+
+    def release(self, inputs: int) -> None:
+        """Gives back places of a reservation that will not be queued (its call failed)."""
+        self._reserved -= inputs
+
+    def enqueue(self, encoded: list[Encoded], deadline: float | None) -> asyncio.Future:
+        """Queues one call's inputs in the places reserve() took; the future resolves to an Outcome."""
+        self._reserved -= len(encoded)
         request = Request(encoded, deadline, asyncio.get_running_loop().create_future())
-        request.future.add_done_callback(lambda _: setattr(request, "abandoned", True))
+        request.future.add_done_callback(request.abandon)
         self._queue.extend(Item(request, i) for i in range(len(encoded)))
-        metrics.QUEUE_DEPTH.labels(self.model).set(len(self._queue))
+        self._depth.set(len(self._queue))
         self._wake.set()
         return request.future
 
@@ -142,12 +169,16 @@ class Batcher:
                 await self._wake.wait()
                 continue
             close_at = self._queue[0].request.enqueued + self.limits.max_wait_s
-            while not self._full() and (left := close_at - time.monotonic()) > 0:
-                self._wake.clear()
+            if not self._full() and close_at - time.monotonic() >= CLOCK_RESOLUTION:
+                # A timer sets the event (asyncio.wait_for would create a task per batch). asyncio
+                # fires timers up to one clock resolution early: the loop below stops by then too.
+                timer = asyncio.get_running_loop().call_at(close_at, self._wake.set)
                 try:
-                    await asyncio.wait_for(self._wake.wait(), left)
-                except asyncio.TimeoutError:
-                    break
+                    while not self._full() and close_at - time.monotonic() >= CLOCK_RESOLUTION:
+                        self._wake.clear()
+                        await self._wake.wait()
+                finally:
+                    timer.cancel()
             self._drop_abandoned()
             if self._queue:
                 return self._take()
@@ -175,7 +206,7 @@ class Batcher:
                 break
         chosen = set(order[lo : hi + 1])
         self._queue = [it for i, it in enumerate(q) if i not in chosen]
-        metrics.QUEUE_DEPTH.labels(self.model).set(len(self._queue))
+        self._depth.set(len(self._queue))
         return [q[i] for i in order[lo : hi + 1]]
 
     def _drop_abandoned(self) -> None:
@@ -183,7 +214,7 @@ class Batcher:
         keep = [it for it in self._queue if not self._dropped(it, now)]
         if len(keep) != len(self._queue):
             self._queue = keep
-            metrics.QUEUE_DEPTH.labels(self.model).set(len(keep))
+            self._depth.set(len(keep))
 
     def _dropped(self, item: Item, now: float) -> bool:
         """True (and counted) when the item's call went away or expired; fails an expired call."""
@@ -202,7 +233,7 @@ class Batcher:
         try:
             started = time.monotonic()
             for it in batch:
-                metrics.QUEUE_DURATION.labels(self.model).observe(started - it.request.enqueued)
+                self._queue_duration.observe(started - it.request.enqueued)
                 it.request.queue_s = max(it.request.queue_s, started - it.request.enqueued)
             try:
                 live, out, seconds = await self._run(self._compute, batch)
@@ -234,10 +265,10 @@ class Batcher:
 
     def _record(self, live: list[Item], seconds: float) -> None:
         width = max(it.tokens for it in live)
-        metrics.BATCH_SIZE.labels(self.model).observe(len(live))
-        metrics.BATCH_TOKENS.labels(self.model).observe(len(live) * width)
-        metrics.INFERENCE_DURATION.labels(self.model).observe(seconds)
-        metrics.TOKENS.labels(self.model, "input").inc(sum(it.tokens for it in live))
+        self._batch_size.observe(len(live))
+        self._batch_tokens.observe(len(live) * width)
+        self._inference.observe(seconds)
+        self._input_tokens.inc(sum(it.tokens for it in live))
 
     def _scatter(self, live: list[Item], out: np.ndarray, seconds: float) -> None:
         for request in {it.request for it in live}:

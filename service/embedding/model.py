@@ -1,8 +1,9 @@
 """`EmbeddingModel`: the registry backend for kind "embedding" (tokenizer + engine + batcher).
 
 `embed()` takes plain Python values (the servicer converts protobuf) and returns an
-`EmbedResult`: tokenize (inline for small calls, in a thread for large ones: encode_batch
-releases the GIL), queue through the batcher, then truncate dimensions / normalise in numpy.
+`EmbedResult`: take queue places (admission, refused at once when full: batcher.reserve), tokenize
+(inline for small calls, in a thread for large ones: encode_batch releases the GIL), queue through
+the batcher, then truncate dimensions / normalise in numpy.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs)
+INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs), text by text
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,17 @@ class EmbeddingModel:
         if dimensions > self.dimension:
             raise InvalidArgument(f"dimensions={dimensions} is larger than model {self.name!r}'s "
                                   f"{self.dimension}; use 0 (full) or 1..{self.dimension}")
+        self.batcher.reserve(len(texts))  # admission: refused at once, before any work
         start = time.perf_counter()
-        if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
-            encoded = self.tokenizer.encode(texts, truncate)
-        else:
-            encoded = await asyncio.to_thread(self.tokenizer.encode, texts, truncate)
+        try:
+            if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
+                encoded = self.tokenizer.encode(texts, truncate, parallel=False)
+            else:
+                encoded = await asyncio.to_thread(self.tokenizer.encode, texts, truncate)
+        except BaseException:
+            self.batcher.release(len(texts))
+            raise
         tokenize_s = time.perf_counter() - start
-        outcome = await self.batcher.submit(encoded, deadline)
+        outcome = await self.batcher.enqueue(encoded, deadline)
         vectors = postprocess(outcome.embeddings, normalize, dimensions)
         return EmbedResult(vectors, outcome.input_tokens, tokenize_s, outcome.queue_s, outcome.inference_s)

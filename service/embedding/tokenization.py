@@ -42,15 +42,20 @@ class EmbeddingTokenizer:
     def vocab_size(self) -> int:
         return self._full.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, texts: list[str], truncate: bool = True) -> list[Encoded]:
-        """Tokenizes texts (encode_batch releases the GIL); raises InvalidArgument when one is too long."""
-        if truncate:
-            return [Encoded(e.ids, e.type_ids) for e in self._truncating.encode_batch(texts)]
-        encodings = self._full.encode_batch(texts)
-        for i, e in enumerate(encodings):
-            if len(e.ids) > self.max_tokens:
-                raise InvalidArgument(
-                    f"inputs[{i}] is {len(e.ids)} tokens long, over this model's limit of {self.max_tokens}; "
-                    "shorten it or set truncate=true to cut it to the limit"
-                )
+    def encode(self, texts: list[str], truncate: bool = True, parallel: bool = True) -> list[Encoded]:
+        """Tokenizes texts; raises InvalidArgument when one is too long.
+
+        parallel: encode_batch (the library's thread pool; releases the GIL), for large calls run in
+        a thread. Otherwise text by text in the calling thread: on the event loop, encode_batch
+        would block the loop until a pool thread is scheduled, a thread hop per call on a busy CPU.
+        """
+        tokenizer = self._truncating if truncate else self._full
+        encodings = tokenizer.encode_batch(texts) if parallel else [tokenizer.encode(t) for t in texts]
+        if not truncate:
+            for i, e in enumerate(encodings):
+                if len(e.ids) > self.max_tokens:
+                    raise InvalidArgument(
+                        f"inputs[{i}] is {len(e.ids)} tokens long, over this model's limit of {self.max_tokens}; "
+                        "shorten it or set truncate=true to cut it to the limit"
+                    )
         return [Encoded(e.ids, e.type_ids) for e in encodings]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cinference/v1/inference.proto\x12\x0cinference.v1\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"x\n\x07Timings\x12\x13\n\x0btokenize_ms\x18\x01 \x01(\x01\x12\x10\n\x08queue_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x05 \x01(\x01\"\x9f\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08truncate\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\tB\x0c\n\n_normalizeB\x0b\n\t_truncate\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\xab\x01\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.inference.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xc1\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xc1\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"\xbe\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"p\n\x10TranslateRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tbeam_size\x18\x03 \x01(\r\x12\x12\n\nmax_length\x18\x04 \x01(\r\x12\x16\n\x0elength_penalty\x18\x05 \x01(\x02\"*\n\x0bTranslation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\x9f\x01\n\x11TranslateResponse\x12/\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x19.inference.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.inference.v1.ModelInfo\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xb8\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x03 \x01(\t\x12\x18\n\x10max_input_tokens\x18\x04 \x01(\r\x12\x1b\n\x13\x65mbedding_dimension\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nis_default\x18\x07 \x01(\x08\x12\x0f\n\x07variant\x18\x08 \x01(\t\x12\x37\n\x08manifest\x18\t \x03(\x0b\x32%.inference.v1.ModelInfo.ManifestEntry\x12\x19\n\x11max_output_tokens\x18\n \x01(\r\x1a/\n\rManifestEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x7f\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x32\xa0\x01\n\x10\x45mbeddingService\x12@\n\x05\x45mbed\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse\x12J\n\x0b\x45mbedStream\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse(\x01\x30\x01\x32\xae\x01\n\x11GenerationService\x12I\n\x08Generate\x12\x1d.inference.v1.GenerateRequest\x1a\x1e.inference.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.inference.v1.GenerateRequest\x1a\x1b.inference.v1.GenerateChunk0\x01\x32\x62\n\x12TranslationService\x12L\n\tTranslate\x12\x1e.inference.v1.TranslateRequest\x1a\x1f.inference.v1.TranslateResponse2\xa3\x01\n\x0cModelService\x12O\n\nListModels\x12\x1f.inference.v1.ListModelsRequest\x1a .inference.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.inference.v1.GetModelRequest\x1a\x17.inference.v1.ModelInfoBY\n#dev.transformerserving.inference.v1P\x01Z0transformer-serving/gen/inference/v1;inferencev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cinference/v1/inference.proto\x12\x0cinference.v1\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"x\n\x07Timings\x12\x13\n\x0btokenize_ms\x18\x01 \x01(\x01\x12\x10\n\x08queue_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x05 \x01(\x01\"\xd2\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08truncate\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x31\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x1f.inference.v1.EmbeddingEncodingB\x0c\n\n_normalizeB\x0b\n\t_truncate\"+\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0e\n\x06packed\x18\x02 \x01(\x0c\"\xab\x01\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.inference.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xc1\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xc1\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"\xbe\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"p\n\x10TranslateRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tbeam_size\x18\x03 \x01(\r\x12\x12\n\nmax_length\x18\x04 \x01(\r\x12\x16\n\x0elength_penalty\x18\x05 \x01(\x02\"*\n\x0bTranslation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\x9f\x01\n\x11TranslateResponse\x12/\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x19.inference.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.inference.v1.ModelInfo\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xb8\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x03 \x01(\t\x12\x18\n\x10max_input_tokens\x18\x04 \x01(\r\x12\x1b\n\x13\x65mbedding_dimension\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nis_default\x18\x07 \x01(\x08\x12\x0f\n\x07variant\x18\x08 \x01(\t\x12\x37\n\x08manifest\x18\t \x03(\x0b\x32%.inference.v1.ModelInfo.ManifestEntry\x12\x19\n\x11max_output_tokens\x18\n \x01(\r\x1a/\n\rManifestEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*|\n\x11\x45mbeddingEncoding\x12\"\n\x1e\x45MBEDDING_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45MBEDDING_ENCODING_FLOAT\x10\x01\x12%\n!EMBEDDING_ENCODING_PACKED_FLOAT32\x10\x02*\x7f\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x32\xa0\x01\n\x10\x45mbeddingService\x12@\n\x05\x45mbed\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse\x12J\n\x0b\x45mbedStream\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse(\x01\x30\x01\x32\xae\x01\n\x11GenerationService\x12I\n\x08Generate\x12\x1d.inference.v1.GenerateRequest\x1a\x1e.inference.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.inference.v1.GenerateRequest\x1a\x1b.inference.v1.GenerateChunk0\x01\x32\x62\n\x12TranslationService\x12L\n\tTranslate\x12\x1e.inference.v1.TranslateRequest\x1a\x1f.inference.v1.TranslateResponse2\xa3\x01\n\x0cModelService\x12O\n\nListModels\x12\x1f.inference.v1.ListModelsRequest\x1a .inference.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.inference.v1.GetModelRequest\x1a\x17.inference.v1.ModelInfoBY\n#dev.transformerserving.inference.v1P\x01Z0transformer-serving/gen/inference/v1;inferencev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,46 +34,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n#dev.transformerserving.inference.v1P\001Z0transformer-serving/gen/inference/v1;inferencev1'
   _globals['_MODELINFO_MANIFESTENTRY']._loaded_options = None
   _globals['_MODELINFO_MANIFESTENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1924
-  _globals['_FINISHREASON']._serialized_end=2051
+  _globals['_EMBEDDINGENCODING']._serialized_start=1991
+  _globals['_EMBEDDINGENCODING']._serialized_end=2115
+  _globals['_FINISHREASON']._serialized_start=2117
+  _globals['_FINISHREASON']._serialized_end=2244
   _globals['_USAGE']._serialized_start=46
   _globals['_USAGE']._serialized_end=98
   _globals['_TIMINGS']._serialized_start=100
   _globals['_TIMINGS']._serialized_end=220
   _globals['_EMBEDREQUEST']._serialized_start=223
-  _globals['_EMBEDREQUEST']._serialized_end=382
-  _globals['_EMBEDDING']._serialized_start=384
-  _globals['_EMBEDDING']._serialized_end=411
-  _globals['_EMBEDRESPONSE']._serialized_start=414
-  _globals['_EMBEDRESPONSE']._serialized_end=585
-  _globals['_GENERATEREQUEST']._serialized_start=588
-  _globals['_GENERATEREQUEST']._serialized_end=781
-  _globals['_GENERATERESPONSE']._serialized_start=784
-  _globals['_GENERATERESPONSE']._serialized_end=977
-  _globals['_GENERATECHUNK']._serialized_start=980
-  _globals['_GENERATECHUNK']._serialized_end=1170
-  _globals['_TRANSLATEREQUEST']._serialized_start=1172
-  _globals['_TRANSLATEREQUEST']._serialized_end=1284
-  _globals['_TRANSLATION']._serialized_start=1286
-  _globals['_TRANSLATION']._serialized_end=1328
-  _globals['_TRANSLATERESPONSE']._serialized_start=1331
-  _globals['_TRANSLATERESPONSE']._serialized_end=1490
-  _globals['_LISTMODELSREQUEST']._serialized_start=1492
-  _globals['_LISTMODELSREQUEST']._serialized_end=1511
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1513
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1574
-  _globals['_GETMODELREQUEST']._serialized_start=1576
-  _globals['_GETMODELREQUEST']._serialized_end=1607
-  _globals['_MODELINFO']._serialized_start=1610
-  _globals['_MODELINFO']._serialized_end=1922
-  _globals['_MODELINFO_MANIFESTENTRY']._serialized_start=1875
-  _globals['_MODELINFO_MANIFESTENTRY']._serialized_end=1922
-  _globals['_EMBEDDINGSERVICE']._serialized_start=2054
-  _globals['_EMBEDDINGSERVICE']._serialized_end=2214
-  _globals['_GENERATIONSERVICE']._serialized_start=2217
-  _globals['_GENERATIONSERVICE']._serialized_end=2391
-  _globals['_TRANSLATIONSERVICE']._serialized_start=2393
-  _globals['_TRANSLATIONSERVICE']._serialized_end=2491
-  _globals['_MODELSERVICE']._serialized_start=2494
-  _globals['_MODELSERVICE']._serialized_end=2657
+  _globals['_EMBEDREQUEST']._serialized_end=433
+  _globals['_EMBEDDING']._serialized_start=435
+  _globals['_EMBEDDING']._serialized_end=478
+  _globals['_EMBEDRESPONSE']._serialized_start=481
+  _globals['_EMBEDRESPONSE']._serialized_end=652
+  _globals['_GENERATEREQUEST']._serialized_start=655
+  _globals['_GENERATEREQUEST']._serialized_end=848
+  _globals['_GENERATERESPONSE']._serialized_start=851
+  _globals['_GENERATERESPONSE']._serialized_end=1044
+  _globals['_GENERATECHUNK']._serialized_start=1047
+  _globals['_GENERATECHUNK']._serialized_end=1237
+  _globals['_TRANSLATEREQUEST']._serialized_start=1239
+  _globals['_TRANSLATEREQUEST']._serialized_end=1351
+  _globals['_TRANSLATION']._serialized_start=1353
+  _globals['_TRANSLATION']._serialized_end=1395
+  _globals['_TRANSLATERESPONSE']._serialized_start=1398
+  _globals['_TRANSLATERESPONSE']._serialized_end=1557
+  _globals['_LISTMODELSREQUEST']._serialized_start=1559
+  _globals['_LISTMODELSREQUEST']._serialized_end=1578
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1580
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1641
+  _globals['_GETMODELREQUEST']._serialized_start=1643
+  _globals['_GETMODELREQUEST']._serialized_end=1674
+  _globals['_MODELINFO']._serialized_start=1677
+  _globals['_MODELINFO']._serialized_end=1989
+  _globals['_MODELINFO_MANIFESTENTRY']._serialized_start=1942
+  _globals['_MODELINFO_MANIFESTENTRY']._serialized_end=1989
+  _globals['_EMBEDDINGSERVICE']._serialized_start=2247
+  _globals['_EMBEDDINGSERVICE']._serialized_end=2407
+  _globals['_GENERATIONSERVICE']._serialized_start=2410
+  _globals['_GENERATIONSERVICE']._serialized_end=2584
+  _globals['_TRANSLATIONSERVICE']._serialized_start=2586
+  _globals['_TRANSLATIONSERVICE']._serialized_end=2684
+  _globals['_MODELSERVICE']._serialized_start=2687
+  _globals['_MODELSERVICE']._serialized_end=2850
 # @@protoc_insertion_point(module_scope)

@@ -7,12 +7,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EmbeddingEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EMBEDDING_ENCODING_UNSPECIFIED: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_FLOAT: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_PACKED_FLOAT32: _ClassVar[EmbeddingEncoding]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_STOP_SEQUENCE: _ClassVar[FinishReason]
     FINISH_REASON_EOS: _ClassVar[FinishReason]
+EMBEDDING_ENCODING_UNSPECIFIED: EmbeddingEncoding
+EMBEDDING_ENCODING_FLOAT: EmbeddingEncoding
+EMBEDDING_ENCODING_PACKED_FLOAT32: EmbeddingEncoding
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason
@@ -41,26 +50,30 @@ class Timings(_message.Message):
     def __init__(self, tokenize_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., inference_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "model", "normalize", "truncate", "dimensions", "request_id")
+    __slots__ = ("inputs", "model", "normalize", "truncate", "dimensions", "request_id", "encoding")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     model: str
     normalize: bool
     truncate: bool
     dimensions: int
     request_id: str
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    encoding: EmbeddingEncoding
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("values",)
+    __slots__ = ("values", "packed")
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+    packed: bytes
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., packed: _Optional[bytes] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "model", "usage", "timings", "request_id")
