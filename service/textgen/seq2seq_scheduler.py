@@ -95,16 +95,16 @@ class Seq2SeqScheduler:
 
     async def run(self) -> None:
         while True:
-            gone = {key for key, it in self.members.items() if it.future.done()}
+            gone = {key for key, it in self.members.items() if it.future.done()}  # cancelled calls
+            for key in gone:
+                del self.members[key]
             newcomers = self._admit()
-            if not newcomers and len(gone) == len(self.members):
-                self._forget(gone)
+            if not newcomers and not self.members:  # the queue holds nothing live either
                 if gone:
                     self.batch.clear()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._forget(gone)
             self._poked.clear()
             self.turns += 1
             start = time.perf_counter()
@@ -124,7 +124,8 @@ class Seq2SeqScheduler:
         """Waiting items, in arrival order, while their rows fit; an isolated one only into an empty batch."""
         if self._solo and self.members:
             return []
-        self._solo, out, rows, now = False, [], self.batch.rows, time.perf_counter()
+        rows = sum(it.search.k for it in self.members.values())  # live rows (cancelled ones leave at the next turn)
+        self._solo, out, now = False, [], time.perf_counter()
         while self.queue:
             it = self.queue[0]
             if it.future.done():
@@ -143,10 +144,6 @@ class Seq2SeqScheduler:
                 break
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.queue))
         return out
-
-    def _forget(self, gone: set[int]) -> None:
-        for key in gone:
-            del self.members[key]
 
     def _compute(self, newcomers: list[Item], gone: set[int]) -> tuple[Ended, list[SourceSearch]]:
         """Compute thread: drop, join, then decoder steps until something needs the loop."""
