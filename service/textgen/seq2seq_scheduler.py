@@ -4,10 +4,11 @@ Each turn of the loop (like service/textgen/scheduler.py for generation):
 1. sources of cancelled calls are dropped; waiting sources are admitted in arrival order while
    their rows (k each: beam size, 1 for greedy) fit in `max_rows`, greedy and beam alike;
 2. in the compute executor, the newcomers' encoder runs (for them only) and their rows join the
-   batch (seq2seq.Seq2SeqBatch); then decoder steps run back to back until a source ends, a
-   waiting source fits, a call is cancelled, or `SLICE_S` passes (a thread hand-off per step
-   costs milliseconds on a busy CPU);
-3. ended sources resolve their futures on the loop; a long beam search no longer holds the queue.
+   batch (seq2seq.Seq2SeqBatch); then decoder steps run back to back until a waiting source
+   fits, a call is cancelled, or `SLICE_S` passes (a thread hand-off per step costs
+   milliseconds on a busy CPU);
+3. sources that end are handed to the loop as they end (call_soon_threadsafe) and resolve their
+   futures there; their rows leave at once, so a long beam search no longer holds the queue.
 Isolation: an exception in one source's search or encoding fails that source only. A decoder call
 that fails for the whole batch cannot name its culprit: every source in it restarts alone
 ("isolated": admitted into an empty batch, nothing joins it), so only the culprit fails.
@@ -60,6 +61,7 @@ class Seq2SeqScheduler:
         self.turns = 0  # executor calls so far
         self.closing = False
         self._solo = False  # an isolated source runs: nothing joins it
+        self._turn_start = 0.0
         self._wake = asyncio.Event()
         self._poked = threading.Event()  # a call was cancelled: the compute thread returns to the loop
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
@@ -107,9 +109,9 @@ class Seq2SeqScheduler:
                 continue
             self._poked.clear()
             self.turns += 1
-            start = time.perf_counter()
+            start = self._turn_start = time.perf_counter()
             try:
-                ended, retry = await self.runtime.run(self._compute, newcomers, gone)
+                ended, retry = await self.runtime.run(self._compute, newcomers, gone, asyncio.get_running_loop())
             except Exception as exc:  # noqa: BLE001 - a bug outside any one source: fail the batch, keep the loop
                 log.exception("translation turn of model %s failed", self.name)
                 ended, retry = [(it.search, exc) for it in self.members.values()], []
@@ -145,13 +147,18 @@ class Seq2SeqScheduler:
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.queue))
         return out
 
-    def _compute(self, newcomers: list[Item], gone: set[int]) -> tuple[Ended, list[SourceSearch]]:
-        """Compute thread: drop, join, then decoder steps until something needs the loop."""
+    def _compute(self, newcomers: list[Item], gone: set[int], loop) -> tuple[Ended, list[SourceSearch]]:
+        """Compute thread: drop, join, then decoder steps until the loop has work (a newcomer fits,
+        a call was cancelled) or SLICE_S passes. Sources that end are handed to the loop as they
+        end; returns those of a failed turn and the sources to restart alone."""
         self.batch.drop(gone)
         ended = self._join(newcomers) if newcomers else []
+        if ended:
+            loop.call_soon_threadsafe(self._deliver, ended, [])
         metrics.BATCH_SIZE.labels(self.name).observe(self.batch.rows)
         deadline = time.perf_counter() + SLICE_S
-        while self.batch.rows and not ended and not self._poked.is_set() and not self._room_for_next():
+        while self.batch.rows and not self._poked.is_set() and not self._room_for_next() \
+                and time.perf_counter() < deadline:
             try:
                 ended = self.batch.step()
             except Exception as exc:  # noqa: BLE001 - the decoder call failed for every row at once
@@ -162,9 +169,9 @@ class Seq2SeqScheduler:
                 log.warning("translation step of model %s failed for %d sources; each restarts alone: %r",
                             self.name, len(sources), exc)
                 return [], sources
-            if time.perf_counter() > deadline:
-                break
-        return ended, []
+            if ended:
+                loop.call_soon_threadsafe(self._deliver, ended, [])
+        return [], []
 
     def _room_for_next(self) -> bool:
         """Whether the head of the queue could join now (read from the compute thread: a hint)."""
@@ -194,6 +201,7 @@ class Seq2SeqScheduler:
             it = self.members.pop(id(search), None)
             if it is None or it.future.done():
                 continue
+            it.inference_s += time.perf_counter() - self._turn_start
             if exc is None:
                 it.future.set_result(search.result)
             else:
