@@ -72,8 +72,8 @@ async def alone_then_crowd(model: TranslationModel, calls) -> tuple[list, list]:
 
 
 def same(a: list, b: list) -> bool:
-    return all([t for t, _ in x] == [t for t, _ in y] and [s for _, s in x] == pytest.approx([s for _, s in y], abs=1e-4)
-               for x, y in zip(a, b, strict=True))
+    return all([t for t, _ in x] == [t for t, _ in y]
+               and [s for _, s in x] == pytest.approx([s for _, s in y], abs=1e-4) for x, y in zip(a, b, strict=True))
 
 
 async def test_each_call_keeps_its_own_options_in_a_crowd(trained):

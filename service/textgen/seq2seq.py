@@ -53,8 +53,8 @@ class Seq2SeqBatch:
         """One decoder call for every row; returns (source, exception or None) for the sources that
         ended (finished, or failed alone). A failing decoder call raises and leaves the batch as it was."""
         if self._bound is None:
-            self._bound = to_device({**dict(zip(self.cross_names, self._cross)), "encoder_attention_mask": self._src_mask},
-                                    self.device)
+            constants = {**dict(zip(self.cross_names, self._cross)), "encoder_attention_mask": self._src_mask}
+            self._bound = to_device(constants, self.device)
         tokens = np.concatenate([s.last for s in self.sources])  # (R,)
         positions = np.repeat([s.steps for s in self.sources], [s.k for s in self.sources])  # (R,)
         feeds = {"input_ids": tokens[:, None], "position_ids": positions[:, None].astype(np.int64)}  # (R, 1) each

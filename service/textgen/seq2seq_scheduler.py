@@ -27,8 +27,8 @@ import numpy as np
 
 from service import metrics
 from service.errors import ResourceExhausted, Unavailable
-from service.textgen.seq2seq import Seq2SeqBatch
 from service.textgen.search import SourceSearch
+from service.textgen.seq2seq import Seq2SeqBatch
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Seq2SeqScheduler:
             start = self._turn_start = time.perf_counter()
             try:
                 ended, retry = await self.runtime.run(self._compute, newcomers, gone, asyncio.get_running_loop())
-            except Exception as exc:  # noqa: BLE001 - a bug outside any one source: fail the batch, keep the loop
+            except Exception as exc:  # a bug outside any one source: fail the batch, keep the loop
                 log.exception("translation turn of model %s failed", self.name)
                 ended, retry = [(it.search, exc) for it in self.members.values()], []
                 self.batch = Seq2SeqBatch(self.batch.session, self.batch.io, self.batch.device)

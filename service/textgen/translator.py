@@ -153,7 +153,7 @@ class TranslationModel:
         for i, h in enumerate(outputs):
             try:
                 texts.append(Translation(self.tokenizer.decode(h.tokens, skip_special_tokens=True), h.score, h.tokens))
-            except Exception as exc:  # noqa: BLE001 - this call's own input: a clear status, not INTERNAL's generic one
+            except Exception as exc:  # this call's own input: a clear status, not INTERNAL's generic one
                 raise self._row_failed(i, exc) from exc
         return texts
 
