@@ -116,11 +116,11 @@ class Seq2SeqScheduler:
                 log.exception("translation turn of model %s failed", self.name)
                 ended, retry = [(it.search, exc) for it in self.members.values()], []
                 self.batch = Seq2SeqBatch(self.batch.session, self.batch.io, self.batch.device)
+            self._deliver(ended, retry)
             elapsed = time.perf_counter() - start
             for it in self.members.values():
                 it.inference_s += elapsed
             metrics.INFERENCE_DURATION.labels(self.name).observe(elapsed)
-            self._deliver(ended, retry)
 
     def _admit(self) -> list[Item]:
         """Waiting items, in arrival order, while their rows fit; an isolated one only into an empty batch."""
