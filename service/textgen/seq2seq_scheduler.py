@@ -4,9 +4,9 @@ Each turn of the loop (like service/textgen/scheduler.py for generation):
 1. sources of cancelled calls are dropped; waiting sources are admitted in arrival order while
    their rows (k each: beam size, 1 for greedy) fit in `max_rows`, greedy and beam alike;
 2. in the compute executor, the newcomers' encoder runs (for them only) and their rows join the
-   batch (seq2seq.Seq2SeqBatch); then decoder steps run back to back until a waiting source
-   fits, a call is cancelled, or `SLICE_S` passes (a thread hand-off per step costs
-   milliseconds on a busy CPU);
+   batch (seq2seq.Seq2SeqBatch); then decoder steps run back to back until waiting sources fit
+   (a quarter of the rows free, or the head waited `JOIN_AFTER_STEPS` steps), a call is
+   cancelled, or `SLICE_S` passes (a thread hand-off per step costs milliseconds on a busy CPU);
 3. sources that end are handed to the loop as they end (call_soon_threadsafe) and resolve their
    futures there; their rows leave at once, so a long beam search no longer holds the queue.
 Isolation: an exception in one source's search or encoding fails that source only. A decoder call
@@ -33,6 +33,7 @@ from service.textgen.seq2seq import Seq2SeqBatch
 log = logging.getLogger(__name__)
 
 SLICE_S = 0.25  # longest run of decoder steps between two visits of the event loop
+JOIN_AFTER_STEPS = 8  # most steps a source that fits waits for others to join with it
 Ended = list[tuple[SourceSearch, BaseException | None]]
 
 
@@ -156,9 +157,10 @@ class Seq2SeqScheduler:
         if ended:
             loop.call_soon_threadsafe(self._deliver, ended, [])
         metrics.BATCH_SIZE.labels(self.name).observe(self.batch.rows)
-        deadline = time.perf_counter() + SLICE_S
-        while self.batch.rows and not self._poked.is_set() and not self._room_for_next() \
+        deadline, waited = time.perf_counter() + SLICE_S, 0
+        while self.batch.rows and not self._poked.is_set() and not self._time_to_join(waited) \
                 and time.perf_counter() < deadline:
+            waited = waited + 1 if self.queue else 0
             try:
                 ended = self.batch.step()
             except Exception as exc:  # noqa: BLE001 - the decoder call failed for every row at once
@@ -173,11 +175,15 @@ class Seq2SeqScheduler:
                 loop.call_soon_threadsafe(self._deliver, ended, [])
         return [], []
 
-    def _room_for_next(self) -> bool:
-        """Whether the head of the queue could join now (read from the compute thread: a hint)."""
+    def _time_to_join(self, waited: int) -> bool:
+        """Whether to go back to the loop for the head of the queue (read from the compute thread:
+        a hint). Only when it fits, and once a quarter of the rows are free or it has waited
+        JOIN_AFTER_STEPS steps: every join costs a thread hand-off, an encoder run and a copy of
+        the batch's cache, so newcomers join in groups when the batch drains one source at a time."""
         head = self.queue[0] if self.queue else None
-        return head is not None and not self._solo and not head.isolated and \
-            self.batch.rows + head.search.k <= self.max_rows
+        if head is None or self._solo or head.isolated or self.batch.rows + head.search.k > self.max_rows:
+            return False
+        return self.max_rows - self.batch.rows >= max(self.max_rows // 4, head.search.k) or waited >= JOIN_AFTER_STEPS
 
     def _join(self, items: list[Item]) -> Ended:
         """Encodes the newcomers together (each alone if that fails) and adds their rows."""
