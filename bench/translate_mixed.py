@@ -1,7 +1,8 @@
 """Short translation calls arriving behind long beam searches; JSON to stdout.
 
-Drives the service's TranslationModel in-process (no gRPC): `--long` calls of the longest test
-sentences with beam `--beam` (up to the model's max_output_tokens) start first; while they run,
+Drives the service's TranslationModel in-process (no gRPC): `--long` calls, each one source made
+of two of the longest test sentences, with beam `--beam` (up to the model's max_output_tokens)
+start first; while they run,
 a one-sentence greedy call arrives every `--gap-ms` (sentences of tests/data/tatoeba-en-fr-160.txt
 in turn). Reports the short calls' latency (p50, p95, max), the long calls' wall time, and the
 sentences/s of the whole workload. The engine's own figures, not a comparison: run it once per
@@ -38,7 +39,8 @@ async def timed(coro) -> float:
 
 
 async def workload(model: TranslationModel, args, english: list[str]) -> dict:
-    longest = sorted(english, key=len)[-args.long:]
+    by_length = sorted(english, key=len)
+    longest = [" ".join(by_length[-2 - 2 * i:][:2]) for i in range(args.long)]  # two long sentences a source
     start = time.perf_counter()
     longs = [asyncio.ensure_future(timed(model.translate([s], TranslateOptions(beam_size=args.beam))))
              for s in longest]
