@@ -21,7 +21,8 @@ from service.runtime import Runtime
 from service.settings import Settings
 from service.textgen.decoding import SamplingParams
 from service.textgen.generator import GenerationModel
-from service.textgen.search import Seq2SeqState, beam_search, greedy_search, log_softmax
+from service.textgen.search import SourceSearch, log_softmax
+from service.textgen.seq2seq import Seq2SeqBatch
 from service.textgen.translator import TranslateOptions, TranslationModel
 
 PROMPTS = ["Once upon a time", "The cat", "A longer prompt of many byte tokens, é ü!", "Hi", "", "Tom and Sue"]
@@ -144,17 +145,20 @@ async def test_translation_greedy_matches_pytorch_and_beam_one(runtime, tiny_mod
 
 
 def test_beam_search_with_one_beam_is_greedy_search(runtime, tiny_models_root):
-    """The beam algorithm itself at k = 1 (the service routes beam 1 to greedy_search) agrees with greedy."""
+    """The beam algorithm itself at k = 1 (the service routes beam 1 to argmax) agrees with greedy."""
     model_dir = load_model_dir(tiny_models_root / "tiny-translate")
     encoder, decoder, tok = _sessions(TranslationModel, runtime, model_dir)
     model = TranslationModel(model_dir.manifest, encoder, decoder, tok, runtime.settings, runtime, "fp32")
     ids, mask = pad_right([tok.encode(s).ids for s in SOURCES])
     cross = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
-    lengths = [8, 30, 20, 30]
     results = []
-    for search in (greedy_search, lambda st, *a: beam_search(st, 1, *a)):
-        state = Seq2SeqState(decoder, model.io, cross, mask, None)
-        results.append(search(state, model.start_id, model.eos_id, lengths, 0.7))
+    for greedy in (True, False):
+        sources = [SourceSearch(1, model.start_id, model.eos_id, n, 0.7, greedy) for n in (8, 30, 20, 30)]
+        batch = Seq2SeqBatch(decoder, model.io, None)
+        batch.join(sources, cross, mask)
+        while batch.rows:
+            assert all(exc is None for _, exc in batch.step())
+        results.append([s.result for s in sources])
     assert [h.tokens for h in results[0]] == [h.tokens for h in results[1]]
     assert [h.score for h in results[0]] == pytest.approx([h.score for h in results[1]], abs=1e-5)
 
@@ -188,7 +192,7 @@ async def test_concurrent_translations_batch_together(runtime, tiny_models_root)
     alone = [(await model.translate([s], TranslateOptions(max_length=16))).translations[0] for s in SOURCES]
     together = await asyncio.gather(*(model.translate([s], TranslateOptions(max_length=16)) for s in SOURCES))
     assert [r.translations[0].text for r in together] == [t.text for t in alone]
-    assert model._batches < 2 * len(SOURCES)  # some calls shared a batch
+    assert model.scheduler.turns < 2 * len(SOURCES)  # some calls shared the batch
     await model.stop()
 
 

@@ -9,7 +9,8 @@ and any extra inputs (a translator's `encoder_attention_mask` and `cross_key_val
 decoder; the generation decoder's cache is `batchcache.SlotCache`): per layer key and value
 (B, H, L, D) plus a 1/0 mask (B, L) over the L cached slots. Rows of different lengths share it
 right-aligned: a row's valid slots are the last `length` columns, padding slots on the left are
-masked. Rows leave by index, and `compact` drops leading columns no row uses, so L stays the
+masked. Rows join with nothing cached (`add_rows`: all their slots masked, their first step
+writes the last column), leave by index, and `compact` drops leading columns no row uses, so L stays the
 longest row's length. On CUDA the cache lives on the device as OrtValues (IO binding) between steps and
 comes to the host only when rows leave; on CPU it is plain numpy.
 """
@@ -104,6 +105,13 @@ class KVBatch:
         self._host = [a[idx] for a in self.host()]  # (b, H, L, D)
         self.mask = self.mask[idx]
         self.compact()
+
+    def add_rows(self, n: int) -> None:
+        """Appends n rows with nothing cached: zero K/V, masked slots; their first step fills the
+        last column, so they sit right-aligned like every other row."""
+        host = self.host()
+        self._host = [np.concatenate([a, np.zeros((n, *a.shape[1:]), a.dtype)]) for a in host]  # (B+n, H, L, D)
+        self.mask = np.concatenate([self.mask, np.zeros((n, self.length), np.int64)])  # (B+n, L)
 
     def compact(self) -> None:
         """Drops leading columns that no row uses."""

@@ -1,25 +1,32 @@
-"""Batched greedy and beam search over an encoder-decoder graph pair (numpy + onnxruntime).
+"""Greedy and beam search for one source at a time, advanced one decoder step at a time.
 
-`Seq2SeqState` holds the rows being decoded: the decoder's self-attention KV cache (grown one
-position per step), the cross-attention K/V the encoder produced once per source (reused at every
-step; on CUDA uploaded to the device once per batch composition) and the source mask. Rows leave
-(finished sources) or are re-ordered (beam search) with `select`.
+Every source being translated is a `SourceSearch` owning k consecutive rows of the decoder batch
+(k = 1: greedy), with its own max_length and length_penalty, so sources with different options
+share a batch (service/textgen/seq2seq.py) and join or leave it between steps. `advance_batch`
+takes one step's logits for every row and advances every source: argmax for greedy rows and one
+log-softmax for all beam rows (per step, per batch), then each source's own bookkeeping.
 
-Search (fairseq-style): every source keeps `k` live hypotheses; each step scores all k x V
+Beam search (fairseq-style): a source keeps k live hypotheses; each step scores all k x V
 extensions, takes the best 2k, finalises end-of-sequence candidates ranked within the top k and
-keeps the best k others alive. A source is done once k hypotheses are final or `max_length`
-tokens were generated (then its live beams are final too). The answer is the final hypothesis
-with the best length-normalised score, sum(log p) / len^length_penalty (len counts EOS).
-With k = 1 this is exactly greedy search, which `greedy_search` implements on its own.
+keeps the best k others alive. It is done once k hypotheses are final or max_length tokens were
+generated (its live beams are final too then). The answer is the final hypothesis with the best
+length-normalised score. With k = 1 this is exactly greedy search (argmax, `greedy=True`).
+
+Scoring: sum(log p) / len^length_penalty, len counting EOS, computed as
+sum(log p) * exp(-length_penalty * log(len)). For length_penalty >= 0 the factor lies in (0, 1]:
+it cannot overflow (1e9 underflows to 0.0 instead of raising). Requests are held to
+0 <= length_penalty <= MAX_LENGTH_PENALTY, where the factor stays above float32's smallest normal
+number for any length the decoder has positions for, so reported scores still rank (docs/api.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.textgen.kvcache import GraphIO, KVBatch, run_step, to_device
+MAX_LENGTH_PENALTY = 10.0  # 256 ** -10 ~ 1e-24: scores stay distinct in a float32 reply
 
 
 @dataclass(frozen=True)
@@ -42,111 +49,119 @@ def greedy_pick(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def normalised(logprob: float, length: int, length_penalty: float) -> float:
-    return float(logprob) / (max(length, 1) ** length_penalty)
+    """logprob / length^length_penalty in log space: the divisor never overflows (length_penalty >= 0)."""
+    return float(logprob) * math.exp(-length_penalty * math.log(max(length, 1)))
 
 
-class Seq2SeqState:
-    def __init__(self, session, io: GraphIO, cross: list[np.ndarray], src_mask: np.ndarray, device: str | None):
-        self.session, self.io, self.device = session, io, device
-        self.cross_names = tuple(n.replace("past_key_values", "cross_key_values") for n in io.past_names)
-        self.cache = KVBatch.empty(io, src_mask.shape[0], device)
-        self._cross = dict(zip(self.cross_names, cross))  # each (R, H, S, D)
-        self._src_mask = src_mask  # (R, S)
-        self._bound: dict | None = None
+@dataclass(eq=False)
+class SourceSearch:
+    """One source's search state; its k rows sit contiguously in the decoder batch."""
 
-    def step(self, tokens: np.ndarray, position: int) -> np.ndarray:
-        """tokens (R,) at one shared position -> next-token logits (R, V)."""
-        if self._bound is None:
-            self._bound = to_device({**self._cross, "encoder_attention_mask": self._src_mask}, self.device)
-        feeds = {"input_ids": tokens[:, None].astype(np.int64),  # (R, 1)
-                 "position_ids": np.full((tokens.shape[0], 1), position, np.int64)}  # (R, 1)
-        return run_step(self.session, self.io, feeds, self.cache, self._bound)
+    k: int
+    bos: int
+    eos: int
+    max_length: int
+    length_penalty: float
+    greedy: bool = True  # k = 1 by argmax (False runs the beam algorithm at k = 1, for tests)
+    steps: int = 0  # tokens generated so far = the position its rows feed next
+    result: Hypothesis | None = None
+    last: np.ndarray = field(init=False)  # (k,) tokens its rows feed next
+    beams: list[list[int]] = field(init=False)
+    scores: np.ndarray = field(init=False)  # (k,) summed log-probabilities, float64
+    final: list[Hypothesis] = field(default_factory=list)
 
-    def select(self, rows: np.ndarray) -> None:
-        """Keeps (and re-orders, repeats) rows: cache, cross K/V and source mask alike."""
-        self.cache.keep(list(rows))
-        self._cross = {k: v[rows] for k, v in self._cross.items()}  # (R', H, S, D)
-        self._src_mask = self._src_mask[rows]
-        self._bound = None
+    def __post_init__(self):
+        self.greedy = self.greedy and self.k == 1
+        self.last = np.full(self.k, self.bos, np.int64)
+        self.beams = [[] for _ in range(self.k)]
+        self.scores = np.r_[0.0, np.full(self.k - 1, -np.inf)]  # only beam 0 starts
 
+    def pick(self, token: int, logp: float) -> np.ndarray | None:
+        """Greedy step: appends the argmax; returns the rows to keep (local), None when done."""
+        self.beams[0].append(token)
+        self.scores[0] += logp
+        self.steps += 1
+        if token == self.eos or self.steps >= self.max_length:
+            self.result = Hypothesis(self.beams[0], normalised(self.scores[0], self.steps, self.length_penalty))
+            return None
+        self.last = np.array([token], np.int64)
+        return np.zeros(1, np.int64)
 
-def greedy_search(state: Seq2SeqState, bos: int, eos: int, max_lengths: list[int], length_penalty: float) -> list[Hypothesis]:
-    """One row per source; argmax at every step; rows leave as their source finishes."""
-    n = len(max_lengths)
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logprob = np.zeros(n)
-    active = np.arange(n)  # source of each row
-    last = np.full(n, bos, np.int64)
-    step = 0
-    while active.size:
-        nxt, logp = greedy_pick(state.step(last, step))  # (R,), (R,)
-        keep = []
-        for r, src in enumerate(active):
-            tokens[src].append(int(nxt[r]))
-            logprob[src] += logp[r]
-            if nxt[r] != eos and len(tokens[src]) < max_lengths[src]:
-                keep.append(r)
-        step += 1
-        if len(keep) < active.size and keep:
-            state.select(np.asarray(keep))
-        active, last = active[keep], nxt[keep]
-    return [Hypothesis(t, normalised(float(lp), len(t), length_penalty)) for t, lp in zip(tokens, logprob)]
+    def expand(self, logp: np.ndarray) -> np.ndarray | None:
+        """Beam step over its rows' log-probabilities (k, V); returns each live beam's parent row
+        (local, (k,)), None when done."""
+        picked = self._top(logp)
+        self.steps += 1
+        if len(self.final) >= self.k or self.steps >= self.max_length:
+            for beam, score in zip(self.beams, self.scores):
+                if len(self.final) < self.k and np.isfinite(score):
+                    self.final.append(Hypothesis(beam, normalised(score, len(beam), self.length_penalty)))
+            self.result = max(self.final, key=lambda h: h.score)
+            return None
+        self.last = np.asarray([tok for _, tok in picked], np.int64)
+        return np.asarray([beam for beam, _ in picked], np.int64)
 
-
-def beam_search(state: Seq2SeqState, k: int, bos: int, eos: int, max_lengths: list[int],
-                length_penalty: float) -> list[Hypothesis]:
-    """k rows per source (the state holds each source's rows k times, contiguously)."""
-    n = len(max_lengths)
-    final: list[list[Hypothesis]] = [[] for _ in range(n)]
-    beams: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
-    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], (n, 1))  # (n, k): only beam 0 starts
-    active = list(range(n))
-    last = np.full(n * k, bos, np.int64)
-    step = 0
-    while active:
-        logp = log_softmax(state.step(last, step)).reshape(len(active), k, -1)  # (A, k, V)
-        step += 1
-        rows, still, tokens_next = [], [], []
-        for a, src in enumerate(active):
-            picked = _expand(src, beams, scores, final, logp[a], k, eos, length_penalty)
-            if len(final[src]) >= k or step >= max_lengths[src]:
-                for beam, score in zip(beams[src], scores[src]):
-                    if len(final[src]) < k and np.isfinite(score):
-                        final[src].append(Hypothesis(beam, normalised(score, len(beam), length_penalty)))
+    def _top(self, logp: np.ndarray) -> list[tuple[int, int]]:
+        """Updates beams/scores/final; returns (parent beam, token) per live beam."""
+        k, vocab = self.k, logp.shape[-1]
+        cand = (self.scores[:, None] + logp.astype(np.float64)).ravel()  # (k * V,)
+        top = np.argpartition(-cand, 2 * k)[: 2 * k] if cand.size > 2 * k else np.arange(cand.size)
+        top = top[np.argsort(-cand[top], kind="stable")]
+        picked, new_beams, new_scores = [], [], []
+        for rank, c in enumerate(top):
+            if not np.isfinite(cand[c]):
+                break
+            beam, tok = divmod(int(c), vocab)
+            if tok == self.eos:
+                if rank < k and len(self.final) < k:
+                    seq = self.beams[beam] + [tok]
+                    self.final.append(Hypothesis(seq, normalised(float(cand[c]), len(seq), self.length_penalty)))
                 continue
-            still.append(src)
-            rows.extend(a * k + beam for beam, _ in picked)
-            tokens_next.extend(tok for _, tok in picked)
-        if still:
-            state.select(np.asarray(rows))
-        active, last = still, np.asarray(tokens_next, np.int64)
-    return [max(f, key=lambda h: h.score) for f in final]
+            picked.append((beam, tok))
+            new_beams.append(self.beams[beam] + [tok])
+            new_scores.append(cand[c])
+            if len(picked) == k:
+                break
+        while len(picked) < k:  # vocabulary smaller than 2k: pad with dead beams
+            picked.append((0, self.eos))
+            new_beams.append([])
+            new_scores.append(-np.inf)
+        self.beams, self.scores = new_beams, np.asarray(new_scores)
+        return picked
 
 
-def _expand(src: int, beams, scores, final, logp: np.ndarray, k: int, eos: int, lp: float) -> list[tuple[int, int]]:
-    """One source's step: updates its beams/scores/final in place; returns (parent beam, token) per live beam."""
-    vocab = logp.shape[-1]
-    cand = (scores[src][:, None] + logp.astype(np.float64)).ravel()  # (k * V,)
-    top = np.argpartition(-cand, 2 * k)[: 2 * k] if cand.size > 2 * k else np.arange(cand.size)
-    top = top[np.argsort(-cand[top], kind="stable")]
-    picked, new_beams, new_scores = [], [], []
-    for rank, c in enumerate(top):
-        if not np.isfinite(cand[c]):
-            break
-        beam, tok = divmod(int(c), vocab)
-        if tok == eos:
-            if rank < k and len(final[src]) < k:
-                seq = beams[src][beam] + [tok]
-                final[src].append(Hypothesis(seq, normalised(float(cand[c]), len(seq), lp)))
-            continue
-        picked.append((beam, tok))
-        new_beams.append(beams[src][beam] + [tok])
-        new_scores.append(cand[c])
-        if len(picked) == k:
-            break
-    while len(picked) < k:  # vocabulary smaller than 2k: pad with dead beams
-        picked.append((0, eos))
-        new_beams.append([])
-        new_scores.append(-np.inf)
-    beams[src], scores[src] = new_beams, np.asarray(new_scores)
-    return picked
+def advance_batch(sources: list[SourceSearch], logits: np.ndarray) -> tuple[np.ndarray, list, list]:
+    """One step for every source over the batch's logits (R, V), rows in source order.
+
+    Returns the rows to keep (global, in the new batch order), the sources still running, and
+    (source, exception or None) for each source that finished or failed: an exception in one
+    source's bookkeeping fails that source only, its neighbours go on."""
+    sizes = np.array([s.k for s in sources])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    greedy = np.array([s.greedy for s in sources], bool)
+    g_rows = starts[greedy]
+    g_tok, g_logp = greedy_pick(logits[g_rows]) if g_rows.size else (None, None)  # (G,) each
+    b_rows = np.concatenate([np.arange(st, st + n) for st, n, g in zip(starts, sizes, greedy) if not g] or [[]])
+    b_logp = log_softmax(logits[b_rows.astype(np.int64)]) if b_rows.size else None  # (B', V)
+    keep, running, ended = [], [], []
+    gi = bi = 0
+    for src, start in zip(sources, starts):
+        try:
+            if src.greedy:
+                parents = src.pick(int(g_tok[gi]), float(g_logp[gi]))
+            else:
+                parents = src.expand(b_logp[bi : bi + src.k])
+        except Exception as exc:  # noqa: BLE001 - one source's failure is its own
+            ended.append((src, exc))
+            parents = None
+        else:
+            if parents is None:
+                ended.append((src, None))
+        if src.greedy:
+            gi += 1
+        else:
+            bi += src.k
+        if parents is not None:
+            keep.append(start + parents)
+            running.append(src)
+    return (np.concatenate(keep) if keep else np.zeros(0, np.int64)), running, ended

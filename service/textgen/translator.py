@@ -1,13 +1,16 @@
 """`TranslationModel`: the registry backend for kind "translation" (encoder-decoder, greedy / beam).
 
-`translate(inputs, options)` tokenizes every source, checks its length and queues one item per
-source. One queue task per model (like the embedding batcher) takes items of the same beam size,
-from one call or many, up to `translate_max_batch` decoder rows (sources x beams), runs the
-encoder once for the batch, then greedy or beam search (service/textgen/search.py) with the
-self-attention KV cache and the reused cross-attention K/V, and resolves each item's future.
+`translate(inputs, options)` validates the call, takes its places in the queue (or gets
+RESOURCE_EXHAUSTED) from its input count before any work, tokenizes (off the event loop when the
+call is large), checks lengths and queues one item per source, each with its own options. The
+model's Seq2SeqScheduler (service/textgen/seq2seq_scheduler.py) batches sources of all calls
+continuously: newcomers join the decoder batch between steps, finished sources leave, greedy and
+beam sources share it, and each source's rows use its own max_length and length_penalty.
 Limits: a source may hold at most `max_input_tokens` tokens; beam_size at most
-`translate_max_beam`; max_length 0 means `translate_default_max_length` (settings) or else the
-model's `max_output_tokens`, and any value is capped by it and by the decoder's positions.
+`translate_max_beam`; 0 <= length_penalty <= search.MAX_LENGTH_PENALTY; max_length 0 means
+`translate_default_max_length` (settings) or else the model's `max_output_tokens`, and any value
+is capped by it and by the decoder's positions. A source whose search or detokenisation fails
+fails its own call (INTERNAL, saying which input), never its neighbours.
 """
 
 from __future__ import annotations
@@ -22,19 +25,25 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from service import metrics
-from service.errors import InvalidArgument, ResourceExhausted, Unavailable
+from service.errors import InvalidArgument, ServiceError
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
 from service.textgen.kvcache import GraphIO
-from service.textgen.search import Seq2SeqState, beam_search, greedy_search
+from service.textgen.search import MAX_LENGTH_PENALTY, Hypothesis, SourceSearch
+from service.textgen.seq2seq_scheduler import Item, Seq2SeqScheduler
 from service.textgen.sequence import Timings
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUED_SOURCES = 4096  # beyond it RESOURCE_EXHAUSTED
 MAX_INPUTS = 256  # sources in one call
+INLINE_TOKENIZE_CHARS = 4096  # larger calls tokenize in a thread (256 short sentences took ~15 ms here)
+
+
+class RowFailed(ServiceError):
+    """One input of a call could not be translated (an engine failure on that input alone)."""
 
 
 @dataclass(frozen=True)
@@ -59,19 +68,6 @@ class TranslateResult:
     timings: Timings
 
 
-@dataclass
-class _Item:
-    ids: list[int]
-    beam: int
-    max_length: int
-    length_penalty: float
-    future: asyncio.Future
-    arrived: float = field(default_factory=time.perf_counter)
-    queue_s: float = 0.0
-    inference_s: float = 0.0  # compute time of the batch the item ran in
-    batch_no: int = -1
-
-
 class TranslationModel:
     kind = "translation"
 
@@ -90,13 +86,10 @@ class TranslationModel:
         if io_binding is None:
             io_binding = self.provider == "CUDAExecutionProvider"
         self.device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
-        self._queue: list[_Item] = []
-        self._running: list[_Item] = []  # the batch being decoded
-        self._batches = 0
-        self._wake = asyncio.Event()
+        self.scheduler = Seq2SeqScheduler(self.name, encoder, decoder, self.io, runtime,
+                                          max_rows=settings.translate_max_batch, max_queue=MAX_QUEUED_SOURCES,
+                                          pad_id=self.pad_id, device=self.device)
         self._task: asyncio.Task | None = None
-        self._closing = False
-        metrics.QUEUE_CAPACITY.labels(self.name).set(MAX_QUEUED_SOURCES)
 
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "TranslationModel":
@@ -114,29 +107,68 @@ class TranslationModel:
         """Translates every input (batched with concurrent calls); raises InvalidArgument and friends."""
         start = time.perf_counter()
         max_length = self._check(inputs, options)
-        encoded = [self.tokenizer.encode(text).ids for text in inputs]
-        for i, ids in enumerate(encoded):
-            if len(ids) > self.manifest.max_input_tokens:
-                raise InvalidArgument(f"inputs[{i}] is {len(ids)} tokens; model {self.name!r} accepts at most "
-                                      f"{self.manifest.max_input_tokens} (split the sentence)")
+        self.scheduler.reserve(len(inputs))  # admission: before any work on the call
+        try:
+            encoded = await self._tokenize(inputs)
+        except BaseException:
+            self.scheduler.release(len(inputs))
+            raise
         tokenize_s = time.perf_counter() - start
         loop = asyncio.get_running_loop()
-        items = [_Item(ids, options.beam_size, max_length, options.length_penalty, loop.create_future()) for ids in encoded]
-        self._enqueue(items)
+        items = [Item(ids, SourceSearch(options.beam_size, self.start_id, self.eos_id, max_length,
+                                        options.length_penalty), loop.create_future()) for ids in encoded]
+        self.scheduler.submit(items)
         try:
             outputs = await asyncio.gather(*(it.future for it in items))
+        except Exception as exc:
+            raise self._failure(items, exc) from exc
         finally:
-            for it in items:
-                it.future.cancel()  # a no-op when done; frees queued items of an abandoned call
+            if any(not it.future.done() for it in items):
+                for it in items:
+                    it.future.cancel()  # frees queued and running sources of an abandoned call
+                self.scheduler.poke()
+        texts = self._detokenize(outputs)
         metrics.TOKENS.labels(self.name, "input").inc(sum(map(len, encoded)))
         out_tokens = sum(len(h.tokens) for h in outputs)
         metrics.TOKENS.labels(self.name, "output").inc(out_tokens)
         timings = Timings(tokenize_ms=tokenize_s * 1e3, queue_ms=max(it.queue_s for it in items) * 1e3,
-                          inference_ms=sum({it.batch_no: it.inference_s for it in items}.values()) * 1e3,
+                          inference_ms=max(it.inference_s for it in items) * 1e3,
                           total_ms=(time.perf_counter() - start) * 1e3)
-        texts = [Translation(self.tokenizer.decode(h.tokens, skip_special_tokens=True), h.score, h.tokens)
-                 for h in outputs]
         return TranslateResult(texts, sum(map(len, encoded)), out_tokens, timings)
+
+    async def _tokenize(self, inputs: list[str]) -> list[list[int]]:
+        """Token ids per input; a large call tokenizes in a thread so the event loop stays free."""
+        if sum(map(len, inputs)) <= INLINE_TOKENIZE_CHARS:
+            encoded = [self.tokenizer.encode(text).ids for text in inputs]
+        else:
+            encoded = await asyncio.to_thread(lambda: [self.tokenizer.encode(text).ids for text in inputs])
+        for i, ids in enumerate(encoded):
+            if len(ids) > self.manifest.max_input_tokens:
+                raise InvalidArgument(f"inputs[{i}] is {len(ids)} tokens; model {self.name!r} accepts at most "
+                                      f"{self.manifest.max_input_tokens} (split the sentence)")
+        return encoded
+
+    def _detokenize(self, outputs: list[Hypothesis]) -> list[Translation]:
+        texts = []
+        for i, h in enumerate(outputs):
+            try:
+                texts.append(Translation(self.tokenizer.decode(h.tokens, skip_special_tokens=True), h.score, h.tokens))
+            except Exception as exc:  # this call's own input: a clear status, not INTERNAL's generic one
+                raise self._row_failed(i, exc) from exc
+        return texts
+
+    def _failure(self, items: list[Item], exc: BaseException) -> BaseException:
+        """The error a call gets when one of its sources failed in the engine."""
+        if isinstance(exc, ServiceError):
+            return exc
+        failed = next((i for i, it in enumerate(items) if it.future.done() and not it.future.cancelled()
+                       and it.future.exception() is exc), 0)
+        return self._row_failed(failed, exc)
+
+    def _row_failed(self, index: int, exc: BaseException) -> RowFailed:
+        log.error("model %s could not translate inputs[%d]", self.name, index, exc_info=exc)
+        return RowFailed(f"model {self.name!r} failed to translate inputs[{index}] ({type(exc).__name__}; logged on "
+                         f"the server); the other calls in its batch were not affected")
 
     def _check(self, inputs: list[str], options: TranslateOptions) -> int:
         if not inputs:
@@ -149,96 +181,22 @@ class TranslationModel:
         if not 1 <= options.beam_size <= self.settings.translate_max_beam:
             raise InvalidArgument(f"beam_size must be in [0, {self.settings.translate_max_beam}] "
                                   f"(0 or 1 = greedy), got {options.beam_size}")
-        if not np.isfinite(options.length_penalty) or options.length_penalty < 0:
-            raise InvalidArgument(f"length_penalty must be finite and >= 0 (0 = default 1.0), got {options.length_penalty}")
+        if not (np.isfinite(options.length_penalty) and 0 <= options.length_penalty <= MAX_LENGTH_PENALTY):
+            raise InvalidArgument(f"length_penalty must be in [0, {MAX_LENGTH_PENALTY:g}] (0 = default 1.0), "
+                                  f"got {options.length_penalty}")
         wanted = options.max_length or self.settings.translate_default_max_length or self.max_length
         return min(wanted, self.max_length)
 
-    def _enqueue(self, items: list[_Item]) -> None:
-        if self._closing:
-            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        if len(self._queue) + len(items) > MAX_QUEUED_SOURCES:
-            raise ResourceExhausted(f"translation queue of model {self.name!r} is full "
-                                    f"({len(self._queue)} sources waiting); retry with backoff")
-        self._queue.extend(items)
-        metrics.QUEUE_DEPTH.labels(self.name).set(len(self._queue))
-        self._wake.set()
-
-    def _next_batch(self) -> list[_Item]:
-        """Live items of the head's beam size, in arrival order, up to translate_max_batch rows."""
-        self._queue = [it for it in self._queue if not it.future.done()]
-        if not self._queue:
-            return []
-        beam = self._queue[0].beam
-        room = max(self.settings.translate_max_batch // beam, 1)
-        batch = [it for it in self._queue if it.beam == beam][:room]
-        chosen = {id(it) for it in batch}
-        self._queue = [it for it in self._queue if id(it) not in chosen]
-        metrics.QUEUE_DEPTH.labels(self.name).set(len(self._queue))
-        return batch
-
-    async def _loop(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if not batch:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            now, self._batches, self._running = time.perf_counter(), self._batches + 1, batch
-            for it in batch:
-                it.queue_s, it.batch_no = now - it.arrived, self._batches
-                metrics.QUEUE_DURATION.labels(self.name).observe(it.queue_s)
-            try:
-                results = await self.runtime.run(self._decode_batch, batch)
-            except Exception as exc:  # noqa: BLE001 - one bad batch must not kill the model's loop
-                log.exception("translation batch failed for model %s", self.name)
-                results = [exc] * len(batch)
-            self._running = []
-            for it, res in zip(batch, results):
-                if not it.future.done():
-                    (it.future.set_exception if isinstance(res, BaseException) else it.future.set_result)(res)
-
-    def _decode_batch(self, batch: list[_Item]) -> list:
-        """Compute thread: encoder once for the batch, then greedy or beam search."""
-        t0 = time.perf_counter()
-        longest = max(len(it.ids) for it in batch)
-        ids = np.full((len(batch), longest), self.pad_id, np.int64)  # (n, S)
-        mask = np.zeros((len(batch), longest), np.int64)  # (n, S)
-        for i, it in enumerate(batch):
-            ids[i, : len(it.ids)], mask[i, : len(it.ids)] = it.ids, 1
-        cross = self.encoder.run(None, {"input_ids": ids, "attention_mask": mask})  # each (n, H, S, D)
-        beam = batch[0].beam
-        rows = np.repeat(np.arange(len(batch)), beam)  # each source's rows k times, contiguously
-        state = Seq2SeqState(self.decoder, self.io, [c[rows] for c in cross], mask[rows], self.device)
-        lengths, lp = [it.max_length for it in batch], batch[0].length_penalty
-        if beam == 1:
-            hyps = greedy_search(state, self.start_id, self.eos_id, lengths, lp)
-        else:
-            hyps = beam_search(state, beam, self.start_id, self.eos_id, lengths, lp)
-        elapsed = time.perf_counter() - t0
-        for it in batch:
-            it.inference_s = elapsed
-        metrics.INFERENCE_DURATION.labels(self.name).observe(elapsed)
-        metrics.BATCH_SIZE.labels(self.name).observe(len(batch) * beam)
-        metrics.BATCH_TOKENS.labels(self.name).observe(ids.size)
-        return hyps
-
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"translation-{self.name}")
+            self._task = asyncio.get_running_loop().create_task(self.scheduler.run(), name=f"translation-{self.name}")
 
     async def warmup(self) -> None:
         await self.translate(["Hello."], TranslateOptions(max_length=2))
 
     async def stop(self) -> None:
         """Refuses new calls, finishes queued ones within the grace period, then stops the task."""
-        self._closing = True
-        deadline = time.monotonic() + self.settings.grace_seconds
-        while any(not it.future.done() for it in self._queue + self._running) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        for it in self._queue + self._running:
-            if not it.future.done():
-                it.future.set_exception(Unavailable(f"model {self.name!r} shut down before the call was served"))
+        await self.scheduler.stop(self.settings.grace_seconds)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
