@@ -72,14 +72,14 @@ async def fuzz(client: Client, known: list[str], args: argparse.Namespace) -> tu
             bad.append({"rpc": rpc.name, "code": code.name, "details": details[:300], "request": request})
             log.error("%s %s: %s\n  request: %s", rpc.name, code.name, details[:300], request)
 
-    chunks = max(1, -(-args.requests // args.chunk))
-    upcoming = asyncio.create_task(asyncio.to_thread(mixed_chunk, known, args.chunk, args.seed))
-    for k in range(chunks):
-        batch = await upcoming
-        if k + 1 < chunks:  # draw the next chunk while this one is in flight
-            upcoming = asyncio.create_task(asyncio.to_thread(mixed_chunk, known, args.chunk, args.seed + k + 1))
+    k, upcoming = 0, asyncio.create_task(asyncio.to_thread(mixed_chunk, known, args.chunk, args.seed))
+    while (left := args.requests - sum(counts.values())) > 0:  # a chunk can be short (few distinct requests)
+        batch = (await upcoming)[:left]
+        k += 1
+        if left > len(batch):  # draw the next chunk while this one is in flight
+            upcoming = asyncio.create_task(asyncio.to_thread(mixed_chunk, known, args.chunk, args.seed + k))
         await asyncio.gather(*(one(rpc, payload) for rpc, payload in batch))
-        log.info("chunk %d/%d done: %d calls so far", k + 1, chunks, sum(counts.values()))
+        log.info("chunk %d done: %d of %d calls", k, sum(counts.values()), args.requests)
     return counts, bad
 
 
@@ -145,8 +145,9 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     server = None if args.address else ServiceProcess(Path(args.models), [], metrics=False)
+    address, pid = (args.address, args.server_pid) if args.address else (server.address, server.proc.pid)
     try:
-        result = asyncio.run(session(args.address or server.address, args, server.proc.pid if server else args.server_pid))
+        result = asyncio.run(session(address, args, pid))
     finally:
         if server:
             server.stop()

@@ -156,7 +156,8 @@ class ModelRegistry:
     def find(self, name: str) -> Backend:
         """Any model by name (ModelService.GetModel)."""
         if name not in self._by_name:
-            raise NotFound(f"unknown model {quote(name)}; available models: {', '.join(sorted(self._by_name)) or 'none'}")
+            available = ", ".join(sorted(self._by_name)) or "none"
+            raise NotFound(f"unknown model {quote(name)}; available models: {available}")
         return self._by_name[name]
 
     def _names(self, kind: str) -> str:

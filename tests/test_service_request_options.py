@@ -99,7 +99,8 @@ async def test_generate_options_apply_to_their_own_rows(server):
     assert len(first.text) > 10
     requests = generate_calls(stop=first.text[6:9])
     alone = [unary(await server.generation.Generate(r)) for r in requests]
-    assert alone[1][2] == pb.FINISH_REASON_STOP_SEQUENCE and alone[1][0] == first.text[:first.text.find(first.text[6:9])]
+    stop = first.text[6:9]
+    assert alone[1][2] == pb.FINISH_REASON_STOP_SEQUENCE and alone[1][0] == first.text[:first.text.find(stop)]
     single = metric("ts_generation_batch_size_bucket", {"model": "tiny-gpt", "le": "1.0"})
     steps = metric("ts_generation_batch_size_count", {"model": "tiny-gpt"})
     crowd = await asyncio.gather(*[call for r in requests
