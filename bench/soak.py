@@ -48,13 +48,13 @@ def sentences() -> list[str]:
     return [line for line in lines[0::2] if line.strip()]  # the English side
 
 
-def make_call(channel: grpc.aio.Channel, rng: random.Random, texts: list[str]):
+def make_call(channel: grpc.aio.Channel, rng: random.Random, texts: list[str], dims: list[int]):
     """-> (rpc name, coroutine factory taking a timeout) for one random call with varied settings."""
     pick = lambda k: rng.sample(texts, k)  # noqa: E731
     kind = rng.choice(["Embed", "EmbedStream", "Generate", "GenerateStream", "Translate"])
     if kind.startswith("Embed"):
         stub = pb_grpc.EmbeddingServiceStub(channel)
-        requests = [pb.EmbedRequest(inputs=pick(rng.randint(1, 8)), dimensions=rng.choice([0, 64, 128]),
+        requests = [pb.EmbedRequest(inputs=pick(rng.randint(1, 8)), dimensions=rng.choice(dims),
                                     normalize=rng.random() < 0.8) for _ in range(rng.randint(1, 4))]
         if kind == "Embed":
             return kind, lambda t: stub.Embed(requests[0], timeout=t)
@@ -81,15 +81,15 @@ async def _drain(call) -> None:
 class Load:
     """The clients' loops and what they saw: status counts and latencies by RPC."""
 
-    def __init__(self, channel: grpc.aio.Channel, args: argparse.Namespace):
-        self.channel, self.args, self.texts = channel, args, sentences()
+    def __init__(self, channel: grpc.aio.Channel, args: argparse.Namespace, dims: list[int]):
+        self.channel, self.args, self.texts, self.dims = channel, args, sentences(), dims
         self.counts: Counter = Counter()
         self.latency: dict[str, list[float]] = defaultdict(list)
 
     async def client(self, seed: int, stop_at: float) -> None:
         rng = random.Random(seed)
         while time.monotonic() < stop_at:
-            name, call = make_call(self.channel, rng, self.texts)
+            name, call = make_call(self.channel, rng, self.texts, self.dims)
             start = time.perf_counter()
             code = await self._one(rng, call)
             self.counts[name, code] += 1
@@ -186,7 +186,9 @@ async def soak(address: str, pid: int | None, metrics_url: str | None, args: arg
     watch = Watch(pid, metrics_url, args.sample_every)
     t0, stop = time.monotonic(), asyncio.Event()
     async with grpc.aio.insecure_channel(address) as channel:
-        load = Load(channel, args)
+        listed = await pb_grpc.ModelServiceStub(channel).ListModels(pb.ListModelsRequest(), timeout=30)
+        full = next(m.embedding_dimension for m in listed.models if m.kind == "embedding" and m.is_default)
+        load = Load(channel, args, [0, full // 2, full // 6])  # full size, and two cut sizes
         watcher = asyncio.create_task(watch.run(t0, stop))
         await asyncio.gather(*(load.client(args.seed + i, t0 + args.duration) for i in range(args.concurrency)))
         stop.set()
