@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import ServiceProcess, conditions
 from bench.fuzzgen import Client, Rpc, calls, draw, rpcs
+from bench.procstat import cpu_seconds
 from service.errors import quote
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -107,12 +108,6 @@ async def alive(client: Client) -> bool:
         await pb_grpc.GenerationServiceStub(client.aio).Generate(
             pb.GenerateRequest(prompt="Once", max_new_tokens=4), timeout=30)
     return health.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a process, from /proc/<pid>/stat (clock ticks of 1/100 s)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
 
 
 async def session(address: str, args: argparse.Namespace, pid: int | None) -> dict:

@@ -6,8 +6,8 @@
 `--concurrency` clients loop over Embed, EmbedStream, Generate, GenerateStream and Translate
 with varied valid settings; a share of calls is cancelled by the client after a random delay
 (`--cancel-share`) and another share carries a short deadline (`--deadline-share`). Every
-`--sample-every` seconds it records the server's resident memory (VmRSS from /proc/<pid>/status)
-and the in-flight and queue gauges of its metrics page. At the end it waits for the gauges to
+`--sample-every` seconds it records the server's resident memory (VmRSS from /proc, summed over
+its worker processes) and the in-flight and queue gauges of its metrics page. At the end it waits for the gauges to
 drain and prints a JSON report: status counts per RPC, latency percentiles of successful calls,
 RSS at start (after `--warmup`), end and max, the gauges' last values.
 
@@ -34,6 +34,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import ServiceProcess, conditions
+from bench.procstat import rss_mb
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -117,13 +118,6 @@ class Load:
         """Latency of successful calls by RPC, in milliseconds."""
         return {name: {f"p{q}": round(float(np.percentile(v, q)) * 1000, 1) for q in (50, 90, 99)} | {"n": len(v)}
                 for name, v in sorted(self.latency.items())}
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 def gauges(url: str) -> dict[str, float]:
