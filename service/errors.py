@@ -18,6 +18,12 @@ Handlers call `label_model(name)` once they know which model serves the call, so
 labelled with the resolved name (a request leaving `model` empty is labelled with the default);
 calls that fail before that (unknown model, draining) are labelled "-", so a client sending
 arbitrary names cannot grow the label set.
+
+Messages are bounded: a value from the request is quoted with `quote()` (cut short, its length
+stated), and `_Call.fail` caps every message at MESSAGE_BYTES of UTF-8 as a safety net. gRPC
+sends the message in the `grpc-message` trailer, percent-encoded (a non-ASCII byte takes three),
+and a client refuses trailers over its metadata limit (8 KiB soft, 16 KiB hard by default) with
+RESOURCE_EXHAUSTED: an unbounded message would replace the status the server meant to send.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from service import metrics
 
 log = logging.getLogger(__name__)
 
+QUOTE_CHARS = 64  # characters of a request value quoted in a message
+MESSAGE_BYTES = 1024  # UTF-8 bytes of a message at most; percent-encoded <= 3 KiB, far below 8 KiB
+
 _CURRENT_CALL: contextvars.ContextVar["_Call | None"] = contextvars.ContextVar("ts_current_call", default=None)
 
 
@@ -47,6 +56,23 @@ class ServiceError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+def quote(value: str, limit: int = QUOTE_CHARS) -> str:
+    """repr(value), cut to `limit` characters with the full length stated: 'abc…' (20000 characters)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit] + '…'!r} ({len(value)} characters)"
+
+
+def bounded(message: str, limit: int = MESSAGE_BYTES) -> str:
+    """message cut to at most `limit` UTF-8 bytes (on a character boundary), saying it was cut."""
+    data = message.encode("utf-8", "replace")  # "replace": a lone surrogate would make grpc's encoding fail
+    if len(data) <= limit:
+        return data.decode("utf-8")
+    note = f"… (message cut; {len(data)} bytes in full)"
+    head = data[: limit - len(note.encode())].decode("utf-8", "ignore")
+    return head + note
 
 
 class InvalidArgument(ServiceError):
@@ -108,7 +134,7 @@ class _Call:
     async def fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         """Maps exc to a status and aborts the call (raises grpc's AbortError)."""
         if isinstance(exc, ServiceError):
-            self.code, message = exc.code, exc.message
+            self.code, message = exc.code, bounded(exc.message)
         else:
             self.code, message = grpc.StatusCode.INTERNAL, "internal error (logged on the server)"
             log.error("%s/%s failed", self.service, self.method, exc_info=exc)

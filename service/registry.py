@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from service import metrics
-from service.errors import InvalidArgument, NotFound, Unavailable
+from service.errors import InvalidArgument, NotFound, Unavailable, quote
 from service.manifest import KINDS, Manifest, ModelDir, discover, load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
@@ -147,16 +147,17 @@ class ModelRegistry:
             return self._by_name[self.defaults[kind]]
         backend = self._by_name.get(name)
         if backend is None:
-            raise NotFound(f"unknown model {name!r}; available {kind} models: {self._names(kind) or 'none'}")
+            raise NotFound(f"unknown model {quote(name)}; available {kind} models: {self._names(kind) or 'none'}")
         if backend.kind != kind:
-            raise InvalidArgument(f"model {name!r} is a {backend.kind} model, not a {kind} model; "
+            raise InvalidArgument(f"model {quote(name)} is a {backend.kind} model, not a {kind} model; "
                                   f"available {kind} models: {self._names(kind) or 'none'}")
         return backend
 
     def find(self, name: str) -> Backend:
         """Any model by name (ModelService.GetModel)."""
         if name not in self._by_name:
-            raise NotFound(f"unknown model {name!r}; available models: {', '.join(sorted(self._by_name)) or 'none'}")
+            available = ", ".join(sorted(self._by_name)) or "none"
+            raise NotFound(f"unknown model {quote(name)}; available models: {available}")
         return self._by_name[name]
 
     def _names(self, kind: str) -> str:
