@@ -8,15 +8,19 @@ skip cleanly without one.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from export.checkpoint import load_checkpoint
 from export.decoder import DecoderConfig, GPTDecoder
 from export.encoder import EncoderConfig, SentenceEncoder
 from export.layers import causal_mask, padding_mask
 from export.seq2seq import Seq2SeqConfig, Translator
 
 META = torch.device("meta")
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 B, T, P = 2, 5, 3
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU for PyTorch")
 
@@ -63,13 +67,14 @@ def test_models_run_forward_on_the_meta_device():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_generation_and_translation_on_cuda_equal_the_cpu():
-    torch.manual_seed(0)
-    gpt, _, translator = (m.eval() for m in _models())
-    prompt = torch.tensor([[1, 5, 9, 2]])
-    on_cpu = gpt.generate(prompt, 12, stop_at_eos=False)
-    on_gpu = gpt.to("cuda").generate(prompt.cuda(), 12, stop_at_eos=False)
+def test_shipped_checkpoints_on_cuda_give_the_cpus_greedy_tokens():
+    """Trained weights (decisive logits, unlike random ones): the same greedy tokens on both devices."""
+    gpt, _ = load_checkpoint(CHECKPOINTS / "tinystories-gpt")
+    prompt = torch.tensor([[gpt.config.eos_token_id, 400, 280, 259]])  # (1, T)
+    on_cpu = gpt.generate(prompt, 24, stop_at_eos=False)
+    on_gpu = gpt.to("cuda").generate(prompt.cuda(), 24, stop_at_eos=False)
     assert on_gpu.device.type == "cuda" and on_gpu.cpu().tolist() == on_cpu.tolist()
-    src = torch.tensor([[3, 4, 5, 6]])
-    assert (translator.to("cuda").greedy_decode(src.cuda(), torch.ones_like(src).cuda(), 12)
-            == translator.cpu().greedy_decode(src, torch.ones_like(src), 12))
+    translator, _ = load_checkpoint(CHECKPOINTS / "tatoeba-en-fr")
+    src = torch.tensor([[5, 60, 70, 80, translator.config.eos_token_id]])  # (1, S)
+    on_cpu = translator.greedy_decode(src, torch.ones_like(src), 24)
+    assert translator.to("cuda").greedy_decode(src.cuda(), torch.ones_like(src).cuda(), 24) == on_cpu
