@@ -88,12 +88,12 @@ def environment(device: str) -> dict:
     return env
 
 
-def inputs(checkpoints: Path, size: dict, tmp: Path) -> dict[str, Path]:
+def inputs(checkpoints: Path, sentences_file: Path | None, size: dict, tmp: Path) -> dict[str, Path]:
     """JSON files the sides share: generation prompts, embedding sentences, translation sources."""
     sources = [json.loads(line)["source"] for line in
                (checkpoints / "tatoeba-en-fr" / "heldout.jsonl").read_text(encoding="utf-8").splitlines() if line]
     count = size["sentences"]
-    sentences = list(dict.fromkeys(load_sentences(None, count) + sources))  # STS-B when beside the checkout
+    sentences = list(dict.fromkeys(load_sentences(sentences_file, count) + sources))
     files = {"prompts": PROMPTS, "sentences": (sentences * (count // len(sentences) + 1))[:count],
              "sources": sorted(sources[: size["translate_sentences"]], key=len)}  # the same order for both sides
     paths = {}
@@ -151,7 +151,9 @@ def run_phases(phases: dict, into: dict) -> None:
 
 
 def server_flags(args, size: dict, variant: str) -> list[str]:
-    flags = ["--device", args.device, "--variant", variant, "--gen-max-batch", str(max(size["streams"]))]
+    # Room for the workloads' rows (64 streams, translation calls in flight); the rest: the settings' defaults.
+    flags = ["--device", args.device, "--variant", variant, "--gen-max-batch", str(max(size["streams"])),
+             "--translate-max-batch", str(size["per_call"] * size["translate_in_flight"])]
     return flags + (["--strict-provider"] if args.device == "cuda" else []) + args.server_flag
 
 
@@ -186,9 +188,9 @@ def service_phases(server: ServiceProcess, size: dict, files: dict, tmp: Path) -
 
     def streams(n: int):
         def run() -> dict:
-            f = timed(svc.generate_streams(address, prompts, n, size["new_tokens"]), "token",
+            f = timed(svc.generate_for(address, prompts, n, size["new_tokens"], size["budget_s"]), "token",
                       lambda r: r["tokens_total"])
-            return {"streams": n, "tokens_per_s": round(f["tokens_total"] / f["wall_s"], 1),
+            return {"streams": n, "passes": f["passes"], "tokens_per_s": round(f["tokens_total"] / f["wall_s"], 1),
                     "ttft_ms": svc.percentiles_ms(f["ttft"]), "inter_token_ms": svc.percentiles_ms(f["gaps"]),
                     "tokens_total": f["tokens_total"], "server_cpu_ms_per_token": f["server_cpu_ms_per_token"]}
         return run
@@ -237,6 +239,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="small sizes (the CPU smoke check)")
     p.add_argument("--models", type=Path, default=Path("models"), help="model directories (make models)")
     p.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="the shipped checkpoints")
+    p.add_argument("--sentences", type=Path, help="embedding sentences: STS-B TSV or one per line (default: "
+                   "STS-B beside the checkout, else tests/data; the translator's held-out sources are added)")
     p.add_argument("--embed-model", default="all-minilm-l6-v2")
     p.add_argument("--gen-model", default="tinystories-gpt")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of the translation side")
@@ -259,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {"environment": environment(args.device), "sizes": {k: list(v) if isinstance(v, tuple) else v
                                                                  for k, v in size.items()}}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        files = inputs(args.checkpoints, size, Path(tmp))
+        files = inputs(args.checkpoints, args.sentences, size, Path(tmp))
         report["sizes"]["distinct_sentences"] = files.pop("distinct_sentences")
         report["torch"], report["ceiling"] = {}, {}
+        report["server_flags"] = {v: server_flags(args, size, v) for v in ("auto", "optimized")}
         run_phases(torch_phases(args, size, files, Path(tmp)), report["torch"])
         run_phases(ceiling_phases(args, size, files), report["ceiling"])
         prompts = json.loads(files["prompts"].read_text())

@@ -109,7 +109,9 @@ def markdown(report: dict) -> str:
              f"| onnxruntime | {env['onnxruntime']} ({', '.join(env['providers'])}) |",
              f"| torch | {env['torch']} (CUDA {env['torch_cuda']}) |",
              f"| CPU | {env['machine']['cpu']} x {env['machine']['cpus']} |",
-             f"| served | {_served(report)} |", f"| commit | {env.get('commit') or '-'} |", "",
+             f"| served | {_served(report)} |",
+             f"| server flags | `{' '.join((report.get('server_flags') or {}).get('auto', []))}` |",
+             f"| commit | {env.get('commit') or '-'} |", "",
              "## Correctness", "", "| check | result |", "|---|---|"]
     for key, value in report["correctness"].items():
         shown = f"{value['identical']} of {value['of']} identical" if isinstance(value, dict) else f"{value:.6f}"

@@ -98,6 +98,23 @@ async def generate_streams(address: str, prompts: list[str], streams: int, new_t
             "gaps": [g for r in runs for g in r[2]], "wall_s": wall, "tokens_total": count}
 
 
+async def generate_for(address: str, prompts: list[str], streams: int, new_tokens: int, budget_s: float) -> dict:
+    """`generate_streams` repeated until budget_s has passed (at least once), figures merged: the
+    TTFT and gap samples of every pass, tokens over the summed wall time."""
+    merged, end = None, time.perf_counter() + budget_s
+    while merged is None or time.perf_counter() < end:
+        run = await generate_streams(address, prompts, streams, new_tokens)
+        if merged is None:
+            merged = {**run, "passes": 1}
+            continue
+        for key in ("ttft", "gaps"):
+            merged[key] += run[key]
+        merged["wall_s"] += run["wall_s"]
+        merged["tokens_total"] += run["tokens_total"]
+        merged["passes"] += 1
+    return merged
+
+
 async def alone_and_together(address: str, prompts: list[str], new_tokens: int) -> tuple[list, list]:
     """Each prompt's greedy tokens generated alone (one call at a time), then all at once."""
     alone = [(await generate_streams(address, [p], 1, new_tokens))["tokens"][0] for p in prompts]
