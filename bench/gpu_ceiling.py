@@ -91,7 +91,7 @@ def _bound_loop(sess, kv_names, shape, kv_type, vocab: int, args):
     ids, pos, seqlens = value(np.zeros((rows, 1), np.int64)), value(np.zeros((rows, 1), np.int64)), \
         value(np.zeros(rows, np.int32))
     total = value(np.zeros((), np.int32), "cpu")  # a host input of GroupQueryAttention
-    logits = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1, vocab), kv_type, dev, 0)
+    logits = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1, vocab), kv_type, "cpu", 0)  # copied out each run
     binding = sess.io_binding()
     for name, v in (("input_ids", ids), ("position_ids", pos), ("seqlens_k", seqlens),
                     ("total_sequence_length", total)):
