@@ -8,6 +8,7 @@ skip cleanly without one.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,13 @@ def test_shipped_checkpoints_on_cuda_give_the_cpus_greedy_tokens():
     src = torch.tensor([[5, 60, 70, 80, translator.config.eos_token_id]])  # (1, S)
     on_cpu = translator.greedy_decode(src, torch.ones_like(src), 24)
     assert translator.to("cuda").greedy_decode(src.cuda(), torch.ones_like(src).cuda(), 24) == on_cpu
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kind", ["translator", "generator"])
+def test_training_runs_on_cuda(tmp_path, kind):
+    from tests.test_train import run_cli
+
+    _, out = run_cli(kind, tmp_path, "--steps", "6", "--eval-every", "3", "--device", "cuda")
+    assert json.loads((out / "config.json").read_text())["training"]["device"] == "cuda"
