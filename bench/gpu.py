@@ -24,7 +24,6 @@ on the CPU with small sizes: a smoke check of the script, never a GPU report.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import shutil
@@ -33,8 +32,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
 
 from bench import gpu_service as svc
 from bench.common import ROOT, ServiceProcess, conditions, run_worker
@@ -157,72 +154,19 @@ def server_flags(args, size: dict, variant: str) -> list[str]:
     return flags + (["--strict-provider"] if args.device == "cuda" else []) + args.server_flag
 
 
-def service_phases(server: ServiceProcess, size: dict, files: dict, tmp: Path) -> dict:
-    """The served default variant: every client workload against one running server."""
-    address, clock = server.address, svc.ServerClock(server.proc.pid)
-    sentences = json.loads(files["sentences"].read_text())
-    prompts, sources = json.loads(files["prompts"].read_text()), json.loads(files["sources"].read_text())
+def service_runs(args, size: dict, files: dict, tmp: Path) -> dict:
+    """Two real servers in turn: the default variant (fp16 on CUDA) for every client workload,
+    then the fp32 graphs ("optimized") for the fp32 token check."""
+    def workloads(server: ServiceProcess) -> svc.Workloads:
+        return svc.Workloads(server.address, server.proc.pid, size, files, tmp / "st_fp32.npy")
 
-    def timed(coro, per: str, count_of) -> dict:
-        cpu = clock.seconds()
-        result = asyncio.run(asyncio.wait_for(coro, 300))
-        figures = result if isinstance(result, dict) else {"result": result}
-        used = clock.seconds() - cpu
-        figures[f"server_cpu_ms_per_{per}"] = round(1e3 * used / max(1, count_of(result)), 3)
-        return figures
+    def every_workload(server: ServiceProcess) -> dict:
+        out: dict = {}
+        run_phases(workloads(server).phases(), out)
+        return out
 
-    def embed_single() -> dict:
-        fly = size["embed_in_flight"]
-        f = timed(svc.embed_single(address, sentences, fly, ""), "call", lambda r: _calls(len(sentences), fly * 4))
-        seconds, vectors = f.pop("result")
-        reference = np.load(tmp / "st_fp32.npy")
-        cos = (vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(reference, axis=1)
-        return {**f, "in_flight": size["embed_in_flight"], "sentences_per_s": round(len(sentences) / seconds, 1),
-                "min_cosine_vs_st_fp32": float(cos.min()), "mean_cosine_vs_st_fp32": float(cos.mean())}
-
-    def embed_batched() -> dict:
-        per, fly = size["embed_per_call"], size["embed_calls_in_flight"]
-        calls = -(-len(sentences) // per)
-        f = timed(svc.embed_batched(address, sentences, per, fly, ""), "call", lambda r: _calls(calls, fly * 2))
-        return {**f, "per_call": per, "in_flight": fly, "sentences_per_s": round(len(sentences) / f.pop("result"), 1)}
-
-    def streams(n: int):
-        def run() -> dict:
-            f = timed(svc.generate_for(address, prompts, n, size["new_tokens"], size["budget_s"]), "token",
-                      lambda r: r["tokens_total"])
-            return {"streams": n, "passes": f["passes"], "tokens_per_s": round(f["tokens_total"] / f["wall_s"], 1),
-                    "ttft_ms": svc.percentiles_ms(f["ttft"]), "inter_token_ms": svc.percentiles_ms(f["gaps"]),
-                    "tokens_total": f["tokens_total"], "server_cpu_ms_per_token": f["server_cpu_ms_per_token"]}
-        return run
-
-    def translate() -> dict:
-        f = timed(svc.translate_all(address, sources, size["per_call"], size["translate_in_flight"],
-                                    size["max_length"]), "call",
-                  lambda r: _calls(-(-len(sources) // size["per_call"]), size["translate_in_flight"]))
-        texts, seconds = f.pop("result")
-        return {**f, "texts": texts, "sentences_per_s": round(len(sources) / seconds, 1),
-                "per_call": size["per_call"], "in_flight": size["translate_in_flight"]}
-
-    phases = {"models": lambda: {"models": asyncio.run(_models(address))},
-              "generate_alone_and_together": lambda: dict(zip(("alone", "together"), asyncio.run(
-                  svc.alone_and_together(address, prompts, size["new_tokens"])))),
-              "embed_single": embed_single, "embed_batched": embed_batched,
-              **{f"generate_{n}_streams": streams(n) for n in size["streams"]}, "translate": translate}
-    out: dict = {}
-    run_phases(phases, out)
-    return out
-
-
-def _calls(measured: int, warm_up: int) -> int:
-    """Calls a client workload made: the measured pass and its warm-up (the server's CPU clock
-    runs through both)."""
-    return measured + min(measured, warm_up)
-
-
-async def _models(address: str) -> list[dict]:
-    async with svc.AsyncClient(address) as client:
-        return [{"name": m.name, "kind": m.kind, "variant": m.variant, "provider": m.execution_provider}
-                for m in await client.models()]
+    return {"service": lambda: serve(args, size, "auto", every_workload),
+            "service_fp32": lambda: serve(args, size, "optimized", lambda server: workloads(server).alone())}
 
 
 def serve(args, size: dict, variant: str, body) -> dict:
@@ -269,11 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         report["server_flags"] = {v: server_flags(args, size, v) for v in ("auto", "optimized")}
         run_phases(torch_phases(args, size, files, Path(tmp)), report["torch"])
         run_phases(ceiling_phases(args, size, files), report["ceiling"])
-        prompts = json.loads(files["prompts"].read_text())
-        run_phases({"service": lambda: serve(args, size, "auto", lambda s: service_phases(s, size, files, Path(tmp))),
-                    "service_fp32": lambda: serve(args, size, "optimized", lambda s: dict(zip(
-                        ("alone", "together"), asyncio.run(svc.alone_and_together(s.address, prompts,
-                                                                                   size["new_tokens"])))))}, report)
+        run_phases(service_runs(args, size, files, Path(tmp)), report)
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     paths = write_report(report, args.out, args.checkpoints)
     sys.stdout.write("bench.gpu: wrote " + ", ".join(str(p) for p in paths) + "\n")

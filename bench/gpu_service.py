@@ -4,14 +4,17 @@ Every call goes over gRPC to the real server process (bench.common.ServiceProces
 is timed per stream from the client: time to the first token (TTFT) and the gaps between
 tokens after it (a chunk carrying k tokens counts as k gaps of a k-th of its wait each).
 `ServerClock` reads the server's CPU time (user + system, its child processes included) from
-/proc, so each phase can say what the serving layer cost per call or per token.
+/proc, so each phase can say what the serving layer cost per call or per token. `Workloads`
+holds bench.gpu's phases against one server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +151,76 @@ def percentiles_ms(values: list[float]) -> dict:
         return {"p50": None, "p99": None}
     p50, p99 = np.percentile(np.asarray(values) * 1e3, [50, 99])
     return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+
+
+def _calls(measured: int, warm_up: int) -> int:
+    """Calls a client workload made: the measured pass and its warm-up (the server's CPU clock
+    runs through both)."""
+    return measured + min(measured, warm_up)
+
+
+class Workloads:
+    """bench.gpu's client workloads against one running server; `phases()` -> name: callable -> figures.
+
+    files: the JSON inputs (prompts, sentences, sources); st_vectors: sentence-transformers fp32
+    vectors of the sentences (.npy, written by the PyTorch side) for the cosine check."""
+
+    def __init__(self, address: str, pid: int, size: dict, files: dict, st_vectors: Path):
+        self.address, self.clock, self.size, self.st_vectors = address, ServerClock(pid), size, st_vectors
+        self.sentences, self.prompts, self.sources = (json.loads(files[k].read_text())
+                                                      for k in ("sentences", "prompts", "sources"))
+
+    def phases(self) -> dict[str, Callable[[], dict]]:
+        return {"models": lambda: {"models": asyncio.run(self.models())}, "generate_alone_and_together": self.alone,
+                "embed_single": self.embed_single, "embed_batched": self.embed_batched,
+                **{f"generate_{n}_streams": (lambda n=n: self.streams(n)) for n in self.size["streams"]},
+                "translate": self.translate}
+
+    def _timed(self, coro, per: str, count_of: Callable) -> dict:
+        """Runs coro (bounded), adding the server's CPU milliseconds per call or token."""
+        cpu = self.clock.seconds()
+        result = asyncio.run(asyncio.wait_for(coro, 300))
+        figures = result if isinstance(result, dict) else {"result": result}
+        figures[f"server_cpu_ms_per_{per}"] = round(1e3 * (self.clock.seconds() - cpu) / max(1, count_of(result)), 3)
+        return figures
+
+    async def models(self) -> list[dict]:
+        async with AsyncClient(self.address) as client:
+            return [{"name": m.name, "kind": m.kind, "variant": m.variant, "provider": m.execution_provider}
+                    for m in await client.models()]
+
+    def alone(self) -> dict:
+        pair = asyncio.run(alone_and_together(self.address, self.prompts, self.size["new_tokens"]))
+        return dict(zip(("alone", "together"), pair))
+
+    def embed_single(self) -> dict:
+        n, fly = len(self.sentences), self.size["embed_in_flight"]
+        f = self._timed(embed_single(self.address, self.sentences, fly, ""), "call", lambda r: _calls(n, fly * 4))
+        seconds, vectors = f.pop("result")
+        ref = np.load(self.st_vectors)
+        cos = (vectors * ref).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(ref, axis=1)
+        return {**f, "in_flight": fly, "sentences_per_s": round(n / seconds, 1),
+                "min_cosine_vs_st_fp32": float(cos.min()), "mean_cosine_vs_st_fp32": float(cos.mean())}
+
+    def embed_batched(self) -> dict:
+        per, fly = self.size["embed_per_call"], self.size["embed_calls_in_flight"]
+        calls = -(-len(self.sentences) // per)
+        f = self._timed(embed_batched(self.address, self.sentences, per, fly, ""), "call",
+                        lambda r: _calls(calls, fly * 2))
+        return {**f, "per_call": per, "in_flight": fly,
+                "sentences_per_s": round(len(self.sentences) / f.pop("result"), 1)}
+
+    def streams(self, n: int) -> dict:
+        f = self._timed(generate_for(self.address, self.prompts, n, self.size["new_tokens"], self.size["budget_s"]),
+                        "token", lambda r: r["tokens_total"])
+        return {"streams": n, "passes": f["passes"], "tokens_per_s": round(f["tokens_total"] / f["wall_s"], 1),
+                "ttft_ms": percentiles_ms(f["ttft"]), "inter_token_ms": percentiles_ms(f["gaps"]),
+                "tokens_total": f["tokens_total"], "server_cpu_ms_per_token": f["server_cpu_ms_per_token"]}
+
+    def translate(self) -> dict:
+        per, fly = self.size["per_call"], self.size["translate_in_flight"]
+        f = self._timed(translate_all(self.address, self.sources, per, fly, self.size["max_length"]), "call",
+                        lambda r: _calls(-(-len(self.sources) // per), fly))
+        texts, seconds = f.pop("result")
+        return {**f, "texts": texts, "sentences_per_s": round(len(self.sources) / seconds, 1), "per_call": per,
+                "in_flight": fly}
