@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a GPU host for `python -m bench.gpu` and the GPU tests (docs/design/gpu-benchmark.md).
 #
-#   bench/gpu_setup.sh pack      # where PyPI is reachable: wheels -> build/gpu-carry/part-NN (<= 60 MB each)
+#   bench/gpu_setup.sh pack      # where PyPI is reachable: wheels -> build/gpu-carry/part-NN (48 MiB each)
 #   bench/gpu_setup.sh install   # on the GPU host: unpack the parts, install what is missing, check CUDA
 #   bench/gpu_setup.sh models    # on the GPU host: model directories from checkpoints/ (+ the CUDA gate)
 #
@@ -27,7 +27,7 @@ pack() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$WHEELS" "${BINARY[@]}"  # pip does not widen the tag by itself
   "$py" -m pip download --no-deps -d "$WHEELS" "${EXTRA[@]}"
-  tar -C "$WHEELS" -cf - . | xz -T0 -6 | split -b 60M -d - "$CARRY/part-"
+  tar -C "$WHEELS" -cf - . | xz -T0 -6 | split -b 48M -d - "$CARRY/part-"
   ls -l "$CARRY"
   echo "carry each of these paths in its own device call (they accumulate there): $(ls "$CARRY" | sed "s|^|$CARRY/|" | tr '\n' ' ')"
 }
