@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 50051
 METRICS_PORT ?= 9464
 
-.PHONY: venv models serve test test-fast test-deploy bench protos clean train-translator train-generator
+.PHONY: venv models serve test test-fast test-deploy bench bench-gpu protos clean train-translator train-generator
 
 venv: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ bench: models
 	$(PY) -m bench.embed_throughput --models $(MODELS)
 	$(PY) -m bench.generate_throughput
 	$(PY) -m bench.translate_throughput
+
+# On a CUDA host (docs/design/gpu-benchmark.md; there PY=python3): docs/gpu-report.md + .json.
+# Without a GPU it says so and exits 0.
+bench-gpu:
+	$(PY) -m bench.gpu --models $(MODELS)
 
 # Retraining, one command per model (docs/training.md); writes runs/ then checkpoints/.
 train-translator: venv

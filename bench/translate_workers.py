@@ -3,7 +3,8 @@
     python -m bench.translate_workers torch  --checkpoint DIR --sentences FILE --batch 32 --max-length 48 ...
     python -m bench.translate_workers engine --model-dir DIR  --sentences FILE --batch 32 --max-length 48 ...
 
-- torch: batched greedy with the PyTorch KV cache (export.seq2seq.Translator: encoder once per
+- torch: batched greedy with the PyTorch KV cache (export.seq2seq.Translator on `--device` in
+  `--dtype`, default the CPU in fp32: encoder once per
   batch, decoder one token per call with its self-attention cache and the cross K/V), batches of
   `--batch` sentences in file order (the orchestrator sorts them by length), rows run until every
   row of the batch has ended; optionally (`--reference`) the model's own `greedy_decode`, which
@@ -35,20 +36,22 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     model, _ = load_checkpoint(args.checkpoint)
+    dev = torch.device(args.device)
+    model = model.to(dev, torch.float16 if args.dtype == "fp16" else torch.float32)
     cfg = model.config
     ids = [Tokenizer.from_file(str(args.checkpoint / "tokenizer.json")).encode(s).ids for s in sentences]
 
     @torch.no_grad()
     def greedy(batch: list[list[int]]) -> list[list[int]]:
-        src, mask = data.pad(batch, cfg.pad_token_id)  # (B, S) each
+        src, mask = (t.to(dev) for t in data.pad(batch, cfg.pad_token_id))  # (B, S) each
         cross = model.encode(src, mask)
         rows = src.shape[0]
-        last = torch.full((rows, 1), cfg.bos_token_id, dtype=torch.long)  # (B, 1)
-        done = torch.zeros(rows, dtype=torch.bool)
+        last = torch.full((rows, 1), cfg.bos_token_id, dtype=torch.long, device=dev)  # (B, 1)
+        done = torch.zeros(rows, dtype=torch.bool, device=dev)
         out, past = [], None
         for t in range(args.max_length):
-            logits, past = model.decode(last, torch.ones(rows, t + 1, dtype=torch.long), torch.full((rows, 1), t),
-                                        past, cross, mask)
+            logits, past = model.decode(last, torch.ones(rows, t + 1, dtype=torch.long, device=dev),
+                                        torch.full((rows, 1), t, device=dev), past, cross, mask)
             nxt = logits[:, -1].argmax(dim=-1)  # (B,)
             out.append(nxt)
             done |= nxt == cfg.eos_token_id
@@ -59,7 +62,7 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
 
     @torch.no_grad()
     def reference(batch: list[list[int]]) -> list[list[int]]:
-        src, mask = data.pad(batch, cfg.pad_token_id)  # (B, S) each
+        src, mask = (t.to(dev) for t in data.pad(batch, cfg.pad_token_id))  # (B, S) each
         return model.greedy_decode(src, mask, args.max_length)
 
     timed_pass(greedy, ids, args.batch)  # warm-up
@@ -121,6 +124,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--variant", default="auto", help="engine graph variant (settings.variant)")
+    p.add_argument("--device", default="cpu", help="torch side: cpu | cuda")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"], help="torch side: weights' precision")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--reference", action="store_true", help="also time greedy_decode without a cache (slow)")
     return p.parse_args()

@@ -26,7 +26,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from export import onnx_export as ox
-from export import parity
+from export import gpu_gate, parity
 from export.modeldir import ROOT, GraphFile, publish, staging_dir, write_manifest
 from service.manifest import ModelDir
 
@@ -94,12 +94,19 @@ def _build(out: Path, body: Callable[[Path], dict]) -> ModelDir:
 
 
 def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                    variants=(), extra: dict | None = None) -> ModelDir:
+                    variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
+    """device "cuda": the fp16 graph is also measured on the GPU (export/gpu_gate.py)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.enable_truncation(cfg.max_length)
     seqs = [tokenizer.encode(t).ids for t in GATE_TEXTS]
     batches = [seqs, seqs[:3], seqs[5:7], [seqs[-1]]]  # mixed lengths; the long one truncated to max_length
+
+    def measure(variant: str, paths: dict[str, Path]) -> dict:
+        figures = parity.encoder_parity(model, paths["encoder"], batches, cfg.pad_token_id, variant)
+        if variant == "fp16" and device == "cuda":
+            figures["cuda"] = gpu_gate.encoder_figures(model, paths["encoder"], batches, cfg.pad_token_id)
+        return figures
 
     def body(staging: Path) -> dict:
         started = time.perf_counter()
@@ -109,8 +116,7 @@ def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
-            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False,
-            lambda v, p: parity.encoder_parity(model, p["encoder"], batches, cfg.pad_token_id, v))
+            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="embedding", architecture={"type": "bert-encoder", **asdict(cfg)},
                     special_tokens=special_tokens, max_input_tokens=cfg.max_length, parity=_parity_figures(figures),
@@ -131,9 +137,10 @@ def _exact(variant: str) -> bool:
 
 def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
                      max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
-                     quality_sample: tuple[str, list[list[int]]] | None = None) -> ModelDir:
+                     quality_sample: tuple[str, list[list[int]]] | None = None, device: str = "cpu") -> ModelDir:
     """quality_sample: (description, token sequences) on which reduced-precision variants are judged
-    teacher-forced (default: the gate texts)."""
+    teacher-forced (default: the gate texts). device "cuda": the fp16 graph is also measured on the
+    GPU (export/gpu_gate.py)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -153,6 +160,8 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
             figures = parity.decoder_parity(model, paths["decoder"], prompts, variant, reference=reference)
             if not _exact(variant):
                 figures.update(parity.decoder_quality(model, paths["decoder"], sample, sample_name))
+            if variant == "fp16" and device == "cuda":
+                figures["cuda"] = gpu_gate.decoder_figures(model, paths["decoder"], prompts, reference)
             return figures
 
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
@@ -169,10 +178,11 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
 
 def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
                       max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
-                      quality_sample: tuple[str, list[tuple[list[int], list[int]]]] | None = None) -> ModelDir:
+                      quality_sample: tuple[str, list[tuple[list[int], list[int]]]] | None = None,
+                      device: str = "cpu") -> ModelDir:
     """quality_sample: (description, (source ids, target ids starting with BOS) pairs) on which
     reduced-precision variants are judged teacher-forced (default: the gate sources and their
-    PyTorch greedy translations)."""
+    PyTorch greedy translations). device "cuda": the fp16 graphs are also measured on the GPU."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -195,6 +205,9 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
             if not _exact(variant):
                 figures.update(parity.translator_quality(model, paths["encoder"], paths["decoder"], sample,
                                                          sample_name))
+            if variant == "fp16" and device == "cuda":
+                figures["cuda"] = gpu_gate.translator_figures(model, paths["encoder"], paths["decoder"], sources,
+                                                              reference)
             return figures
 
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
@@ -216,7 +229,7 @@ SHIPPED = ("all-minilm-l6-v2", "tinystories-gpt", "tatoeba-en-fr")  # marked def
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
-def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None) -> ModelDir:
+def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
     """A trained checkpoint directory (export/checkpoint.py) -> a model directory, through the gate.
 
     Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
@@ -234,10 +247,10 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     if meta["kind"] == "generation":
         return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
                                 max_input_tokens=length // 2, max_output_tokens=length - length // 2,
-                                variants=variants, extra=info, quality_sample=sample)
+                                variants=variants, extra=info, quality_sample=sample, device=device)
     return build_translation(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
                              max_output_tokens=min(model.config.max_positions, 2 * length), variants=variants,
-                             extra=info, quality_sample=sample)
+                             extra=info, quality_sample=sample, device=device)
 
 
 QUALITY_WINDOWS = 32  # generator: held-out windows of the full context (8,192 tokens at 256)
@@ -336,11 +349,12 @@ def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]
         meta = json.loads((ckpt / "config.json").read_text())
         inputs = [ckpt / f for f in (*CHECKPOINT_FILES, HELDOUT_FILE) if (ckpt / f).is_file()]
         jobs.append((meta["name"], meta["kind"], inputs,
-                     lambda out, variants, extra, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra)))
+                     lambda out, variants, extra, device, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra,
+                                                                                       device)))
     return jobs
 
 
-def cmd_models(args) -> int:
+def cmd_models(args, device: str) -> int:
     from export.modeldir import is_current, source_hash
 
     variants = _variant_list(args.variants)
@@ -355,7 +369,7 @@ def cmd_models(args) -> int:
             log.info("%s is up to date (verified)", out)
             continue
         started = time.perf_counter()
-        build(out, variants, {"source_sha256": digest, "default": default})
+        build(out, variants, {"source_sha256": digest, "default": default}, device)
         log.info("built %s in %.1f s", out, time.perf_counter() - started)
     return 0
 
@@ -387,6 +401,8 @@ def _parser() -> argparse.ArgumentParser:
                           "gate judges int8 / fp16 decoders on), from its training corpus")
     held.add_argument("path", type=Path)
     for command in (models, minilm, ckpt, tiny):
+        command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                             help="auto: CUDA when PyTorch sees a GPU; there the fp16 graphs are also gated on it")
         command.add_argument("--variants", default="" if command is tiny else DEFAULT_VARIANTS,
                              help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
     return p
@@ -397,24 +413,25 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("export").setLevel(logging.INFO)  # onnxruntime's quantizer logs chattily at the root
     try:
-        if args.command == "models":
-            return cmd_models(args)
         if args.command == "heldout":
             return 0 if write_heldout(args.path) else 1
+        device = gpu_gate.resolve_device(args.device)
+        if args.command == "models":
+            return cmd_models(args, device)
         variants = _variant_list(args.variants)
         if args.command == "minilm":
             from export.minilm import build_minilm
 
-            build_minilm(Path(args.out), variants)
+            build_minilm(Path(args.out), variants, device=device)
         elif args.command == "checkpoint":
-            build_checkpoint(args.path, Path(args.out), variants)
+            build_checkpoint(args.path, Path(args.out), variants, device=device)
         else:
             from export import tiny as tiny_models
 
             kinds = list(tiny_models.NAMES) if args.kind == "all" else [args.kind]
             for kind in kinds:
                 out = Path(args.out) / tiny_models.NAMES[kind] if args.kind == "all" else Path(args.out)
-                tiny_models.build_tiny(kind, out, variants)
+                tiny_models.build_tiny(kind, out, variants, device)
     except parity.ParityError as e:
         log.error("%s", e)
         return 1

@@ -162,11 +162,12 @@ def sample_stories(model, tok: Tokenizer, prompts: list[str], *, max_new_tokens:
     eos = model.config.eos_token_id
     out = []
     for prompt in prompts:
-        ids = torch.tensor([tok.encode(prompt).ids])  # (1, T)
+        ids = torch.tensor([tok.encode(prompt).ids], device=next(model.parameters()).device)  # (1, T)
         for _ in range(max_new_tokens):
             logits, _ = model(ids[:, -model.config.max_positions :])
             top = torch.topk(logits[0, -1] / temperature, top_k)
-            nxt = top.indices[torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen)]
+            pick = torch.multinomial(torch.softmax(top.values, -1).cpu(), 1, generator=gen)  # the CPU generator
+            nxt = top.indices[pick.to(top.indices.device)]
             if int(nxt) == eos:
                 break
             ids = torch.cat([ids, nxt.view(1, 1)], dim=1)

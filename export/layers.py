@@ -6,6 +6,8 @@ feed-forward network, and learned / sinusoidal positional encodings.
 
 Masks are additive float tensors broadcastable to (B, nh, T, S): 0 where attention is allowed,
 the dtype's most negative value where it is not (finite, so a fully masked row never yields NaN).
+Every tensor a function here builds lives on its input's device, so the models run on CUDA as on
+the CPU (tests/test_export_device.py runs them on the "meta" device to prove it).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch import nn
 def padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, S) 1/0 key mask -> additive (B, 1, 1, S)."""
     allowed = attention_mask[:, None, None, :].to(torch.bool)
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)
 
 
 def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype) -> torch.Tensor:
@@ -34,7 +37,8 @@ def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype
     q_pos = torch.arange(query_len, device=attention_mask.device)[:, None] + past  # (T, 1)
     k_pos = torch.arange(total, device=attention_mask.device)[None, :]  # (1, P+T)
     allowed = (k_pos <= q_pos)[None, None, :, :] & attention_mask[:, None, None, :].to(torch.bool)
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)
 
 
 def scaled_dot_product_attention(q, k, v, mask):

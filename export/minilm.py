@@ -105,8 +105,9 @@ def load_tokenizer(folder: Path, max_length: int) -> Tokenizer:
     return tok
 
 
-def build_minilm(out: Path, variants=(), extra: dict | None = None) -> ModelDir:
-    """Export MiniLM into the model directory out, through the parity gate."""
+def build_minilm(out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
+    """Export MiniLM into the model directory out, through the parity gate (on the GPU too when
+    device is "cuda")."""
     folder = model_folder()
     model = load_minilm(folder)
     tok = load_tokenizer(folder, model.config.max_length)
@@ -115,4 +116,5 @@ def build_minilm(out: Path, variants=(), extra: dict | None = None) -> ModelDir:
     info = {"source": MODEL_ID, "package": f"{PACKAGE}=={version(PACKAGE)}", "license": "apache-2.0",
             "reference_normalizes": True, **(extra or {})}
     log.info("exporting %s from %s", MODEL_ID, folder)
-    return build_embedding(model, tok, Path(out), name=DIR_NAME, special_tokens=special, variants=variants, extra=info)
+    return build_embedding(model, tok, Path(out), name=DIR_NAME, special_tokens=special, variants=variants, extra=info,
+                           device=device)

@@ -179,15 +179,19 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
     return step
 
 
-def torch_step(fn: Callable) -> Step:
-    """Wraps fn(ids, mask, pos, past pairs | None) -> (logits, present pairs) into a numpy Step."""
+def torch_step(fn: Callable, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Step:
+    """Wraps fn(ids, mask, pos, past pairs | None) -> (logits, present pairs) into a numpy Step; the
+    tensors go to `device`, the cache in `dtype` (the model's), and come back as float32 arrays."""
+
+    def to(a: np.ndarray, float_type: torch.dtype | None = None) -> torch.Tensor:
+        return torch.from_numpy(a).to(device, float_type)
 
     def step(ids, mask, pos, past):
-        pairs = None if past is None else [(torch.from_numpy(past[i]), torch.from_numpy(past[i + 1]))
+        pairs = None if past is None else [(to(past[i], dtype), to(past[i + 1], dtype))
                                            for i in range(0, len(past), 2)]
         with torch.no_grad():
-            logits, present = fn(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos), pairs)
-        return logits.numpy(), [t.numpy() for kv in present for t in kv]
+            logits, present = fn(to(ids), to(mask), to(pos), pairs)
+        return logits.float().cpu().numpy(), [t.float().cpu().numpy() for kv in present for t in kv]
 
     return step
 
@@ -254,7 +258,9 @@ def reference_generations(model, prompts: Sequence[Sequence[int]], n_new: int = 
     """`GPTDecoder.generate` per prompt (no cache, no EOS stop): the tokens the ONNX loop must produce."""
     if max(len(p) for p in prompts) + n_new > model.config.max_positions:
         raise ValueError(f"prompts too long for {n_new} new tokens within max_positions {model.config.max_positions}")
-    return [model.generate(torch.tensor([p]), n_new, stop_at_eos=False)[0, len(p):].tolist() for p in prompts]
+    device = next(model.parameters()).device
+    return [model.generate(torch.tensor([p], device=device), n_new, stop_at_eos=False)[0, len(p):].tolist()
+            for p in prompts]
 
 
 def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant: str = "fp32",
@@ -393,10 +399,11 @@ def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: 
 
 def reference_translations(model, sources: Sequence[Sequence[int]], n_new: int = GREEDY_NEW_TOKENS) -> list[list[int]]:
     """`greedy_decode` per source, EOS stopping disabled (eos id -1) so every row has n_new tokens."""
-    original = model.config
+    original, device = model.config, next(model.parameters()).device
     model.config = dataclasses.replace(original, eos_token_id=-1)
     try:
-        return [model.greedy_decode(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), n_new)[0]
+        return [model.greedy_decode(torch.tensor([s], device=device), torch.ones(1, len(s), dtype=torch.long,
+                                                                               device=device), n_new)[0]
                 for s in sources]
     finally:
         model.config = original

@@ -129,10 +129,10 @@ class Translator(nn.Module):
         source, without BOS, up to and including EOS."""
         cross = self.encode(src_ids, src_mask)
         B = src_ids.shape[0]
-        ys = torch.full((B, 1), self.config.bos_token_id, dtype=torch.long)
-        done = torch.zeros(B, dtype=torch.bool)
+        ys = torch.full((B, 1), self.config.bos_token_id, dtype=torch.long, device=src_ids.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
         for _ in range(max_length):
-            positions = torch.arange(ys.shape[1])[None, :].expand_as(ys)
+            positions = torch.arange(ys.shape[1], device=ys.device)[None, :].expand_as(ys)
             logits, _ = self.decode(ys, torch.ones_like(ys), positions, None, cross, src_mask)
             nxt = logits[:, -1].argmax(dim=-1)  # (B,)
             nxt = torch.where(done, torch.full_like(nxt, self.config.pad_token_id), nxt)

@@ -75,7 +75,7 @@ def tiny_model(kind: str, vocab_size: int) -> nn.Module:
     return _widen(Translator(cfg), 0.3)
 
 
-def build_tiny(kind: str, out: Path, variants=()) -> ModelDir:
+def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelDir:
     """Export the tiny model of one kind into out (a model directory), through the parity gate."""
     tok = byte_tokenizer(kind)
     model = tiny_model(kind, tok.get_vocab_size())
@@ -83,16 +83,17 @@ def build_tiny(kind: str, out: Path, variants=()) -> ModelDir:
     ids = {t: tok.token_to_id(t) for t in SPECIALS[kind]}
     if kind == "embedding":
         special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
-        return build_embedding(model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra)
+        return build_embedding(model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra,
+                               device=device)
     if kind == "generation":
         eot = ids["<|endoftext|>"]
         return build_generation(model, tok, out, name=NAMES[kind], special_tokens={"bos": eot, "eos": eot, "pad": eot},
                                 max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
-                                variants=variants, extra=extra)
+                                variants=variants, extra=extra, device=device)
     special = {"pad": ids["<pad>"], "bos": ids["<s>"], "decoder_start": ids["<s>"], "eos": ids["</s>"], "unk": ids["<unk>"]}
     return build_translation(model, tok, out, name=NAMES[kind], special_tokens=special,
                              max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
-                             variants=variants, extra=extra)
+                             variants=variants, extra=extra, device=device)
 
 
 def build_all(root: Path, variants=()) -> dict[str, ModelDir]:
