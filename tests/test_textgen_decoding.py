@@ -44,6 +44,9 @@ def byte_bpe() -> Tokenizer:
         (SamplingParams(top_p=1.5), "top_p"),
         (SamplingParams(top_p=-0.1), "top_p"),
         (SamplingParams(repetition_penalty=-1.0), "repetition_penalty"),
+        (SamplingParams(repetition_penalty=1e-45), "repetition_penalty"),
+        (SamplingParams(repetition_penalty=1e9), "repetition_penalty"),
+        (SamplingParams(temperature=1e-300), "temperature"),
         (SamplingParams(stop=("",)), "stop[0]"),
         (SamplingParams(stop=("x",) * 17), "stop sequences"),
     ],
@@ -55,6 +58,19 @@ def test_bad_params_are_refused_with_the_range(params, word):
 
 def test_good_params_pass():
     check_params(SamplingParams(temperature=0.7, top_k=40, top_p=0.9, repetition_penalty=1.2, stop=("\n",), seed=3))
+
+
+@pytest.mark.parametrize("penalty, temperature", [(1e-3, 1e-3), (1e3, 1e-3), (1e-3, 1e3)])
+def test_extreme_allowed_scales_keep_sampling_finite(penalty, temperature):
+    # float32 logits as the graph returns them; token 3 was seen and has the largest logit
+    logits = np.asarray([1.0, -30.0, 5.0, 30.0, -2.0], np.float32)
+    params = SamplingParams(temperature=temperature, repetition_penalty=penalty, seed=0)
+    check_params(params)
+    scores = apply_repetition_penalty(logits, np.asarray([3, 1]), penalty).astype(np.float64) / temperature
+    assert np.isfinite(scores).all()
+    tokens = {next_token(logits, params, np.asarray([3, 1]), make_rng(seed)) for seed in range(20)}
+    if temperature == 1e-3:  # all mass on the best penalised score
+        assert tokens == {int(np.argmax(scores))}
 
 
 def test_repetition_penalty_follows_hf_semantics():

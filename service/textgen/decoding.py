@@ -23,6 +23,10 @@ import numpy as np
 REPLACEMENT_CHAR = "\ufffd"
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
+# Sampled scores are logits / penalty / temperature: below these a float32 logit divided by them
+# overflows to inf, and inf - inf makes the probabilities NaN (garbage tokens, no error). Hence a
+# stated range, as for length_penalty, rather than a silent clamp.
+SCALE_RANGE = (1e-3, 1e3)
 
 
 class ParamError(ValueError):
@@ -46,14 +50,16 @@ class SamplingParams:
 
 def check_params(p: SamplingParams) -> None:
     """Raises ParamError naming the first parameter out of range and the allowed range."""
-    if not math.isfinite(p.temperature) or p.temperature < 0:
-        raise ParamError(f"temperature must be finite and >= 0 (0 = greedy), got {p.temperature}")
+    lo, hi = SCALE_RANGE
+    if not (p.temperature == 0 or lo <= p.temperature <= hi):
+        raise ParamError(f"temperature must be 0 (greedy) or in [{lo:g}, {hi:g}], got {p.temperature}")
     if p.top_k < 0:
         raise ParamError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
     if not math.isfinite(p.top_p) or not 0.0 <= p.top_p <= 1.0:
         raise ParamError(f"top_p must be in [0, 1] (0 or 1 = off), got {p.top_p}")
-    if not math.isfinite(p.repetition_penalty) or p.repetition_penalty < 0:
-        raise ParamError(f"repetition_penalty must be 0 (off) or a finite value > 0 (1 = neutral), got {p.repetition_penalty}")
+    if not (p.repetition_penalty == 0 or lo <= p.repetition_penalty <= hi):
+        raise ParamError(f"repetition_penalty must be 0 (off) or in [{lo:g}, {hi:g}] (1 = neutral), "
+                         f"got {p.repetition_penalty}")
     if p.max_new_tokens < 0:
         raise ParamError(f"max_new_tokens must be >= 0 (0 = server default), got {p.max_new_tokens}")
     if len(p.stop) > MAX_STOP_SEQUENCES:
