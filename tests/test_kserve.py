@@ -153,13 +153,21 @@ async def test_bad_requests_get_clear_statuses(client, model, inputs, params, ou
     assert caught.value.status() == f"StatusCode.{code}" and message in caught.value.message()
 
 
-async def test_shape_must_match_the_elements(server):
-    request = oip.ModelInferRequest(model_name="tiny-gpt")
-    request.inputs.add(name="text", datatype="BYTES", shape=[2])
-    request.raw_input_contents.append(b"\x02\x00\x00\x00hi\x09\x00\x00\x00cut")
+RAW_BAD = [
+    ([2], b"\x02\x00\x00\x00hi\x09\x00\x00\x00cut", "raw BYTES content is cut"),
+    ([3], b"\x02\x00\x00\x00hi", "has shape [3] but 1 elements"),
+    ([0], b"", "is empty"),
+    ([1], b"\x01\x00\x00\x00\xff", "not UTF-8"),
+]
+
+
+@pytest.mark.parametrize("shape, raw, message", RAW_BAD)
+async def test_raw_contents_must_match_the_shape(server, shape, raw, message):
+    request = oip.ModelInferRequest(model_name="tiny-gpt", raw_input_contents=[raw])
+    request.inputs.add(name="text", datatype="BYTES", shape=shape)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await oip_grpc.GRPCInferenceServiceStub(server.channel).ModelInfer(request)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "raw BYTES content is cut" in caught.value.details()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in caught.value.details()
 
 
 async def test_reflection_describes_the_service(server):

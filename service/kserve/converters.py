@@ -83,6 +83,8 @@ def input_texts(request: oip.ModelInferRequest) -> list[str]:
         elements = list(tensor.contents.bytes_contents)
     if len(elements) != tensor.shape[0]:
         raise InvalidArgument(f"input {INPUT!r} has shape [{tensor.shape[0]}] but {len(elements)} elements")
+    if not elements:
+        raise InvalidArgument(f"input {INPUT!r} is empty; send at least one text")
     try:
         return [e.decode("utf-8") for e in elements]
     except UnicodeDecodeError as e:

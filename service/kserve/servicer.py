@@ -55,7 +55,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors(SERVICE)
     async def ServerMetadata(self, request, context: grpc.aio.ServicerContext) -> oip.ServerMetadataResponse:
-        return oip.ServerMetadataResponse(name=SERVER_NAME, version=importlib.metadata.version(SERVER_NAME))
+        return oip.ServerMetadataResponse(name=SERVER_NAME, version=_version())
 
     @grpc_errors(SERVICE)
     async def ModelMetadata(self, request, context: grpc.aio.ServicerContext) -> oip.ModelMetadataResponse:
@@ -115,6 +115,13 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         outputs = [converters.text_output("translation", [t.text for t in result.translations]),
                    converters.scores_output([t.score for t in result.translations])]
         return outputs, usage(result.input_tokens, result.output_tokens)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(SERVER_NAME)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
 
 
 async def _chunks(handle) -> list:
