@@ -57,12 +57,14 @@ class Output:
 
 
 def model_metadata(name: str, kind: str, dimension: int) -> oip.ModelMetadataResponse:
-    """The tensors a model of `kind` takes and returns (-1: any size; D for embeddings)."""
-    outputs = [oip.ModelMetadataResponse.TensorMetadata(name=n, datatype=d, shape=[-1, dimension] if n == "embedding"
-                                                        else s) for n, (d, s) in TENSORS[kind].items()]
-    return oip.ModelMetadataResponse(
-        name=name, versions=[VERSION], platform=f"transformer-serving/{kind}",
-        inputs=[oip.ModelMetadataResponse.TensorMetadata(name=INPUT, datatype="BYTES", shape=[-1])], outputs=outputs)
+    """The tensors a model of `kind` takes and returns: -1 is any size; an embedding's D is the model's."""
+    tensor = oip.ModelMetadataResponse.TensorMetadata
+    response = oip.ModelMetadataResponse(name=name, versions=[VERSION], platform=f"transformer-serving/{kind}",
+                                         inputs=[tensor(name=INPUT, datatype="BYTES", shape=[-1])])
+    for output, (datatype, shape) in TENSORS[kind].items():
+        response.outputs.append(tensor(name=output, datatype=datatype, shape=[-1, dimension] if shape == [-1, -1]
+                                       else shape))
+    return response
 
 
 def input_texts(request: oip.ModelInferRequest) -> list[str]:

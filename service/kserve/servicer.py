@@ -19,7 +19,6 @@ from service import packing
 from service.converters import usage
 from service.errors import InvalidArgument, NotFound, grpc_errors, label_model, quote
 from service.kserve import converters
-from service.kserve.converters import Output
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 from service.registry import Backend, ModelRegistry
