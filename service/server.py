@@ -24,9 +24,10 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from service import metrics
+from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -39,6 +40,7 @@ from service.textgen import servicers as textgen_servicers
 log = logging.getLogger(__name__)
 
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
+SERVICES[kserve.SERVICE] = kserve.SERVICE_NAME  # the Open Inference Protocol (KServe v2), service/kserve
 SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation",
                  "TranslationService": "translation"}
 
@@ -95,10 +97,13 @@ class Server:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
         textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
+        kserve.add_to_server(self.grpc, self.registry, self.settings)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.grpc)
+        pool = kserve.reflection_pool(pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR,
+                                      kserve.oip.DESCRIPTOR)
+        reflection.enable_server_reflection(names, self.grpc, pool=pool)
         await self._set_health(status)
         try:
             self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
