@@ -7,7 +7,9 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -18,10 +20,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from service.auth import Tokens
 from service.batch.runner import JobConfig, run_job
 from service.channel import Credentials, open_channel
-from service.client import AsyncClient, main as client_main
+from service.client import AsyncClient, Client, main as client_main
 from service.proto import inference_pb2 as pb
+from service.proto.inference_pb2_grpc import EmbeddingServiceStub
 from service.settings import Settings
 from tests.fixtures.server import metric
+from tests.test_service_workers import WorkerGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPCURL = shutil.which("grpcurl") or str(ROOT / ".venv" / "bin" / "grpcurl")
@@ -138,6 +142,15 @@ async def test_client_cli_flags(start_server, embed_models_root, certs, capsys):
     assert await asyncio.to_thread(client_main, [*base, "--token", "nope", "embed", "hi"]) == 2
     assert "UNAUTHENTICATED" in capsys.readouterr().err
 
+    def sync_stream(token: str) -> list[int]:  # the blocking Client's interceptor covers streams too
+        with Client(running.address, token=token, tls_ca=str(certs / "ca.pem")) as client:
+            return [len(r.embeddings) for r in client.embed_stream([pb.EmbedRequest(inputs=["a", "b"])])]
+
+    assert await asyncio.to_thread(sync_stream, TOKEN) == [2]
+    with pytest.raises(grpc.RpcError) as e:
+        await asyncio.to_thread(sync_stream, SECRET_WRONG)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
 
 async def test_mtls_needs_a_client_certificate(start_server, embed_models_root, certs):
     running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
@@ -188,3 +201,41 @@ async def test_health_over_tls_without_token(start_server, embed_models_root, ce
     async with open_channel(running.address, Credentials(tls_ca=str(certs / "ca.pem")), aio=True) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _embed_status(address: str, credentials: Credentials) -> grpc.StatusCode:
+    """One Embed on a connection of its own (the kernel picks a worker per connection)."""
+    with open_channel(address, credentials, [("grpc.use_local_subchannel_pool", 1)]) as channel:
+        try:
+            EmbeddingServiceStub(channel).Embed(pb.EmbedRequest(inputs=["hi"]), timeout=30)
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_workers_serve_tls_and_reload_tokens_on_sighup(embed_models_root, certs, tmp_path):
+    """--workers 2: each worker builds TLS and tokens from the settings; SIGHUP to the supervisor
+    reaches every worker, which re-reads the tokens file (rotation without a restart)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# rotated by hand\n{TOKEN}\n")
+    group = WorkerGroup(embed_models_root, 2, "--tls-cert", str(certs / "server.pem"), "--tls-key",
+                        str(certs / "server.key"), "--auth-tokens-file", str(tokens))
+    try:
+        ca = str(certs / "ca.pem")
+        assert {_embed_status(group.address, Credentials(TOKEN, ca)) for _ in range(8)} == {grpc.StatusCode.OK}
+        assert _embed_status(group.address, Credentials(OTHER, ca)) == grpc.StatusCode.UNAUTHENTICATED
+        assert group.metrics()[("ts_auth_failures_total", (("reason", "invalid"),))] == 1  # summed by the supervisor
+        tokens.write_text(f"{OTHER}\n")
+        group.proc.send_signal(signal.SIGHUP)
+        group.wait_for("passing it to 2 worker")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # each worker reloads on its own loop: wait until all have
+            statuses = {_embed_status(group.address, Credentials(TOKEN, ca)) for _ in range(8)}
+            if statuses == {grpc.StatusCode.UNAUTHENTICATED}:
+                break
+        assert statuses == {grpc.StatusCode.UNAUTHENTICATED}
+        assert {_embed_status(group.address, Credentials(OTHER, ca)) for _ in range(8)} == {grpc.StatusCode.OK}
+        group.proc.send_signal(signal.SIGTERM)
+        assert group.wait() == 0
+    finally:
+        group.proc.kill()
