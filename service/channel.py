@@ -5,7 +5,9 @@
 
 The token travels as the metadata `authorization: Bearer <token>` on every call, added by a client
 interceptor so it works on plaintext channels too (grpc's call credentials need TLS), e.g. behind
-a proxy that terminates TLS. Environment: TS_TOKEN, TS_TLS_CA, TS_TLS_CLIENT_CERT, TS_TLS_CLIENT_KEY.
+a proxy that terminates TLS. Environment: TS_TOKEN, TS_TLS_CA, TS_TLS_CLIENT_CERT, TS_TLS_CLIENT_KEY,
+TS_TLS_SERVER_NAME (the name to check the server's certificate against, when it differs from the
+address's host: a probe calling 127.0.0.1 of a pod whose certificate names the Service).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import grpc
 
-ENV = {"token": "TS_TOKEN", "tls_ca": "TS_TLS_CA", "tls_cert": "TS_TLS_CLIENT_CERT", "tls_key": "TS_TLS_CLIENT_KEY"}
+ENV = {"token": "TS_TOKEN", "tls_ca": "TS_TLS_CA", "tls_cert": "TS_TLS_CLIENT_CERT", "tls_key": "TS_TLS_CLIENT_KEY",
+       "server_name": "TS_TLS_SERVER_NAME"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Credentials:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    server_name: str = ""
 
     def __repr__(self) -> str:  # never print the token
         return f"Credentials(token={'***' if self.token else ''!r}, tls_ca={self.tls_ca!r}, tls_cert={self.tls_cert!r})"
@@ -41,7 +45,7 @@ class Credentials:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Credentials":
-        return cls(args.token, args.tls_ca, args.tls_client_cert, args.tls_client_key)
+        return cls(args.token, args.tls_ca, args.tls_client_cert, args.tls_client_key, args.tls_server_name)
 
     @property
     def tls(self) -> bool:
@@ -60,12 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "(env TS_TLS_CLIENT_CERT)")
     group.add_argument("--tls-client-key", default=env.tls_key, help="PEM key of --tls-client-cert "
                        "(env TS_TLS_CLIENT_KEY)")
+    group.add_argument("--tls-server-name", default=env.server_name, help="name the server's certificate must "
+                       "carry, when not the address's host (env TS_TLS_SERVER_NAME)")
 
 
 def open_channel(address: str, credentials: Credentials = Credentials(), options: list | None = None,
                  aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
     """A sync (or grpc.aio) channel to address presenting these credentials on every call."""
-    options = options or []
+    options = list(options or [])
+    if credentials.server_name:
+        options.append(("grpc.ssl_target_name_override", credentials.server_name))
     tls = _channel_credentials(credentials) if credentials.tls else None
     if aio:
         interceptors = _aio_interceptors(credentials.token) if credentials.token else None

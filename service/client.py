@@ -74,12 +74,14 @@ def _channel_options() -> list[tuple[str, int]]:
 
 class Client(GenerationClientMixin):
     """Blocking client; `timeout` (seconds) is the deadline of every call. `token`: bearer token;
-    `tls_ca`: PEM CA of the server's certificate (TLS on); `tls_cert`/`tls_key`: client certificate (mTLS)."""
+    `tls_ca`: PEM CA of the server's certificate (TLS on); `tls_cert`/`tls_key`: client certificate (mTLS);
+    `credentials`: all of these at once (service/channel.py), e.g. `Credentials.from_env()`."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
-                 tls_ca: str = "", tls_cert: str = "", tls_key: str = ""):
+                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
+                 credentials: channels.Credentials | None = None):
         self.address, self.timeout = address, timeout
-        self.credentials = channels.Credentials(token, tls_ca, tls_cert, tls_key)
+        self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
         self.channel = channels.open_channel(address, self.credentials, _channel_options())
         _stubs(self, self.channel)
 
@@ -123,9 +125,10 @@ class AsyncClient(AsyncGenerationClientMixin):
     """asyncio client (grpc.aio); same arguments and methods as Client, awaited."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
-                 tls_ca: str = "", tls_cert: str = "", tls_key: str = ""):
+                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
+                 credentials: channels.Credentials | None = None):
         self.address, self.timeout = address, timeout
-        self.credentials = channels.Credentials(token, tls_ca, tls_cert, tls_key)
+        self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
         self.channel = channels.open_channel(address, self.credentials, _channel_options(), aio=True)
         _stubs(self, self.channel)
 
@@ -220,8 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    creds = channels.Credentials.from_args(args)
-    with Client(args.address, args.timeout, creds.token, creds.tls_ca, creds.tls_cert, creds.tls_key) as client:
+    with Client(args.address, args.timeout, credentials=channels.Credentials.from_args(args)) as client:
         try:
             return args.handler(args, client)
         except grpc.RpcError as e:

@@ -239,3 +239,19 @@ def test_workers_serve_tls_and_reload_tokens_on_sighup(embed_models_root, certs,
         assert group.wait() == 0
     finally:
         group.proc.kill()
+
+
+async def test_server_name_override_checks_the_certificate_name(start_server, embed_models_root, tmp_path):
+    """A certificate naming only the Service (no IP): a probe on 127.0.0.1 says which name to expect."""
+    certs = tmp_path / "svc-certs"
+    subprocess.run([str(ROOT / "deploy/scripts/make-dev-certs.sh"), str(certs), "DNS:transformer-serving"],
+                   check=True, capture_output=True)
+    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
+                                 tls_key=str(certs / "server.key"))
+    async with AsyncClient(running.address, tls_ca=str(certs / "ca.pem"), timeout=5) as by_ip:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await by_ip.health()
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # 127.0.0.1 is not in the certificate
+    named = Credentials(tls_ca=str(certs / "ca.pem"), server_name="transformer-serving")
+    async with AsyncClient(running.address, credentials=named) as client:
+        assert await client.health() == "SERVING"
