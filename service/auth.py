@@ -4,12 +4,12 @@ Reusable by every front door. `Tokens` holds the accepted tokens (from `--auth-t
 per line, and/or `TS_AUTH_TOKENS`, comma-separated); `Tokens.check(header_value)` takes the value
 of an `authorization` header or gRPC metadata entry (`Bearer <token>`) and returns None when it is
 accepted, else the reason it is not ("missing", "malformed", "invalid"), which is also the
-`reason` label of `ts_auth_failures_total`. Every token is compared (hmac.compare_digest, no
+`reason` label of `ts_auth_failures_total{protocol, reason}`. Every token is compared (hmac.compare_digest, no
 early exit), so neither the position nor the prefix of a match leaks through timing.
 
     tokens = Tokens.from_settings(settings)       # disabled (accepts all) when none are configured
-    reason = tokens.check(request.headers.get("authorization"))   # an HTTP front door
-    if reason: count_failure(reason); return 401 with message(reason)
+    message = authenticate(tokens, request.headers.get("authorization"), protocol="http")
+    if message is not None: return 401 with message   # counted; the message never quotes the token
 
 gRPC: `AuthInterceptor(tokens)` is a grpc.aio server interceptor; it rejects a call with
 UNAUTHENTICATED before any handler runs (unary and streaming alike), except the health and
@@ -32,7 +32,7 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 AUTH_FAILURES = Counter("ts_auth_failures", "calls refused for a missing, malformed or invalid bearer token",
-                        ["reason"])
+                        ["protocol", "reason"])
 # Callable without a token: probes (Kubernetes, load balancers) and tools (grpcurl list/describe).
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")
@@ -97,8 +97,18 @@ def read_tokens_file(path: Path) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def count_failure(reason: str) -> None:
-    AUTH_FAILURES.labels(reason).inc()
+def count_failure(reason: str, protocol: str = "grpc") -> None:
+    AUTH_FAILURES.labels(protocol, reason).inc()
+
+
+def authenticate(tokens: Tokens, header_value: str | bytes | None, protocol: str = "grpc") -> str | None:
+    """None when the call may go on; else counts the refusal and returns the message for the client
+    (gRPC UNAUTHENTICATED, HTTP 401)."""
+    reason = tokens.check(header_value)
+    if reason is None:
+        return None
+    count_failure(reason, protocol)
+    return MESSAGES[reason]
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -115,12 +125,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler_call_details.method.startswith(OPEN_SERVICES):
             return handler
         values = [v for k, v in handler_call_details.invocation_metadata or () if k == "authorization"]
-        reason = "malformed" if len(values) > 1 else self.tokens.check(values[0] if values else None)
-        if reason is None:
+        if len(values) > 1:  # which one would count is ambiguous: refuse
+            count_failure("malformed")
+            message = MESSAGES["malformed"]
+        else:
+            message = authenticate(self.tokens, values[0] if values else None)
+        if message is None:
             return handler
-        count_failure(reason)
-        log.debug("refused %s: %s", handler_call_details.method, reason)
-        return _refusing(handler, MESSAGES[reason])
+        log.debug("refused %s: %s", handler_call_details.method, message)
+        return _refusing(handler, message)
 
 
 def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:

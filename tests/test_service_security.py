@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.auth import Tokens
+from service.auth import Tokens, authenticate
 from service.batch.runner import JobConfig, run_job
 from service.channel import Credentials, open_channel
 from service.client import AsyncClient, Client, main as client_main
@@ -43,7 +43,7 @@ def certs(tmp_path_factory) -> Path:
 
 
 def failures(reason: str) -> float:
-    return metric("ts_auth_failures_total", {"reason": reason})
+    return metric("ts_auth_failures_total", {"protocol": "grpc", "reason": reason})
 
 
 def test_tokens_check_says_why():
@@ -53,6 +53,14 @@ def test_tokens_check_says_why():
     assert [tokens.check(v) for v in (None, "", "Basic a-token", "Bearer", "Bearer a-tok", "Bearer a-token2")] == [
         "missing", "missing", "malformed", "malformed", "invalid", "invalid"]
     assert Tokens().check(None) is None and not Tokens().enabled  # off: every call accepted
+
+
+def test_authenticate_counts_per_protocol_for_any_front_door():
+    tokens, before = Tokens(["a-token"]), metric("ts_auth_failures_total", {"protocol": "http", "reason": "invalid"})
+    assert authenticate(tokens, "Bearer a-token", protocol="http") is None
+    message = authenticate(tokens, "Bearer not-it", protocol="http")
+    assert message.startswith("invalid token") and "not-it" not in message
+    assert metric("ts_auth_failures_total", {"protocol": "http", "reason": "invalid"}) == before + 1
 
 
 def test_tokens_file_skips_comments_and_reloads(tmp_path):
@@ -224,7 +232,7 @@ def test_workers_serve_tls_and_reload_tokens_on_sighup(embed_models_root, certs,
         ca = str(certs / "ca.pem")
         assert {_embed_status(group.address, Credentials(TOKEN, ca)) for _ in range(8)} == {grpc.StatusCode.OK}
         assert _embed_status(group.address, Credentials(OTHER, ca)) == grpc.StatusCode.UNAUTHENTICATED
-        assert group.metrics()[("ts_auth_failures_total", (("reason", "invalid"),))] == 1  # summed by the supervisor
+        assert group.metrics()[("ts_auth_failures_total", (("protocol", "grpc"), ("reason", "invalid")))] == 1  # summed by the supervisor
         tokens.write_text(f"{OTHER}\n")
         group.proc.send_signal(signal.SIGHUP)
         group.wait_for("passing it to 2 worker")
