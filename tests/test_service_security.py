@@ -263,3 +263,13 @@ async def test_server_name_override_checks_the_certificate_name(start_server, em
     named = Credentials(tls_ca=str(certs / "ca.pem"), server_name="transformer-serving")
     async with AsyncClient(running.address, credentials=named) as client:
         assert await client.health() == "SERVING"
+
+
+def test_batch_job_flags_and_env_carry_the_credentials(monkeypatch, tmp_path):
+    from service.batch import cli
+
+    monkeypatch.setenv("TS_TOKEN", "from-env")
+    args = cli.build_parser().parse_args([str(tmp_path / "in.txt"), "--output", "o.npy", "--tls-ca", "ca.pem"])
+    assert cli.job_config(args).credentials == Credentials(token="from-env", tls_ca="ca.pem")
+    args = cli.build_parser().parse_args([str(tmp_path / "in.txt"), "--output", "o.npy", "--token", SECRET_WRONG])
+    assert cli.job_config(args).credentials.token == SECRET_WRONG and SECRET_WRONG not in repr(cli.job_config(args))

@@ -47,11 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
     io.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="stored vector type (default float32)")
     io.add_argument("--restart", action="store_true", help="discard a previous run's parts instead of resuming")
     srv = parser.add_argument_group("server and model")
-    if address:
+    if address:  # under service.client, its global --address and security flags apply
         srv.add_argument("--address", default=os.environ.get("TS_ADDRESS", DEFAULT_ADDRESS),
                          help=f"gRPC target: host:port or dns:///svc-headless:50051 (env TS_ADDRESS; {DEFAULT_ADDRESS})")
-    if address:  # under service.client, its global security flags apply
-        channels.add_arguments(parser)
+        channels.add_arguments(parser)  # --token, --tls-ca, ... (TS_TOKEN, TS_TLS_CA, ...)
     srv.add_argument("--model", default="", help="embedding model (default: the server's default)")
     srv.add_argument("--dimensions", type=int, default=0, help="keep the first N values (0: all)")
     srv.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None, help="L2-normalise")
