@@ -6,6 +6,7 @@
         response = c.embed_response(["a sentence"], dimensions=128)   # the EmbedResponse
     async with AsyncClient("127.0.0.1:50051") as c:
         vectors = await c.embed(["a sentence"])
+    Client("host:50051", token="...", tls_ca="ca.pem")   # TLS + bearer token (docs/design/security.md)
 
 CLI (prints JSON): `embed TEXT...`, `models [NAME]`, `health [--service S]`, and `generate` /
 `translate`, whose parsers and client methods live in service/textgen/client.py (mixins).
@@ -25,6 +26,7 @@ import numpy as np
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from service import channel as channels
 from service.batch.cli import add_batch_parser
 from service.packing import array
 from service.proto import inference_pb2 as pb
@@ -71,11 +73,16 @@ def _channel_options() -> list[tuple[str, int]]:
 
 
 class Client(GenerationClientMixin):
-    """Blocking client; `timeout` (seconds) is the deadline of every call."""
+    """Blocking client; `timeout` (seconds) is the deadline of every call. `token`: bearer token;
+    `tls_ca`: PEM CA of the server's certificate (TLS on); `tls_cert`/`tls_key`: client certificate (mTLS);
+    `credentials`: all of these at once (service/channel.py), e.g. `Credentials.from_env()`."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0):
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
+                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
+                 credentials: channels.Credentials | None = None):
         self.address, self.timeout = address, timeout
-        self.channel = grpc.insecure_channel(address, options=_channel_options())
+        self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
+        self.channel = channels.open_channel(address, self.credentials, _channel_options())
         _stubs(self, self.channel)
 
     def __enter__(self) -> "Client":
@@ -115,11 +122,14 @@ class Client(GenerationClientMixin):
 
 
 class AsyncClient(AsyncGenerationClientMixin):
-    """asyncio client (grpc.aio); same methods as Client, awaited."""
+    """asyncio client (grpc.aio); same arguments and methods as Client, awaited."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0):
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
+                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
+                 credentials: channels.Credentials | None = None):
         self.address, self.timeout = address, timeout
-        self.channel = grpc.aio.insecure_channel(address, options=_channel_options())
+        self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
+        self.channel = channels.open_channel(address, self.credentials, _channel_options(), aio=True)
         _stubs(self, self.channel)
 
     async def __aenter__(self) -> "AsyncClient":
@@ -188,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m service.client", description="transformer-serving client")
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"host:port of the service ({DEFAULT_ADDRESS})")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline of the call, seconds")
+    channels.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     embed = sub.add_parser("embed", help="embed texts; prints the EmbedResponse as JSON")
     embed.add_argument("texts", nargs="+")
@@ -212,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    with Client(args.address, timeout=args.timeout) as client:
+    with Client(args.address, args.timeout, credentials=channels.Credentials.from_args(args)) as client:
         try:
             return args.handler(args, client)
         except grpc.RpcError as e:

@@ -13,6 +13,10 @@ Lifecycle (`Server.start` then `Server.shutdown`):
 As one of several worker processes (`worker` = its index, service/supervisor.py) the server shares
 its port with the others (SO_REUSEPORT), warms up *before* it binds so the kernel never hands a
 connection to a cold worker, counts its calls per worker, and serves no metrics itself.
+
+Security (service/auth.py, docs/design/security.md): with --tls-cert/--tls-key the port speaks
+TLS only (mTLS with --tls-client-ca); with bearer tokens configured an interceptor refuses every
+call but health and reflection without one, before its handler runs; SIGHUP re-reads the tokens file.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from service import metrics
 from service.kserve import servicer as kserve
+from service.auth import AuthInterceptor, Tokens, server_credentials
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -48,9 +53,13 @@ SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generati
 class Server:
     """A running service; `address`, `port` and `metrics_port` are the ones actually bound."""
 
-    def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry, worker: int | None = None):
+    def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry, worker: int | None = None,
+                 tokens: Tokens | None = None, credentials: grpc.ServerCredentials | None = None):
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
-        interceptors = [] if worker is None else [_CountCalls(metrics.WORKER_RPCS.labels(str(worker)))]
+        self.tokens, self.credentials = tokens or Tokens(), credentials
+        interceptors = [AuthInterceptor(self.tokens)] if self.tokens.enabled else []  # first: refuse before all
+        if worker is not None:
+            interceptors.append(_CountCalls(metrics.WORKER_RPCS.labels(str(worker))))
         self.grpc = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -72,13 +81,14 @@ class Server:
     @classmethod
     async def start(cls, settings: Settings, worker: int | None = None) -> "Server":
         """Loads, binds, warms up (a worker: warms up, then binds); returns once every model serves."""
+        tokens, credentials = Tokens.from_settings(settings), server_credentials(settings)  # bad files: fail fast
         runtime = Runtime(settings)
         try:
             registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime)
         except BaseException:
             runtime.close()
             raise
-        server = cls(settings, runtime, registry, worker)
+        server = cls(settings, runtime, registry, worker, tokens, credentials)
         try:
             if worker is None:
                 await server._bind()
@@ -105,12 +115,18 @@ class Server:
                                       kserve.oip.DESCRIPTOR)
         reflection.enable_server_reflection(names, self.grpc, pool=pool)
         await self._set_health(status)
+        address = f"{self.settings.host}:{self.settings.port}"
         try:
-            self.port = self.grpc.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+            if self.credentials is None:
+                self.port = self.grpc.add_insecure_port(address)
+            else:
+                self.port = self.grpc.add_secure_port(address, self.credentials)
         except RuntimeError as e:  # grpc's "Failed to bind": port in use, bad address
             raise OSError(f"cannot bind gRPC to {self.settings.host}:{self.settings.port} ({e})") from e
         await self.grpc.start()
-        log.info("gRPC listening on %s", self.address)
+        log.info("gRPC listening on %s (%s%s)", self.address,
+                 "plaintext" if self.credentials is None else "TLS" if not self.settings.tls_client_ca else "mTLS",
+                 ", bearer tokens required" if self.tokens.enabled else "")
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
                 self.settings.metrics_address, self.settings.metrics_port)
@@ -145,10 +161,20 @@ class Server:
 
 
 def install_signal_handlers(server: Server) -> None:
-    """SIGTERM / SIGINT start the graceful shutdown (a second signal does not restart it)."""
+    """SIGTERM / SIGINT start the graceful shutdown (a second signal does not restart it); SIGHUP
+    re-reads the bearer tokens file."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, server, sig)
+    loop.add_signal_handler(signal.SIGHUP, _reload_tokens, server)
+
+
+def _reload_tokens(server: Server) -> None:
+    """SIGHUP: re-read the tokens file (rotation); on failure keep the tokens in use."""
+    try:
+        server.tokens.reload()
+    except (OSError, ValueError) as e:
+        log.error("SIGHUP: cannot re-read the tokens file, keeping the current tokens: %s", e)
 
 
 def _on_signal(server: Server, sig: signal.Signals) -> None:

@@ -43,6 +43,14 @@ class Settings:
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
     workers: int = _f(1, "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
                       "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)")
+    # Security (docs/design/security.md)
+    tls_cert: str = _f("", "PEM certificate (chain) of the gRPC port; with --tls-key turns TLS on")
+    tls_key: str = _f("", "PEM private key of --tls-cert")
+    tls_client_ca: str = _f("", "PEM CA bundle: clients must present a certificate it signed (mTLS)")
+    auth_tokens_file: str = _f("", "file of accepted bearer tokens, one per line (# comments); "
+                               "when set, every RPC but health and reflection needs one; SIGHUP re-reads it")
+    auth_tokens: str = field(default="", repr=False, metadata={  # env only: a flag would show in ps
+        "doc": "accepted bearer tokens, comma-separated (env TS_AUTH_TOKENS only)", "flag": False})
     # onnxruntime
     device: str = _f("auto", "auto (CUDA when present, else CPU) | cpu | cuda", choices=DEVICES)
     strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
@@ -91,6 +99,10 @@ class Settings:
         non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
                         "embed_max_batch_tokens", "embed_max_batch_size")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
+        if bool(self.tls_cert) != bool(self.tls_key):
+            out.append("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            out.append("tls_client_ca (mTLS) needs TLS: give tls_cert and tls_key too")
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
         return out
@@ -129,6 +141,8 @@ class Settings:
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """One flag per field, named after it (`--embed-max-wait-ms`); defaults are None = not given."""
         for f in fields(cls):
+            if not f.metadata.get("flag", True):
+                continue
             flag = "--" + f.name.replace("_", "-")
             env_name = ENV_PREFIX + f.name.upper()
             doc = f"{f.metadata['doc']} (env {env_name}; default {f.default!r})"
@@ -139,7 +153,8 @@ class Settings:
                                     choices=f.metadata.get("choices"))
 
     def describe(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings as a dict, secrets masked."""
+        return {**dataclasses.asdict(self), "auth_tokens": "***" if self.auth_tokens else ""}
 
 
 def _type_of(f: dataclasses.Field) -> type:

@@ -19,6 +19,7 @@ kernel hands each new TCP connection to one listening worker). Gunicorn's arbite
   or a fresh temporary folder removed at exit) holds every worker's samples; the supervisor serves
   their aggregate on the metrics port and marks an exited worker dead (its live gauges vanish).
 A worker whose supervisor vanishes (its pipe closes) drains and exits (service/worker.py).
+SIGHUP is passed on to every worker (each re-reads its bearer tokens file, service/auth.py).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class Supervisor:
         self.stop_deadline: float | None = None
         self.exit_code = 0
         self._signal: int | None = None
+        self._hangup = False
         self._spawn = multiprocessing.get_context("spawn")
 
     def run(self) -> int:
@@ -126,6 +128,7 @@ class Supervisor:
         signal.set_wakeup_fd(wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hangup)
         try:
             for index in range(self.settings.workers):
                 self._start_worker(index)
@@ -162,6 +165,9 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame) -> None:
         self._signal = signum  # handled in _step: no logging or process work inside a signal handler
 
+    def _on_hangup(self, _signum: int, _frame) -> None:
+        self._hangup = True
+
     def _start_worker(self, index: int) -> None:
         mine, theirs = multiprocessing.Pipe()
         process = self._spawn.Process(target=worker_main, args=(self.worker_settings, index, theirs),
@@ -187,6 +193,12 @@ class Supervisor:
         for obj in fired:
             if obj in watched:
                 self._on_exit(watched[obj])
+        if self._hangup:
+            self._hangup = False
+            log.info("received SIGHUP; passing it to %d worker(s)", len(self.workers))
+            for worker in self.workers.values():
+                if worker.ready:  # one still starting reads the file anyway; SIGHUP would kill it
+                    os.kill(worker.process.pid, signal.SIGHUP)
         if self._signal is not None:
             log.info("received %s; draining %d worker(s)", signal.Signals(self._signal).name, len(self.workers))
             self._signal = None

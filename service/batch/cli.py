@@ -23,6 +23,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from service import channel as channels
 from service.batch.embedder import BatchFailed, EmbedOptions
 from service.batch.sources import FORMATS, InputError
 
@@ -46,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
     io.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="stored vector type (default float32)")
     io.add_argument("--restart", action="store_true", help="discard a previous run's parts instead of resuming")
     srv = parser.add_argument_group("server and model")
-    if address:
+    if address:  # under service.client, its global --address and security flags apply
         srv.add_argument("--address", default=os.environ.get("TS_ADDRESS", DEFAULT_ADDRESS),
                          help=f"gRPC target: host:port or dns:///svc-headless:50051 (env TS_ADDRESS; {DEFAULT_ADDRESS})")
+        channels.add_arguments(parser)  # --token, --tls-ca, ... (TS_TOKEN, TS_TLS_CA, ...)
     srv.add_argument("--model", default="", help="embedding model (default: the server's default)")
     srv.add_argument("--dimensions", type=int, default=0, help="keep the first N values (0: all)")
     srv.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None, help="L2-normalise")
@@ -77,7 +79,7 @@ def add_batch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def client_handler(args: argparse.Namespace, client: object) -> int:
-    args.address = client.address
+    args.address, args.credentials = client.address, client.credentials
     return main_args(args)
 
 
@@ -109,7 +111,9 @@ def job_config(args: argparse.Namespace) -> "JobConfig":
                          max_retries=args.max_retries, timeout=args.chunk_timeout)
     from service.batch.runner import JobConfig
 
-    return JobConfig(input=args.input, output=output, address=args.address, format=args.format,
+    credentials = getattr(args, "credentials", None) or channels.Credentials.from_args(args)
+    return JobConfig(input=args.input, output=output, address=args.address, credentials=credentials,
+                     format=args.format,
                      id_field=args.id_field, text_field=args.text_field, dtype=args.dtype,
                      chunk_size=args.chunk_size, concurrency=args.concurrency, shard_index=shard_index,
                      shard_count=args.shard_count, restart=args.restart, progress=args.progress, embed=embed)

@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from tqdm import tqdm
 
 from service.batch import sources
 from service.batch.embedder import ChunkEmbedder, EmbedOptions
 from service.batch.store import JobStore, Summary
+from service.channel import Credentials, open_channel
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class JobConfig:
     input: Path
     output: Path  # .parquet or .npy, shard placeholders already filled in
     address: str = "127.0.0.1:50051"
+    credentials: Credentials = Credentials()  # token, TLS (service/channel.py)
     format: str | None = None
     id_field: str = "id"
     text_field: str = "text"
@@ -61,7 +62,7 @@ async def run_job(cfg: JobConfig) -> Summary:
     spec = sources.SourceSpec(cfg.input, sources.detect_format(cfg.input, cfg.format), cfg.id_field, cfg.text_field)
     if not cfg.input.is_file():
         raise sources.InputError(f"{cfg.input}: no such file")
-    async with grpc.aio.insecure_channel(cfg.address, options=channel_options()) as channel:
+    async with open_channel(cfg.address, cfg.credentials, channel_options(), aio=True) as channel:
         embedder = ChunkEmbedder(pb_grpc.EmbeddingServiceStub(channel), cfg.embed)
         dim = await embedder.probe()
         store = JobStore(cfg.output, _header(cfg, spec, embedder.model, dim), sources.id_type(spec), dim, cfg.dtype)

@@ -58,7 +58,8 @@ def test_promtool_rejects_a_broken_rule(tmp_path):
     assert run([promtool, "check", "rules", str(bad)]).returncode != 0
 
 
-@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"]])
+@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"],
+                                   ["compose.yaml", "compose.secure.yaml"]])
 def test_compose_config_is_valid(files):
     args = [a for f in files for a in ("-f", str(DEPLOY / "compose" / f))]
     result = run([compose_binary(), *args, "config", "--format", "json"])
@@ -70,6 +71,10 @@ def test_compose_config_is_valid(files):
     if "compose.gpu.yaml" in files:
         assert serving["build"]["args"]["ONNXRUNTIME"] == "onnxruntime-gpu"
         assert serving["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    if "compose.secure.yaml" in files:  # every file the server reads comes in as a secret
+        secrets = {f"/run/secrets/{x['source']}" for x in serving["secrets"]}
+        env = serving["environment"]
+        assert {env["TS_TLS_CERT"], env["TS_TLS_KEY"], env["TS_AUTH_TOKENS_FILE"], env["TS_TLS_CA"]} <= secrets
 
 
 def test_compose_mounts_existing_files():
@@ -83,6 +88,7 @@ def test_compose_mounts_existing_files():
 
 def _metric_names() -> set[str]:
     """Every sample name the service can export (prometheus_client's registry after import)."""
+    import service.auth  # noqa: F401
     import service.metrics  # noqa: F401
     import service.textgen.metrics  # noqa: F401
     from prometheus_client import REGISTRY

@@ -14,7 +14,7 @@ import yaml
 from tests.deploy.tools import DEPLOY, run, tool
 
 K8S = DEPLOY / "k8s"
-KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "jobs/embed"]
+KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "overlays/secure", "jobs/embed"]
 CRD_KINDS = {"PodMonitor"}
 
 
@@ -87,6 +87,26 @@ def test_deployment_is_production_shaped(overlay):
     else:
         assert "nvidia.com/gpu" not in limits and env["TS_DEVICE"] == "cpu"
         assert container["image"] == "transformer-serving:cpu"
+
+
+def test_secure_overlay_mounts_tls_and_tokens_from_secrets():
+    """Every file the server reads is on a read-only mount of a Secret; probes speak TLS (the
+    kubelet's gRPC probe cannot) through the client, which finds the CA the same way."""
+    pod = by_kind(render("overlays/secure"), "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert set(secrets.values()) == {"transformer-serving-tls", "transformer-serving-tokens"}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"] if m["name"] in secrets}
+    for name in ("TS_TLS_CERT", "TS_TLS_KEY", "TS_AUTH_TOKENS_FILE", "TS_TLS_CA"):
+        folder, _, _ = env[name].rpartition("/")
+        assert folder in mounts and mounts[folder]["readOnly"], name
+    assert "TS_AUTH_TOKENS" not in env  # tokens never in the manifest
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = container[probe]["exec"]["command"]
+        assert "grpc" not in container[probe] and command[:3] == ["python", "-m", "service.client"]
+        assert command[-1] == "health" and container[probe]["timeoutSeconds"] > float(command[command.index("--timeout") + 1])
+    assert int(env["TS_WORKERS"]) * int(env["TS_COMPUTE_WORKERS"]) == cpus(container["resources"]["limits"]["cpu"])
 
 
 def test_services_hpa_pdb_and_podmonitor_select_the_serving_pods():
