@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service import metrics
+from service.inspection.servicer import InspectionServicer
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -95,6 +96,8 @@ class Server:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
         textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
+        pb_grpc.add_InspectionServiceServicer_to_server(InspectionServicer(self.registry, self.settings, self.runtime),
+                                                        self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)
