@@ -8,7 +8,8 @@
         vectors = await c.embed(["a sentence"])
 
 CLI (prints JSON): `embed TEXT...`, `models [NAME]`, `health [--service S]`, and `generate` /
-`translate`, whose parsers and client methods live in service/textgen/client.py (mixins).
+`translate`, whose parsers and client methods live in service/textgen/client.py (mixins), and
+`attention` (pictures or JSON; service/inspection/client.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.batch.cli import add_batch_parser
+from service.inspection.client import add_attention_parser
 from service.packing import array
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -63,6 +65,7 @@ def _stubs(obj: Any, channel: grpc.Channel | grpc.aio.Channel) -> None:
     obj.model_stub = pb_grpc.ModelServiceStub(channel)
     obj.generation_stub = pb_grpc.GenerationServiceStub(channel)
     obj.translation_stub = pb_grpc.TranslationServiceStub(channel)
+    obj.inspection_stub = pb_grpc.InspectionServiceStub(channel)
     obj.health_stub = health_pb2_grpc.HealthStub(channel)
 
 
@@ -206,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)  # service/textgen/client.py: each sets handler(args, client) -> int
     add_translate_parser(sub)
     add_batch_parser(sub)  # service/batch/cli.py: resumable batch embedding of a large file
+    add_attention_parser(sub)  # service/inspection/client.py: attention maps as pictures or JSON
     return parser
 
 
