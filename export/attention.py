@@ -133,6 +133,7 @@ def export_attention(model: nn.Module, path: Path, example) -> tuple[list[Tensor
     feeds = _feeds(model, example)
     args = tuple(torch.from_numpy(feeds[t.name]) for t in inputs)
     ox._export(_graph(model), args, path, inputs, outputs)
+    ox._declare_output_shapes(path, outputs)  # the heads axis, which shape inference leaves unnamed
     return inputs, outputs
 
 

@@ -31,6 +31,7 @@ def test_manifest_records_the_gate(tiny_models_root, kind):
     assert g.parity["padded_key_max_weight"] == 0.0 and g.parity["row_sum_max_error"] < 1e-5
     assert m.parity["attention_max_abs_diff"] == g.parity["attention_max_abs_diff"]
     assert m.graphs[-1].role == "attention"  # after the serving graphs: their order is unchanged
+    assert all(o.shape[:2] == ["batch", m.architecture["n_heads"]] for o in g.outputs)
 
 
 @pytest.mark.parametrize("kind", list(NAMES))
