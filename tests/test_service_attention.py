@@ -132,3 +132,31 @@ async def test_a_directory_without_the_graph_answers_failed_precondition(start_s
         await _stub(server).Attention(pb.AttentionRequest(text=TEXT))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "make models" in err.value.details()
     assert len((await server.embedding.Embed(pb.EmbedRequest(inputs=[TEXT]))).embeddings) == 1  # the rest serves
+
+
+@pytest.mark.slow
+async def test_minilm_attention_equals_pytorch(start_server, minilm_dir, tmp_path):
+    from export.minilm import load_minilm
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / minilm_dir.name).symlink_to(minilm_dir, target_is_directory=True)
+    server = await start_server(root)
+    sentence = "The animal didn't cross the street because it was too tired"
+    response = await _stub(server).Attention(pb.AttentionRequest(text=sentence))
+    assert response.model == "all-minilm-l6-v2" and len(response.maps) == 6 * 12
+    model = load_minilm()
+    ids = torch.tensor([_minilm_ids(minilm_dir, sentence)])
+    with torch.no_grad():
+        reference = [p[0].numpy() for p in attention._graph(model)(ids, torch.ones_like(ids))]
+    _check_maps(response, reference, [pb.SELF] * 6)
+    tokens = list(response.source_tokens)
+    it, animal = tokens.index("it"), tokens.index("animal")
+    # heads that resolve "it" to "animal" (docs/attention.md)
+    assert any(_weights(m)[it].argmax() == animal for m in response.maps if m.layer >= 3)
+
+
+def _minilm_ids(model_dir, text: str) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(text).ids
