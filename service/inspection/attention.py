@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from service import metrics
 from service.errors import FailedPrecondition, InvalidArgument
 from service.inspection.stats import head_stats
 from service.manifest import ATTENTION_ROLE, ModelDir
@@ -108,7 +107,6 @@ class AttentionInspector:
         start = time.perf_counter()
         maps = await self.runtime.run(self._compute, session, selected, heads, source, decoder_ids)
         inference_s = time.perf_counter() - start
-        metrics.INFERENCE_DURATION.labels(self.name).observe(inference_s)
         return AttentionResult(self._tokens(source), self._tokens(decoder_ids), target, maps,
                                len(source) + len(decoder_ids), generated, tokenize_s, inference_s)
 
