@@ -31,8 +31,8 @@ CASES = {
 
 
 def summary(response: pb.AttentionResponse) -> list[str]:
-    lines = [f"{response.model}: {len(response.maps)} maps; source {list(response.source_tokens)}; "
-             f"target {list(response.target_tokens)}"]
+    lines = [(f"{response.model}: {len(response.maps)} maps; source {list(response.source_tokens)}; "
+              f"target {list(response.target_tokens)}")]
     for kind in sorted({m.kind for m in response.maps}):
         maps = [m for m in response.maps if m.kind == kind]
         for stat in figures.STATS:

@@ -24,7 +24,8 @@ PROBE = ("<script>addEventListener('load', () => { document.body.dataset.decoded
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--virtual-time-budget=10000", *args], capture_output=True, text=True, timeout=120)
+                           "--virtual-time-budget=10000", *args],
+                          check=False, capture_output=True, text=True, timeout=120)
 
 
 async def test_page_renders_every_panel(server, tmp_path):

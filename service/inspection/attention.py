@@ -87,7 +87,8 @@ class AttentionInspector:
             raise InvalidArgument(f"target applies to translation models only; {self.name!r} is a {self.kind} model")
         bad = [x for x in query.layers if x >= self.n_layers]
         if bad:
-            raise InvalidArgument(f"layer {bad[0]} does not exist: model {self.name!r} has layers 0..{self.n_layers - 1}")
+            raise InvalidArgument(f"layer {bad[0]} does not exist: model {self.name!r} has layers "
+                                  f"0..{self.n_layers - 1}")
         bad = [x for x in query.heads if x >= self.n_heads]
         if bad:
             raise InvalidArgument(f"head {bad[0]} does not exist: model {self.name!r} has heads 0..{self.n_heads - 1}")
@@ -147,7 +148,8 @@ class AttentionInspector:
                 self._session = await self.runtime.run(self.runtime.create_session, path)
         return self._session
 
-    def _compute(self, session, selected: list, heads: list[int], source: list[int], decoder: list[int]) -> list[HeadMap]:
+    def _compute(self, session, selected: list, heads: list[int], source: list[int],
+                 decoder: list[int]) -> list[HeadMap]:
         """Runs the graph on one row and cuts out the selected layers and heads, with their statistics."""
         src = np.asarray([source], np.int64)  # (1, S)
         feeds = {"input_ids": src, "attention_mask": np.ones_like(src)}

@@ -33,7 +33,8 @@ def _cmd_attention(args: argparse.Namespace, client) -> int:
     request = attention_request(args.text, args.model, args.target, _indices(args.layers), _indices(args.heads))
     response = client.inspection_stub.Attention(request, timeout=client.timeout)
     if args.json:
-        sys.stdout.write(json.dumps(MessageToDict(response, preserving_proto_field_name=True), ensure_ascii=False) + "\n")
+        data = MessageToDict(response, preserving_proto_field_name=True)
+        sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
     if args.out:
         from service.inspection import figures  # matplotlib: only when a picture is asked for
 
