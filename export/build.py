@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 
 from export import onnx_export as ox
 from export import gpu_gate, parity
+from export.attention import attention_graph
 from export.modeldir import ROOT, GraphFile, publish, staging_dir, write_manifest
 from service.manifest import ModelDir
 
@@ -46,10 +47,13 @@ GATE_TEXTS = [
 ]
 
 
-def _parity_figures(figures: dict) -> dict:
+def _parity_figures(figures: dict, attention: GraphFile) -> dict:
+    """The model's gate figures: its fp32 graph's, plus the attention graph's largest difference."""
+    figures = {**figures, "attention_max_abs_diff": attention.parity["attention_max_abs_diff"]}
     return {**figures, "thresholds": {"encoder_min_cos": parity.ENCODER_MIN_COS,
                                       "logits_max_abs": parity.LOGITS_MAX_ABS,
-                                      "greedy_new_tokens": parity.GREEDY_NEW_TOKENS}}
+                                      "greedy_new_tokens": parity.GREEDY_NEW_TOKENS,
+                                      "attention_max_abs": attention.parity["limit"]}}
 
 
 def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_args: dict[str, tuple],
@@ -117,9 +121,11 @@ def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
         graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
             variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
+        graphs.append(attention := attention_graph(model, staging, batches))
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="embedding", architecture={"type": "bert-encoder", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=cfg.max_length, parity=_parity_figures(figures),
+                    special_tokens=special_tokens, max_input_tokens=cfg.max_length,
+                    parity=_parity_figures(figures, attention),
                     pooling=cfg.pooling, embedding_dim=cfg.d_model, extra=extra or {})
 
     return _build(out, body)
@@ -168,9 +174,12 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
         graphs = [GraphFile("decoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
             variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, True, measure)
+        long = [s[: cfg.max_positions] for s in sample[:4]]  # up to the whole context
+        graphs.append(attention := attention_graph(model, staging, [prompts, long]))
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="generation", architecture={"type": "gpt-decoder", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
+                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
+                    parity=_parity_figures(figures, attention),
                     max_output_tokens=max_output_tokens, extra=extra or {})
 
     return _build(out, body)
@@ -214,9 +223,12 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
             variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, True, measure)
+        pairs = [(s, [cfg.bos_token_id, *r[: 8 + 5 * i]]) for i, (s, r) in enumerate(zip(sources, reference))]
+        graphs.append(attention := attention_graph(model, staging, [pairs, pairs[1:3]]))
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(graphs=graphs, name=name, kind="translation", architecture={"type": "seq2seq", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=max_input_tokens, parity=_parity_figures(figures),
+                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
+                    parity=_parity_figures(figures, attention),
                     max_output_tokens=max_output_tokens, extra=extra or {})
 
     return _build(out, body)

@@ -1,8 +1,9 @@
 """Transformer building blocks shared by the encoder, decoder and encoder-decoder.
 
 Follows "Attention Is All You Need" (Vaswani et al., 2017) bottom-up: masks, scaled dot-product
-attention, multi-head attention (self and cross, with an optional KV cache), the position-wise
-feed-forward network, and learned / sinusoidal positional encodings.
+attention probabilities, multi-head attention (self and cross, with an optional KV cache, able to
+record its probabilities), the position-wise feed-forward network, and learned / sinusoidal
+positional encodings.
 
 Masks are additive float tensors broadcastable to (B, nh, T, S): 0 where attention is allowed,
 the dtype's most negative value where it is not (finite, so a fully masked row never yields NaN).
@@ -41,14 +42,19 @@ def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype
         ~allowed, torch.finfo(dtype).min)
 
 
-def scaled_dot_product_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(d) + mask) v, written out so the exporter sees plain ops."""
+def attention_probs(q, k, mask):
+    """softmax(q k^T / sqrt(d) + mask): (B, nh, T, S), each row sums to 1 over the allowed keys."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, S)
-    return torch.softmax(scores + mask, dim=-1) @ v  # (B, nh, T, hs)
+    return torch.softmax(scores + mask, dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate q/k/v projections (the layout BERT checkpoints use)."""
+    """Multi-head attention with separate q/k/v projections (the layout BERT checkpoints use).
+
+    `record`: None, or a list to which every forward appends its attention probabilities
+    (B, nh, T, S); the attention graphs (export/attention.py) output them. The ops are the same
+    either way, so the other graphs do not change.
+    """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True):
         super().__init__()
@@ -58,6 +64,7 @@ class MultiHeadAttention(nn.Module):
         self.key = nn.Linear(d_model, d_model, bias=bias)
         self.value = nn.Linear(d_model, d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.record: list[torch.Tensor] | None = None
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -82,8 +89,10 @@ class MultiHeadAttention(nn.Module):
             if past is not None:
                 k = torch.cat([past[0], k], dim=2)  # (B, nh, P+T, hs)
                 v = torch.cat([past[1], v], dim=2)
-        y = scaled_dot_product_attention(q, k, v, mask)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        probs = attention_probs(q, k, mask)  # (B, nh, T, S)
+        if self.record is not None:
+            self.record.append(probs)
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.out(y), (k, v)
 
 

@@ -9,7 +9,8 @@
     Client("host:50051", token="...", tls_ca="ca.pem")   # TLS + bearer token (docs/design/security.md)
 
 CLI (prints JSON): `embed TEXT...`, `models [NAME]`, `health [--service S]`, and `generate` /
-`translate`, whose parsers and client methods live in service/textgen/client.py (mixins).
+`translate`, whose parsers and client methods live in service/textgen/client.py (mixins), and
+`attention` (pictures or JSON; service/inspection/client.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service import channel as channels
 from service.batch.cli import add_batch_parser
+from service.inspection.client import add_attention_parser
 from service.packing import array
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -65,6 +67,7 @@ def _stubs(obj: Any, channel: grpc.Channel | grpc.aio.Channel) -> None:
     obj.model_stub = pb_grpc.ModelServiceStub(channel)
     obj.generation_stub = pb_grpc.GenerationServiceStub(channel)
     obj.translation_stub = pb_grpc.TranslationServiceStub(channel)
+    obj.inspection_stub = pb_grpc.InspectionServiceStub(channel)
     obj.health_stub = health_pb2_grpc.HealthStub(channel)
 
 
@@ -217,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)  # service/textgen/client.py: each sets handler(args, client) -> int
     add_translate_parser(sub)
     add_batch_parser(sub)  # service/batch/cli.py: resumable batch embedding of a large file
+    add_attention_parser(sub)  # service/inspection/client.py: attention maps as pictures or JSON
     return parser
 
 

@@ -16,6 +16,10 @@ Graph roles by kind:
                "decoder" (input_ids, attention_mask, position_ids, encoder_attention_mask,
                cross_key_values.{i}.key|value, past_key_values.{i}.key|value) -> logits, present.{i}.*
 Each role may come in variants: "fp32" (always), "optimized", "fp16", "int8".
+Every kind may also hold an "attention" graph (fp32; export/attention.py): the model's attention
+probabilities per layer for inspection (service/inspection/), outputs `self_attention.{i}`,
+`causal_attention.{i}`, `cross_attention.{i}` (batch, heads, queries, keys). Optional: a directory
+built before it existed serves everything else.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = ("embedding", "generation", "translation")
 ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder")}
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
+ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 
 
 class ModelDirError(ValueError):
@@ -160,7 +165,9 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         if "fp32" not in m.variants(role):
             raise ModelDirError(f"{where}: kind {m.kind} needs an fp32 {role!r} graph")
     for g in m.graphs:
-        if g.variant not in VARIANTS or g.role not in ROLES[m.kind]:
+        if g.role == ATTENTION_ROLE and g.variant != "fp32":
+            raise ModelDirError(f"{where}: graph {g.file}: the attention graph comes only as fp32")
+        if g.variant not in VARIANTS or g.role not in (*ROLES[m.kind], ATTENTION_ROLE):
             raise ModelDirError(f"{where}: graph {g.file}: unknown role/variant {g.role}/{g.variant}")
         if Path(g.file).name != g.file:
             raise ModelDirError(f"{where}: graph file {g.file!r} must be a plain file name inside the directory")

@@ -96,8 +96,9 @@ def backend_class(kind: str) -> type:
 
 
 class ModelRegistry:
-    def __init__(self, backends: list[Backend], defaults: dict[str, str]):
+    def __init__(self, backends: list[Backend], defaults: dict[str, str], dirs: dict[str, Path] | None = None):
         self._by_name = {b.name: b for b in backends}
+        self.dirs = dirs or {}  # model name -> its directory (InspectionService opens its attention graph)
         self.defaults = defaults  # kind -> default model name
         self.draining = False  # set by the server on SIGTERM: admit() then refuses new calls
 
@@ -117,7 +118,7 @@ class ModelRegistry:
         names = [b.name for b in backends]
         if len(set(names)) != len(names):
             raise ModelLoadError(f"duplicate model names under {settings.models}: {sorted(names)}")
-        registry = cls(backends, _defaults(backends, settings))
+        registry = cls(backends, _defaults(backends, settings), dict(zip(names, dirs)))
         for b in backends:
             metrics.MODEL_INFO.labels(b.name, b.kind, b.provider, b.variant, runtime.requested_provider).set(1)
             log.info("model %s: kind=%s provider=%s (requested %s) variant=%s default=%s from %s", b.name, b.kind,

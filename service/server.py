@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from service import metrics
 from service.kserve import servicer as kserve
 from service.auth import AuthInterceptor, Tokens, server_credentials
+from service.inspection.servicer import InspectionServicer
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -108,6 +109,8 @@ class Server:
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
         textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
         kserve.add_to_server(self.grpc, self.registry, self.settings)
+        pb_grpc.add_InspectionServiceServicer_to_server(InspectionServicer(self.registry, self.settings, self.runtime),
+                                                        self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)

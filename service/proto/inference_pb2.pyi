@@ -19,6 +19,13 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_STOP_SEQUENCE: _ClassVar[FinishReason]
     FINISH_REASON_EOS: _ClassVar[FinishReason]
+
+class AttentionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTENTION_KIND_UNSPECIFIED: _ClassVar[AttentionKind]
+    SELF: _ClassVar[AttentionKind]
+    CAUSAL: _ClassVar[AttentionKind]
+    CROSS: _ClassVar[AttentionKind]
 EMBEDDING_ENCODING_UNSPECIFIED: EmbeddingEncoding
 EMBEDDING_ENCODING_FLOAT: EmbeddingEncoding
 EMBEDDING_ENCODING_PACKED_FLOAT32: EmbeddingEncoding
@@ -26,6 +33,10 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason
 FINISH_REASON_EOS: FinishReason
+ATTENTION_KIND_UNSPECIFIED: AttentionKind
+SELF: AttentionKind
+CAUSAL: AttentionKind
+CROSS: AttentionKind
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens")
@@ -223,3 +234,69 @@ class ModelInfo(_message.Message):
     manifest: _containers.ScalarMap[str, str]
     max_output_tokens: int
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., execution_provider: _Optional[str] = ..., max_input_tokens: _Optional[int] = ..., embedding_dimension: _Optional[int] = ..., vocab_size: _Optional[int] = ..., is_default: _Optional[bool] = ..., variant: _Optional[str] = ..., manifest: _Optional[_Mapping[str, str]] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
+
+class AttentionRequest(_message.Message):
+    __slots__ = ("model", "text", "target", "layers", "heads")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    text: str
+    target: str
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    heads: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., target: _Optional[str] = ..., layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AttentionMap(_message.Message):
+    __slots__ = ("kind", "layer", "head", "rows", "cols", "weights", "stats")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    kind: AttentionKind
+    layer: int
+    head: int
+    rows: int
+    cols: int
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    stats: HeadStats
+    def __init__(self, kind: _Optional[_Union[AttentionKind, str]] = ..., layer: _Optional[int] = ..., head: _Optional[int] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., weights: _Optional[_Iterable[float]] = ..., stats: _Optional[_Union[HeadStats, _Mapping]] = ...) -> None: ...
+
+class HeadStats(_message.Message):
+    __slots__ = ("entropy", "mean_distance", "to_special", "to_previous", "to_self")
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    MEAN_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    TO_SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    TO_PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    TO_SELF_FIELD_NUMBER: _ClassVar[int]
+    entropy: float
+    mean_distance: float
+    to_special: float
+    to_previous: float
+    to_self: float
+    def __init__(self, entropy: _Optional[float] = ..., mean_distance: _Optional[float] = ..., to_special: _Optional[float] = ..., to_previous: _Optional[float] = ..., to_self: _Optional[float] = ...) -> None: ...
+
+class AttentionResponse(_message.Message):
+    __slots__ = ("model", "source_tokens", "target_tokens", "maps", "usage", "timings", "kind", "target")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAPS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    source_tokens: _containers.RepeatedScalarFieldContainer[str]
+    target_tokens: _containers.RepeatedScalarFieldContainer[str]
+    maps: _containers.RepeatedCompositeFieldContainer[AttentionMap]
+    usage: Usage
+    timings: Timings
+    kind: str
+    target: str
+    def __init__(self, model: _Optional[str] = ..., source_tokens: _Optional[_Iterable[str]] = ..., target_tokens: _Optional[_Iterable[str]] = ..., maps: _Optional[_Iterable[_Union[AttentionMap, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., kind: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...

@@ -479,3 +479,88 @@ class ModelService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class InspectionServiceStub:
+    """---------------------------------------------------------------------------------------------
+    Inspection
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Attention = channel.unary_unary(
+                '/inference.v1.InspectionService/Attention',
+                request_serializer=inference_dot_v1_dot_inference__pb2.AttentionRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.AttentionResponse.FromString,
+                _registered_method=True)
+
+
+class InspectionServiceServicer:
+    """---------------------------------------------------------------------------------------------
+    Inspection
+
+    """
+
+    def Attention(self, request, context):
+        """Every layer's and head's attention probabilities for one input, with per-head statistics.
+        The embedding model gives SELF maps, a generator CAUSAL maps, a translator SELF (encoder),
+        CAUSAL (decoder) and CROSS (decoder over source) maps. FAILED_PRECONDITION: the model
+        directory has no attention graph (rebuild it with `make models`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_InspectionServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Attention': grpc.unary_unary_rpc_method_handler(
+                    servicer.Attention,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.AttentionRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.AttentionResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'inference.v1.InspectionService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('inference.v1.InspectionService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class InspectionService:
+    """---------------------------------------------------------------------------------------------
+    Inspection
+
+    """
+
+    @staticmethod
+    def Attention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.InspectionService/Attention',
+            inference_dot_v1_dot_inference__pb2.AttentionRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.AttentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,175 @@
+"""Attention graphs: every layer's attention probabilities, for inspection (role `attention`, fp32).
+
+Each model kind gets one extra graph that runs the model's own modules with their attention
+probabilities recorded (`MultiHeadAttention.record`, export/layers.py) and outputs them, one
+tensor per layer and attention kind, (batch, heads, queries, keys):
+- embedding:   (input_ids, attention_mask) -> self_attention.{i}
+- generation:  (input_ids, attention_mask) -> causal_attention.{i}   (positions 0..T-1: right padding)
+- translation: (input_ids, attention_mask, decoder_input_ids, decoder_attention_mask)
+               -> self_attention.{i} (encoder), causal_attention.{i} (decoder), cross_attention.{i}
+               (teacher-forced over the given decoder inputs).
+The serving graphs are untouched (recording adds no op). The gate (`attention_parity`) compares
+every probability with PyTorch's on right-padded batches (max abs difference <= 1e-5) and records
+how far rows are from summing to 1 and the largest weight any padded key receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from export import onnx_export as ox
+from export import parity
+from export.decoder import GPTDecoder
+from export.encoder import SentenceEncoder
+from export.layers import MultiHeadAttention
+from export.modeldir import GraphFile
+from export.seq2seq import Translator
+from service.manifest import TensorSpec
+
+ATTENTION_MAX_ABS = 1e-5
+FILE = "attention.onnx"
+
+
+def recorded(groups: Sequence[Sequence[MultiHeadAttention]], run: Callable[[], object]) -> list[torch.Tensor]:
+    """Runs run() with every module of groups recording; -> their probabilities, group by group."""
+    modules = [m for group in groups for m in group]
+    for m in modules:
+        m.record = []
+    try:
+        run()
+        return [m.record[0] for m in modules]  # each module runs once per forward
+    finally:
+        for m in modules:
+            m.record = None
+
+
+class EncoderAttentionGraph(nn.Module):
+    def __init__(self, model: SentenceEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        attn = [b.attn for b in self.model.blocks]
+        return tuple(recorded([attn], lambda: self.model.token_embeddings(input_ids, attention_mask)))
+
+
+class DecoderAttentionGraph(nn.Module):
+    def __init__(self, model: GPTDecoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        attn = [b.attn for b in self.model.blocks]
+        return tuple(recorded([attn], lambda: self.model(input_ids, attention_mask)))
+
+
+class TranslatorAttentionGraph(nn.Module):
+    def __init__(self, model: Translator):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask):
+        m = self.model
+        T = decoder_input_ids.shape[1]
+        positions = torch.arange(T, device=decoder_input_ids.device)[None, :].expand_as(decoder_input_ids)  # (B, T)
+
+        def run():
+            cross = m.encode(input_ids, attention_mask)
+            m.decode(decoder_input_ids, decoder_attention_mask, positions, None, cross, attention_mask)
+
+        groups = [[layer.attn for layer in m.encoder_layers], [layer.self_attn for layer in m.decoder_layers],
+                  [layer.cross_attn for layer in m.decoder_layers]]
+        return tuple(recorded(groups, run))
+
+
+def _maps(prefix: str, n: int, heads: int, queries: str, keys: str) -> list[TensorSpec]:
+    return [TensorSpec(f"{prefix}.{i}", "float32", ["batch", heads, queries, keys]) for i in range(n)]
+
+
+def attention_specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The attention graph's inputs and outputs (module doc)."""
+    cfg = model.config
+    ids = [TensorSpec("input_ids", "int64", ["batch", "sequence"]),
+           TensorSpec("attention_mask", "int64", ["batch", "sequence"])]
+    if isinstance(model, SentenceEncoder):
+        return ids, _maps("self_attention", cfg.n_layers, cfg.n_heads, "sequence", "sequence")
+    if isinstance(model, GPTDecoder):
+        return ids, _maps("causal_attention", cfg.n_layers, cfg.n_heads, "sequence", "sequence")
+    src = [TensorSpec(t.name, t.dtype, ["batch", "source_sequence"]) for t in ids]
+    tgt = [TensorSpec(f"decoder_{t.name}", t.dtype, t.shape) for t in ids]
+    outputs = (_maps("self_attention", cfg.n_encoder_layers, cfg.n_heads, "source_sequence", "source_sequence")
+               + _maps("causal_attention", cfg.n_decoder_layers, cfg.n_heads, "sequence", "sequence")
+               + _maps("cross_attention", cfg.n_decoder_layers, cfg.n_heads, "sequence", "source_sequence"))
+    return src + tgt, outputs
+
+
+def _graph(model: nn.Module) -> nn.Module:
+    if isinstance(model, SentenceEncoder):
+        return EncoderAttentionGraph(model)
+    if isinstance(model, GPTDecoder):
+        return DecoderAttentionGraph(model)
+    return TranslatorAttentionGraph(model)
+
+
+def _feeds(model: nn.Module, rows: Sequence[Sequence[int]] | Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
+    """Right-padded inputs: rows of ids, or (source ids, decoder input ids) pairs for a translator."""
+    pad = model.config.pad_token_id
+    if not isinstance(model, Translator):
+        ids, mask = parity.pad_batch(rows, pad, left=False)
+        return {"input_ids": ids, "attention_mask": mask}
+    src, src_mask = parity.pad_batch([s for s, _ in rows], pad, left=False)
+    tgt, tgt_mask = parity.pad_batch([t for _, t in rows], pad, left=False)
+    return {"input_ids": src, "attention_mask": src_mask, "decoder_input_ids": tgt, "decoder_attention_mask": tgt_mask}
+
+
+def export_attention(model: nn.Module, path: Path, example) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Exports the attention graph, traced on example rows (see `_feeds`) of distinct lengths."""
+    inputs, outputs = attention_specs(model)
+    feeds = _feeds(model, example)
+    args = tuple(torch.from_numpy(feeds[t.name]) for t in inputs)
+    ox._export(_graph(model), args, path, inputs, outputs)
+    ox._declare_output_shapes(path, outputs)  # the heads axis, which shape inference leaves unnamed
+    return inputs, outputs
+
+
+def _key_mask(output: str, feeds: dict) -> np.ndarray:
+    """The (B, S) mask over an output's keys: the decoder's for its causal maps, else the source's."""
+    if output.startswith("causal") and "decoder_attention_mask" in feeds:
+        return feeds["decoder_attention_mask"]
+    return feeds["attention_mask"]
+
+
+def attention_parity(model: nn.Module, path: Path, batches) -> dict:
+    """ONNX vs PyTorch probabilities on right-padded batches; raises ParityError over ATTENTION_MAX_ABS."""
+    sess, graph = parity.session(path), _graph(model).eval()
+    names = [o.name for o in sess.get_outputs()]
+    diff, row_error, padded, maps = 0.0, 0.0, 0.0, 0
+    for batch in batches:
+        feeds = _feeds(model, batch)
+        got = sess.run(names, feeds)
+        with torch.no_grad():
+            ref = graph(*(torch.from_numpy(feeds[i.name]) for i in sess.get_inputs()))
+        for name, g, r in zip(names, got, ref):
+            diff = max(diff, float(np.abs(g - r.numpy()).max()))
+            row_error = max(row_error, float(np.abs(g.sum(-1) - 1).max()))
+            key_mask = _key_mask(name, feeds)  # (B, S)
+            padded = max(padded, float(np.where(key_mask[:, None, None, :] == 0, g, 0).max()))
+            maps += g.shape[0] * g.shape[1]
+    figures = {"attention_max_abs_diff": diff, "row_sum_max_error": row_error, "padded_key_max_weight": padded,
+               "maps": maps, "limit": ATTENTION_MAX_ABS}
+    if diff > ATTENTION_MAX_ABS:
+        parity._fail("attention probabilities max abs diff vs PyTorch", diff, ATTENTION_MAX_ABS)
+    return figures
+
+
+def attention_graph(model: nn.Module, staging: Path, batches) -> GraphFile:
+    """Export + gate: the model directory's `attention` graph (fp32), its figures as its parity."""
+    path = staging / FILE
+    export_attention(model, path, batches[0])
+    figures = attention_parity(model, path, batches)
+    return GraphFile("attention", "fp32", path, *ox.graph_io(path), figures)
