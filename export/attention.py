@@ -10,11 +10,17 @@ tensor per layer and attention kind, (batch, heads, queries, keys):
                (teacher-forced over the given decoder inputs).
 The serving graphs are untouched (recording adds no op). The gate (`attention_parity`) compares
 every probability with PyTorch's on right-padded batches (max abs difference <= 1e-5) and records
-how far rows are from summing to 1 and the largest weight any padded key receives.
+how far rows are from summing to 1 and the largest weight any padded key receives. A graph over
+the limit is left out of the directory (its figures still recorded, a warning logged) instead of
+failing the model's build: inspection is optional, the serving graphs passed their own gate, and
+the service answers FAILED_PRECONDITION for a model without it. fp32 rounding differs between
+CPUs (MiniLM measured 7.9e-6 on an AVX-512 EPYC), so one CPU's margin must not decide whether
+`make models` builds at all.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,6 +36,8 @@ from export.layers import MultiHeadAttention
 from export.modeldir import GraphFile
 from export.seq2seq import Translator
 from service.manifest import TensorSpec
+
+log = logging.getLogger(__name__)
 
 ATTENTION_MAX_ABS = 1e-5
 FILE = "attention.onnx"
@@ -145,7 +153,7 @@ def _key_mask(output: str, feeds: dict) -> np.ndarray:
 
 
 def attention_parity(model: nn.Module, path: Path, batches) -> dict:
-    """ONNX vs PyTorch probabilities on right-padded batches; raises ParityError over ATTENTION_MAX_ABS."""
+    """ONNX vs PyTorch probabilities on right-padded batches -> figures (`ok`: within ATTENTION_MAX_ABS)."""
     sess, graph = parity.session(path), _graph(model).eval()
     names = [o.name for o in sess.get_outputs()]
     diff, row_error, padded, maps = 0.0, 0.0, 0.0, 0
@@ -161,15 +169,18 @@ def attention_parity(model: nn.Module, path: Path, batches) -> dict:
             padded = max(padded, float(np.where(key_mask[:, None, None, :] == 0, g, 0).max()))
             maps += g.shape[0] * g.shape[1]
     figures = {"attention_max_abs_diff": diff, "row_sum_max_error": row_error, "padded_key_max_weight": padded,
-               "maps": maps, "limit": ATTENTION_MAX_ABS}
-    if diff > ATTENTION_MAX_ABS:
-        parity._fail("attention probabilities max abs diff vs PyTorch", diff, ATTENTION_MAX_ABS)
+               "maps": maps, "limit": ATTENTION_MAX_ABS, "ok": diff <= ATTENTION_MAX_ABS}
     return figures
 
 
-def attention_graph(model: nn.Module, staging: Path, batches) -> GraphFile:
-    """Export + gate: the model directory's `attention` graph (fp32), its figures as its parity."""
+def attention_graph(model: nn.Module, staging: Path, batches) -> tuple[list[GraphFile], dict]:
+    """Export + gate: ([the `attention` graph (fp32)] or [] when over the limit, its figures)."""
     path = staging / FILE
     export_attention(model, path, batches[0])
     figures = attention_parity(model, path, batches)
-    return GraphFile("attention", "fp32", path, *ox.graph_io(path), figures)
+    if not figures["ok"]:
+        log.warning("attention graph left out: probabilities differ from PyTorch by %.3g (limit %g); the "
+                    "model is served without attention inspection", figures["attention_max_abs_diff"], ATTENTION_MAX_ABS)
+        path.unlink()
+        return [], figures
+    return [GraphFile("attention", "fp32", path, *ox.graph_io(path), figures)], figures

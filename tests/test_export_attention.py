@@ -59,3 +59,17 @@ def test_graph_matches_pytorch_and_respects_masks(tiny_models_root, kind):
         if name.startswith("causal"):
             upper = np.triu(np.ones(g.shape[-2:], bool), k=1)
             assert (g[..., upper] == 0).all(), f"{name}: a query attends to a later position"
+
+
+def test_graph_over_the_limit_is_left_out_not_the_build(tmp_path, monkeypatch):
+    """A CPU whose fp32 rounding puts the attention graph over its limit still builds the model
+    (the serving graphs passed their own gate); the directory just lacks the optional graph."""
+    kind = "embedding"
+    model = tiny_model(kind, byte_tokenizer(kind).get_vocab_size())
+    monkeypatch.setattr(attention, "ATTENTION_MAX_ABS", -1.0)  # every difference is over it
+    graphs, figures = attention.attention_graph(model, tmp_path, [_rows(kind)])
+    assert graphs == [] and not figures["ok"] and figures["attention_max_abs_diff"] >= 0.0
+    assert not (tmp_path / attention.FILE).exists()
+    monkeypatch.undo()
+    graphs, figures = attention.attention_graph(model, tmp_path, [_rows(kind)])
+    assert figures["ok"] and [g.role for g in graphs] == ["attention"]
