@@ -121,16 +121,20 @@ async def test_bad_requests_are_refused_with_the_reason(server, request_, code, 
     assert err.value.code() == code and words in err.value.details()
 
 
-async def test_a_directory_without_the_graph_answers_failed_precondition(start_server, tiny_models_root, tmp_path):
+@pytest.mark.parametrize("refused_by_gate, words", [(False, "make models"), (True, "left it out")])
+async def test_a_directory_without_the_graph_answers_failed_precondition(start_server, tiny_models_root, tmp_path,
+                                                                          refused_by_gate, words):
     model_dir = copy_model_dir(tiny_models_root / "tiny-embed", tmp_path)
     manifest = json.loads((model_dir / "model.json").read_text())
     (model_dir / "attention.onnx").unlink()
     manifest["graphs"] = [g for g in manifest["graphs"] if g["role"] != "attention"]
+    if refused_by_gate:  # what export/attention.py writes when the graph is over its limit
+        manifest["parity"]["attention_ok"] = False
     (model_dir / "model.json").write_text(json.dumps(manifest))
     server = await start_server(tmp_path)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await _stub(server).Attention(pb.AttentionRequest(text=TEXT))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "make models" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and words in err.value.details()
     assert len((await server.embedding.Embed(pb.EmbedRequest(inputs=[TEXT]))).embeddings) == 1  # the rest serves
 
 
@@ -138,6 +142,8 @@ async def test_a_directory_without_the_graph_answers_failed_precondition(start_s
 async def test_minilm_attention_equals_pytorch(start_server, minilm_dir, tmp_path):
     from export.minilm import load_minilm
 
+    if json.loads((minilm_dir / "model.json").read_text())["parity"].get("attention_ok") is False:
+        pytest.skip("the export gate left MiniLM's attention graph out on this CPU (figure in model.json)")
     root = tmp_path / "models"
     root.mkdir()
     (root / minilm_dir.name).symlink_to(minilm_dir, target_is_directory=True)

@@ -65,6 +65,8 @@ class AttentionInspector:
         self.backend, self.model_dir, self.runtime, self.max_bytes = backend, model_dir, runtime, max_bytes
         self.name, self.kind, self.max_input_tokens = m.name, m.kind, m.max_input_tokens
         self.spec = next((g for g in m.graphs if g.role == ATTENTION_ROLE), None)
+        self.gate_refused = m.parity.get("attention_ok") is False  # the export left the graph out
+        self.gate_diff = m.parity.get("attention_max_abs_diff")
         self.outputs = [] if self.spec is None else [
             (KINDS[o.name.split(".")[0]], int(o.name.split(".")[1]), o.name) for o in self.spec.outputs]
         self.n_layers = 1 + max((layer for _, layer, _ in self.outputs), default=-1)
@@ -78,6 +80,10 @@ class AttentionInspector:
 
     def check(self, query: AttentionQuery) -> None:
         """Before any work: the graph exists, the text and target apply, the layers and heads exist."""
+        if self.spec is None and self.gate_refused:
+            raise FailedPrecondition(f"model {self.name!r} is served without attention inspection: its attention "
+                                     f"graph differed from PyTorch by {self.gate_diff:.3g} when exported on its build "
+                                     "machine (limit 1e-5), so the export left it out")
         if self.spec is None:
             raise FailedPrecondition(f"model {self.name!r} was built without an attention graph; rebuild its "
                                      "directory with `make models` to inspect its attention")
