@@ -13,6 +13,9 @@ Lifecycle (`Server.start` then `Server.shutdown`):
 As one of several worker processes (`worker` = its index, service/supervisor.py) the server shares
 its port with the others (SO_REUSEPORT), warms up *before* it binds so the kernel never hands a
 connection to a cold worker, counts its calls per worker, and serves no metrics itself.
+
+HTTP (service/http/: OpenAI-compatible routes over the same registry) binds with gRPC, answers
+/health from the same state, and drains with it; `http_port` -1 turns it off.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service import metrics
+from service.http.app import build_app
+from service.http.server import HttpServer
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -58,6 +63,8 @@ class Server:
         ])
         self.health = health.aio.HealthServicer()
         self.port = 0
+        self.http: HttpServer | None = None
+        self.serving = False  # the overall health status is SERVING (HTTP's /health reads it)
         self.metrics_port: int | None = None
         self._metrics_server = None
         self._stopping: asyncio.Task | None = None
@@ -106,12 +113,17 @@ class Server:
             raise OSError(f"cannot bind gRPC to {self.settings.host}:{self.settings.port} ({e})") from e
         await self.grpc.start()
         log.info("gRPC listening on %s", self.address)
+        if self.settings.http_port >= 0:
+            app = build_app(self.registry, self.settings, lambda: self.serving)
+            self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
+                                               reuse_port=self.worker is not None)
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
                 self.settings.metrics_address, self.settings.metrics_port)
 
     async def _set_health(self, status: int) -> None:
         served_kinds = {b.kind for b in self.registry}
+        self.serving = status == health_pb2.HealthCheckResponse.SERVING
         await self.health.set("", status)
         for name, full_name in SERVICES.items():
             kind = SERVICE_KINDS.get(name)
@@ -129,7 +141,7 @@ class Server:
         log.info("shutting down: NOT_SERVING, refusing new calls, %.1fs grace for in-flight calls", grace)
         self.registry.draining = True
         await self.health.enter_graceful_shutdown()
-        await self.grpc.stop(grace)
+        await asyncio.gather(self.grpc.stop(grace), *([self.http.stop(grace)] if self.http else []))
         await self.registry.stop()
         await asyncio.to_thread(self.runtime.close)
         if self._metrics_server is not None:

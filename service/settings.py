@@ -37,6 +37,8 @@ class Settings:
     port: int = _f(50051, "gRPC port; 0 picks a free one (logged at start)")
     metrics_host: str = _f("", "metrics HTTP listen address; empty = same as --host")
     metrics_port: int = _f(9464, "Prometheus metrics HTTP port; 0 picks a free one; -1 disables it")
+    http_host: str = _f("", "HTTP (OpenAI-compatible) listen address; empty = same as --host")
+    http_port: int = _f(8080, "HTTP (OpenAI-compatible) port; 0 picks a free one (logged); -1 turns HTTP off")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message accepted or sent, in bytes")
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
@@ -91,13 +93,17 @@ class Settings:
         non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
                         "embed_max_batch_tokens", "embed_max_batch_size")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
-        if self.metrics_port < -1:
-            out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
+        out += [f"{n} must be >= -1 (got {getattr(self, n)})" for n in ("metrics_port", "http_port")
+                if getattr(self, n) < -1]
         return out
 
     @property
     def metrics_address(self) -> str:
         return self.metrics_host or self.host
+
+    @property
+    def http_address(self) -> str:
+        return self.http_host or self.host
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":

@@ -39,7 +39,7 @@ class WorkerGroup:
 
     def __init__(self, models_root: Path, workers: int = 2, *flags: str):
         cmd = [sys.executable, "-m", "service", "--models", str(models_root), "--port", "0", "--metrics-port", "0",
-               "--workers", str(workers), *flags]
+               "--http-port", "0", "--workers", str(workers), *flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.log: list[str] = []
         self._lines: queue.Queue = queue.Queue()
@@ -96,7 +96,7 @@ def embed_on_new_connections(address: str, calls: int) -> None:
 
 def embed_calls(metrics: dict) -> float:
     return metrics.get(("ts_requests_total", (("code", "OK"), ("method", "Embed"), ("model", "tiny-embed"),
-                                              ("service", "EmbeddingService"))), 0.0)
+                                              ("protocol", "grpc"), ("service", "EmbeddingService"))), 0.0)
 
 
 def worker_rpcs(metrics: dict, worker: int) -> float:
@@ -179,7 +179,7 @@ def test_sigterm_drains_every_worker_and_exits_0(tiny_models_root):
 
 def test_a_group_that_cannot_start_exits_1_without_restarting(tmp_path):
     cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1",
-           "--workers", "2"]
+           "--http-port", "-1", "--workers", "2"]
     result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "no model directories" in result.stderr
     assert "restarting worker" not in result.stderr
@@ -191,7 +191,7 @@ def test_workers_refuse_a_port_in_use(embed_models_root):
         taken.listen()
         port = taken.getsockname()[1]
         cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", str(port),
-               "--metrics-port", "-1", "--workers", "2"]
+               "--metrics-port", "-1", "--http-port", "-1", "--workers", "2"]
         result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
 
