@@ -64,7 +64,8 @@ DROPPED = Counter(
     ["model", "reason"],
 )
 WORKER_RPCS = Counter(
-    "ts_worker_rpcs", "RPCs accepted by each worker process (health checks aside); only with --workers > 1",
+    "ts_worker_rpcs",
+    "calls (gRPC and HTTP) accepted by each worker process (health checks aside); only with --workers > 1",
     ["worker"],
 )
 

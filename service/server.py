@@ -53,7 +53,8 @@ class Server:
 
     def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry, worker: int | None = None):
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
-        interceptors = [] if worker is None else [_CountCalls(metrics.WORKER_RPCS.labels(str(worker)))]
+        self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
+        interceptors = [] if worker is None else [_CountCalls(self._worker_calls)]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -114,7 +115,7 @@ class Server:
         await self.grpc.start()
         log.info("gRPC listening on %s", self.address)
         if self.settings.http_port >= 0:
-            app = build_app(self.registry, self.settings, lambda: self.serving)
+            app = build_app(self.registry, self.settings, lambda: self.serving, worker_calls=self._worker_calls)
             self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
                                                reuse_port=self.worker is not None)
         if self.settings.metrics_port >= 0:

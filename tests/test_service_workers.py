@@ -46,6 +46,7 @@ class WorkerGroup:
         threading.Thread(target=self._drain, daemon=True).start()  # a full stderr pipe would block the group
         self.address = self.wait_for(rf"all {workers} workers serving on (\S+)").group(1)
         self.metrics_port = int(self.find(r"metrics on http://[^:]+:(\d+)/metrics").group(1))
+        self.http_url = self.find(r"HTTP listening on (http://\S+) ").group(1)
 
     def _drain(self) -> None:
         for line in self.proc.stderr:
@@ -130,6 +131,21 @@ def test_health_on_any_connection_is_serving(group):
         with own_channel(group.address) as channel:
             check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
             assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_http_is_served_by_every_worker_on_one_port(group):
+    before = group.metrics()
+    for i in range(16):  # a fresh connection each: the kernel spreads them over the workers
+        request = urllib.request.Request(group.http_url + "/v1/embeddings", data=f'{{"input": "http {i}"}}'.encode(),
+                                         headers={"content-type": "application/json", "connection": "close"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert reply.status == 200
+    after = group.metrics()
+    per_worker = [worker_rpcs(after, w) - worker_rpcs(before, w) for w in (0, 1)]
+    http_calls = ("ts_requests_total", (("code", "OK"), ("method", "Embed"), ("model", "tiny-embed"),
+                                        ("protocol", "http"), ("service", "EmbeddingService")))
+    assert after.get(http_calls, 0.0) - before.get(http_calls, 0.0) == 16
+    assert sum(per_worker) == 16 and min(per_worker) > 0, per_worker  # both workers answered HTTP
 
 
 def test_a_killed_worker_is_restarted_and_counted(group):

@@ -133,8 +133,9 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def build_app(registry: ModelRegistry, settings: Settings, is_serving: Callable[[], bool],
-              middleware: Sequence[Middleware] = ()) -> Starlette:
-    """The ASGI app; `app.state.inflight` counts the calls the drain waits for."""
+              middleware: Sequence[Middleware] = (), worker_calls=None) -> Starlette:
+    """The ASGI app; `app.state.inflight` counts the calls the drain waits for; worker_calls (a
+    worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does."""
     r = Routes(registry, settings, is_serving)
     app = Starlette(routes=[
         Route("/v1/embeddings", r.embeddings, methods=["POST"]),
@@ -145,4 +146,5 @@ def build_app(registry: ModelRegistry, settings: Settings, is_serving: Callable[
         Route("/health", r.health, methods=["GET"]),
     ], middleware=list(middleware), exception_handlers={HTTPException: _http_error})
     app.state.inflight = Inflight()
+    app.state.worker_calls = worker_calls
     return app

@@ -103,6 +103,8 @@ class HttpCall:
         self.record = start_call(service, method, "http")  # here: label_model works in this task
         self.inflight: Inflight = request.app.state.inflight
         self.inflight.enter()
+        if request.app.state.worker_calls is not None:
+            request.app.state.worker_calls.inc()
         self.timeout = _timeout(request.headers.get(TIMEOUT_HEADER))
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
         self.streaming = False
