@@ -3,7 +3,8 @@
 A Python event loop and the GIL cap one process at about one core of serving work; N processes,
 each with its own onnxruntime sessions and executor, share one port through SO_REUSEPORT (the
 kernel hands each new TCP connection to one listening worker). Gunicorn's arbiter, in short:
-- the supervisor reserves the port (port 0: a free one, logged) and starts the workers with
+- the supervisor reserves the port, and the HTTP port unless it is -1 (port 0: a free one,
+  logged; each worker's HTTP server binds it with SO_REUSEPORT too), and starts the workers with
   `multiprocessing` "spawn" (a fresh interpreter: no grpc or onnxruntime state crosses a fork);
 - a worker loads and warms its models, *then* binds the port, then reports ready over its pipe;
   the supervisor logs "all N workers serving on HOST:PORT" once every worker has reported;
