@@ -9,6 +9,7 @@ Responses are built from the servicers' protobuf replies. `usage` is in every re
 from __future__ import annotations
 
 import base64
+import math
 import time
 import uuid
 from typing import Any
@@ -22,20 +23,37 @@ from service.textgen.sequence import EOS, LENGTH, STOP, Chunk
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
 _TYPES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array"}
+UINT32, UINT64 = 2**32 - 1, 2**64 - 1  # the proto fields' ranges: beyond them protobuf raises
+FLOAT32 = 3.4e38  # a proto float; a larger JSON number would become inf
 
 
-def field(body: dict, name: str, kind: type, default: Any = None, minimum: float | None = None) -> Any:
+def field(body: dict, name: str, kind: type, default: Any = None, minimum: float | None = None,
+          maximum: float = UINT32) -> Any:
     """body[name] checked against kind (int accepted for float, bool never for a number); null = absent."""
     value = body.get(name)
     if value is None:
         return default
-    number = kind in (int, float) and not isinstance(value, bool)
+    numeric = kind in (int, float)
     ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
-    if not ok or (kind in (int, float) and not number):
+    if not ok or (numeric and isinstance(value, bool)):
         raise InvalidArgument(f"{name} must be {_TYPES[kind]} (got {type(value).__name__})")
-    if minimum is not None and value < minimum:
-        raise InvalidArgument(f"{name}={value} must be >= {minimum}")
+    if kind is str:
+        return text(name, value)
+    if not numeric:
+        return value
+    low = -math.inf if minimum is None else minimum
+    if not low <= value <= maximum:  # NaN fails too
+        raise InvalidArgument(f"{name}={value} is out of range [{minimum}, {maximum}]")
     return float(value) if kind is float else value
+
+
+def text(name: str, value: str) -> str:
+    """value, if UTF-8 can carry it (JSON may hold a lone surrogate escape such as \\ud800)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{name} is not valid Unicode text ({e.reason} at position {e.start})") from e
+    return value
 
 
 def strings(body: dict, name: str, default: list[str] | None = None) -> list[str]:
@@ -44,9 +62,9 @@ def strings(body: dict, name: str, default: list[str] | None = None) -> list[str
     if value is None and default is not None:
         return default
     if isinstance(value, str):
-        return [value]
+        return [text(name, value)]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
+        return [text(f"{name}[{i}]", v) for i, v in enumerate(value)]
     raise InvalidArgument(f"{name} must be a string or an array of strings (token-id arrays are not accepted)")
 
 
@@ -85,11 +103,12 @@ def generate_request(body: dict) -> tuple[pb.GenerateRequest, bool]:
     request = pb.GenerateRequest(
         prompt=prompts[0], model=field(body, "model", str, ""),
         max_new_tokens=field(body, "max_tokens", int, 0, minimum=0),
-        temperature=field(body, "temperature", float, 0.0, minimum=0),
-        top_p=field(body, "top_p", float, 0.0, minimum=0), top_k=field(body, "top_k", int, 0, minimum=0),
-        repetition_penalty=field(body, "repetition_penalty", float, 0.0, minimum=0),
+        temperature=field(body, "temperature", float, 0.0, minimum=0, maximum=FLOAT32),
+        top_p=field(body, "top_p", float, 0.0, minimum=0, maximum=FLOAT32),
+        top_k=field(body, "top_k", int, 0, minimum=0),
+        repetition_penalty=field(body, "repetition_penalty", float, 0.0, minimum=0, maximum=FLOAT32),
         stop=strings(body, "stop", default=[]))
-    seed = field(body, "seed", int, minimum=0)
+    seed = field(body, "seed", int, minimum=0, maximum=UINT64)
     if seed is not None:
         request.seed = seed
     return request, field(body, "stream", bool, False)
@@ -127,7 +146,7 @@ def translate_request(body: dict) -> pb.TranslateRequest:
     """The JSON form of TranslateRequest (protobuf's JSON mapping; snake_case or camelCase names)."""
     try:
         return json_format.ParseDict(body, pb.TranslateRequest())
-    except json_format.ParseError as e:
+    except (json_format.ParseError, ValueError) as e:  # ValueError: text UTF-8 cannot carry
         raise InvalidArgument(f"not a TranslateRequest: {e}") from e
 
 
