@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 
 import httpx2 as httpx  # the HTTP client the openai SDK itself depends on
 import numpy as np
@@ -214,3 +215,12 @@ async def test_http_off(start_server, embed_models_root):
     running = await start_server(embed_models_root, http_port=-1)
     assert running.server.http is None
     assert len((await running.embedding.Embed(embed_request(["still grpc"]))).embeddings) == 1
+
+
+async def test_accepted_connections_have_tcp_nodelay(server):
+    """Without TCP_NODELAY each small response waited ~40 ms on Nagle (the socket must say IPPROTO_TCP)."""
+    async with httpx.AsyncClient(base_url=server.http_url) as http:  # keep-alive: the connection stays open
+        assert (await http.get("/health")).status_code == 200
+        connections = server.server.http._server.server_state.connections
+        sockets = [c.transport.get_extra_info("socket") for c in connections]
+        assert sockets and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
