@@ -224,3 +224,18 @@ async def test_accepted_connections_have_tcp_nodelay(server):
         connections = server.server.http._server.server_state.connections
         sockets = [c.transport.get_extra_info("socket") for c in connections]
         assert sockets and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
+async def test_a_stream_whose_client_leaves_is_cancelled_and_freed(start_server):
+    running = await start_server(compute_workers=1)
+    labels = {"service": "GenerationService", "method": "GenerateStream", "model": "tiny-gpt", "code": "CANCELLED",
+              "protocol": "http"}
+    cancelled = metric("ts_requests_total", labels)
+    body = {"prompt": "Once upon a time", "max_tokens": 60, "stream": True}
+    async with httpx.AsyncClient(base_url=running.http_url) as http:
+        async with BlockedExecutor(running.server.runtime):  # no token can be computed meanwhile
+            async with http.stream("POST", "/v1/completions", json=body) as reply:
+                assert reply.status_code == 200  # headers out: the generation is admitted and queued
+            await until(lambda: metric("ts_requests_total", labels) == cancelled + 1)  # the client left
+    await until(lambda: running.server.http._inflight.count == 0)
+    await until(lambda: metric("ts_generations_in_flight", {"model": "tiny-gpt"}) == 0)  # its row freed

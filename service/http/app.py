@@ -77,7 +77,7 @@ class Routes:
         model, handle = self.generation.submit(pb_request)  # refusals come here, before any 200
         completion = schemas.Completion(model.name)
         if stream:
-            return call.stream(self._chunks(handle, completion, call.deadline))
+            return call.stream(self._chunks(handle, completion, call.deadline), on_close=handle.cancel)
         try:
             chunks = [chunk async for chunk in handle]
         finally:
@@ -88,16 +88,13 @@ class Routes:
     async def _chunks(handle, completion: schemas.Completion, deadline: float | None):
         loop = asyncio.get_running_loop()
         when = None if deadline is None else loop.time() + (deadline - time.monotonic())  # same clock
-        try:
-            while True:
-                async with asyncio.timeout_at(when):  # TimeoutError: a last error event, code DEADLINE_EXCEEDED
-                    chunk = await anext(handle, None)
-                if chunk is None:
-                    return
-                # Chunks that queued up while the previous event was written go out as one.
-                yield completion.chunk(textgen_converters.join_chunks([chunk, *handle.ready()]))
-        finally:
-            handle.cancel()  # a client gone away frees its cache row at the next step
+        while True:  # the response cancels the handle when it ends: a client gone frees its cache row
+            async with asyncio.timeout_at(when):  # TimeoutError: a last error event, code DEADLINE_EXCEEDED
+                chunk = await anext(handle, None)
+            if chunk is None:
+                return
+            # Chunks that queued up while the previous event was written go out as one.
+            yield completion.chunk(textgen_converters.join_chunks([chunk, *handle.ready()]))
 
     @route("ModelService", "ListModels")
     async def list_models(self, request: Request, call: HttpCall) -> Response:

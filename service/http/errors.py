@@ -100,12 +100,12 @@ class HttpCall:
     """One HTTP call: metrics, deadline, in-flight count; a streamed response finishes it at its end."""
 
     def __init__(self, request: Request, service: str, method: str):
+        self.timeout = _timeout(request.headers.get(TIMEOUT_HEADER))  # first: a refusal here holds nothing
         self.record = start_call(service, method, "http")  # here: label_model works in this task
         self.inflight: Inflight = request.app.state.inflight
         self.inflight.enter()
         if request.app.state.worker_calls is not None:
             request.app.state.worker_calls.inc()
-        self.timeout = _timeout(request.headers.get(TIMEOUT_HEADER))
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
         self.streaming = False
         self._finished = False
@@ -128,12 +128,12 @@ class HttpCall:
             self.record.finish()
             self.inflight.leave()
 
-    def stream(self, events: AsyncIterator[dict]) -> StreamingResponse:
+    def stream(self, events: AsyncIterator[dict], on_close: Callable[[], None]) -> StreamingResponse:
         """Server-sent events: one `data: {json}` per event, then `data: [DONE]`; a failure after the
-        200 went out becomes a last `data: {"error": ...}` event (what OpenAI's SDK raises from)."""
+        200 went out becomes a last `data: {"error": ...}` event (what OpenAI's SDK raises from).
+        on_close runs when the response ends, however it ends (a client gone, a stream never started)."""
         self.streaming = True
-        return StreamingResponse(self._sse(events), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        return _EventStream(self, self._sse(events), on_close)
 
     async def _sse(self, events: AsyncIterator[dict]) -> AsyncIterator[str]:
         try:
@@ -148,6 +148,26 @@ class HttpCall:
             yield f"data: {json.dumps(error_body(self.record.code, message))}\n\n"
         finally:
             self.finish()
+
+
+class _EventStream(StreamingResponse):
+    """Finishes its call when the response ends: an async generator that never started (the client
+    left before the first event) has no `finally` to run, so the response's own call does it."""
+
+    def __init__(self, call: HttpCall, body: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        self._call, self._on_close = call, on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            if self._call.record.code == _S.OK:
+                self._call.record.code = _S.CANCELLED
+            raise
+        finally:
+            self._on_close()
+            self._call.finish()
 
 
 def _timeout(raw: str | None) -> float | None:
