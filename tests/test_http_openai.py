@@ -239,3 +239,20 @@ async def test_a_stream_whose_client_leaves_is_cancelled_and_freed(start_server)
             await until(lambda: metric("ts_requests_total", labels) == cancelled + 1)  # the client left
     await until(lambda: running.server.http._inflight.count == 0)
     await until(lambda: metric("ts_generations_in_flight", {"model": "tiny-gpt"}) == 0)  # its row freed
+
+
+async def test_an_embed_whose_client_leaves_is_dropped_before_compute(srv):
+    labels = {"service": "EmbeddingService", "method": "Embed", "model": "tiny-embed", "code": "CANCELLED",
+              "protocol": "http"}
+    cancelled, dropped = metric("ts_requests_total", labels), metric("ts_dropped_items_total",
+                                                                     {**MODEL, "reason": "cancelled"})
+    queued, batches = metric("ts_queue_duration_seconds_count", MODEL), metric("ts_batch_size_count", MODEL)
+    async with httpx.AsyncClient(base_url=srv.http_url) as http:
+        async with BlockedExecutor(srv.server.runtime):
+            client = asyncio.ensure_future(http.post("/v1/embeddings", json={"input": "never computed"}))
+            await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)  # batch formed
+            client.cancel()  # httpx closes the connection
+            await until(lambda: metric("ts_requests_total", labels) == cancelled + 1)
+        await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"}) == dropped + 1)
+        assert metric("ts_batch_size_count", MODEL) == batches
+        assert (await http.post("/v1/embeddings", json={"input": "still serving"})).status_code == 200

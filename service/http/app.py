@@ -65,7 +65,7 @@ class Routes:
     @route("EmbeddingService", "Embed")
     async def embeddings(self, request: Request, call: HttpCall) -> Response:
         pb_request = schemas.embed_request(await self._json(request))
-        reply = await self.embedding.embed(pb_request, call.deadline)
+        reply = await call.unless_gone(request, self.embedding.embed(pb_request, call.deadline))
         packed = pb_request.encoding == schemas.ENCODING_FORMATS["base64"]
         return JSONResponse(schemas.embed_response(reply, packed))
 
@@ -79,7 +79,7 @@ class Routes:
         if stream:
             return call.stream(self._chunks(handle, completion, call.deadline), on_close=handle.cancel)
         try:
-            chunks = [chunk async for chunk in handle]
+            chunks = await call.unless_gone(request, _collect(handle))
         finally:
             handle.cancel()
         return JSONResponse(completion.response(textgen_converters.generate_response(chunks, model.name)))
@@ -114,12 +114,17 @@ class Routes:
 
     @route("TranslationService", "Translate")
     async def translate(self, request: Request, call: HttpCall) -> Response:
-        reply = await self.translation.translate(schemas.translate_request(await self._json(request)))
+        pb_request = schemas.translate_request(await self._json(request))
+        reply = await call.unless_gone(request, self.translation.translate(pb_request))
         return JSONResponse(schemas.message_json(reply))
 
     async def health(self, request: Request) -> Response:
         serving = self.is_serving() and not self.registry.draining
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
+
+
+async def _collect(handle) -> list:
+    return [chunk async for chunk in handle]
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -21,15 +21,16 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from service.errors import InvalidArgument, ServiceError, bounded, start_call
+from service.errors import Cancelled, InvalidArgument, ServiceError, bounded, start_call
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout"  # seconds the client gives the call; absent: no deadline
 INTERNAL_MESSAGE = "internal error (logged on the server)"
@@ -118,6 +119,20 @@ class HttpCall:
     def method(self, name: str) -> None:
         self.record.method = name
 
+    async def unless_gone(self, request: Request, work: Awaitable[T]) -> T:
+        """work, cancelled when the client disconnects first (as gRPC cancels a call whose client
+        left: its queued items are dropped before compute). Call it once the body is read: from
+        then on uvicorn's `receive()` returns only `http.disconnect`."""
+        task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                raise Cancelled("the client closed the connection")
+            return task.result()
+        finally:
+            task.cancel()
+            gone.cancel()
+
     def fail(self, exc: BaseException) -> JSONResponse:
         self.record.code, message = status_of(exc)
         return error_response(self.record.code, message)
@@ -168,6 +183,11 @@ class _EventStream(StreamingResponse):
         finally:
             self._on_close()
             self._call.finish()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _timeout(raw: str | None) -> float | None:
