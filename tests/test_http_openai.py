@@ -18,6 +18,7 @@ import pytest
 from service import packing
 from service.client import embed_request
 from service.proto import inference_pb2 as pb
+from service.settings import Settings
 from service.textgen.client import generate_request
 from tests.fixtures.server import metric
 from tests.test_service_batching import MODEL, BlockedExecutor, until
@@ -209,6 +210,16 @@ async def test_health_and_drain(srv):
         await stopping
     with pytest.raises(httpx.ConnectError):
         httpx.get(srv.http_url + "/health")
+
+
+def test_http_settings_flags_and_env():
+    assert Settings.from_env(env={}).http_port == 8080
+    assert Settings.from_env(env={"TS_HTTP_PORT": "0"}).http_port == 0
+    assert Settings.from_args(["--http-port", "-1"], env={"TS_HTTP_PORT": "0"}).http_port == -1
+    s = Settings.from_args(["--host", "0.0.0.0", "--http-host", "127.0.0.1"], env={})
+    assert (s.http_address, s.metrics_address) == ("127.0.0.1", "0.0.0.0")
+    with pytest.raises(ValueError, match="http_port must be >= -1"):
+        Settings.from_env(env={}, http_port=-2)
 
 
 async def test_http_off(start_server, embed_models_root):
