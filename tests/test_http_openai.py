@@ -168,6 +168,13 @@ async def test_bad_input_is_400_never_500(server, path, body, words):
     assert error["code"] == "INVALID_ARGUMENT"
 
 
+async def test_a_body_over_the_message_limit_is_400(start_server, embed_models_root):
+    running = await start_server(embed_models_root, max_message_bytes=4096)
+    async with httpx.AsyncClient(base_url=running.http_url) as http:
+        reply = await http.post("/v1/embeddings", json={"input": "x" * 10_000})
+    assert reply.status_code == 400 and "over 4096 bytes" in reply.json()["error"]["message"]
+
+
 async def test_unknown_route_and_method_keep_the_error_shape(server):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         missing, wrong = await http.get("/v1/nothing"), await http.get("/v1/embeddings")

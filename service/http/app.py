@@ -51,9 +51,13 @@ class Routes:
         self.translation = TranslationServicer(registry)
 
     async def _json(self, request: Request) -> dict:
-        body = await request.body()
-        if len(body) > self.settings.max_message_bytes:
-            raise InvalidArgument(f"request body of {len(body)} bytes; the limit is {self.settings.max_message_bytes}")
+        limit, parts, size = self.settings.max_message_bytes, [], 0
+        async for part in request.stream():  # refused once past the limit, not after reading it all
+            size += len(part)
+            if size > limit:
+                raise InvalidArgument(f"request body over {limit} bytes (--max-message-bytes); send less per call")
+            parts.append(part)
+        body = b"".join(parts)
         try:
             value = json.loads(body)
         except ValueError as e:
