@@ -40,7 +40,7 @@ class Settings:
     http_host: str = _f("", "HTTP (OpenAI-compatible) listen address; empty = same as --host")
     http_port: int = _f(8080, "HTTP (OpenAI-compatible) port; 0 picks a free one (logged); -1 turns HTTP off")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
-    max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message accepted or sent, in bytes")
+    max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
     workers: int = _f(1, "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
@@ -93,8 +93,10 @@ class Settings:
         non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
                         "embed_max_batch_tokens", "embed_max_batch_size")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
-        out += [f"{n} must be >= -1 (got {getattr(self, n)})" for n in ("metrics_port", "http_port")
-                if getattr(self, n) < -1]
+        if self.metrics_port < -1:
+            out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
+        if self.http_port < -1:
+            out.append(f"http_port must be >= -1 (got {self.http_port})")
         return out
 
     @property
