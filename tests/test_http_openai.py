@@ -274,3 +274,12 @@ async def test_an_embed_whose_client_leaves_is_dropped_before_compute(srv):
         await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"}) == dropped + 1)
         assert metric("ts_batch_size_count", MODEL) == batches
         assert (await http.post("/v1/embeddings", json={"input": "still serving"})).status_code == 200
+
+
+async def test_a_taken_http_port_refuses_to_start(start_server, embed_models_root):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot bind HTTP to 127.0.0.1:{port}"):
+            await start_server(embed_models_root, http_port=port)
