@@ -78,12 +78,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     TS_MODELS=/models \
     TS_HOST=0.0.0.0 \
     TS_PORT=50051 \
-    TS_METRICS_PORT=9464
+    TS_METRICS_PORT=9464 \
+    TS_HTTP_PORT=8080
 RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent serving
 COPY --from=service-venv /opt/venv /opt/venv
 COPY --from=builder /models /models
 USER 10001:10001
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8080
 # gRPC health of the whole server: exit 0 only when SERVING (after every model's warm-up).
 # sh -c so that the probe follows TS_PORT when it is overridden at run time.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

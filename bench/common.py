@@ -64,19 +64,21 @@ def conditions() -> dict:
 
 
 class ServiceProcess:
-    """`python -m service` on a free port (and a free metrics port unless disabled), until `stop()`."""
+    """`python -m service` on free ports (gRPC, HTTP, and metrics unless disabled), until `stop()`."""
 
     def __init__(self, models: Path, flags: list[str], metrics: bool = False):
         cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0",
-               "--metrics-port", "0" if metrics else "-1", *flags]
+               "--metrics-port", "0" if metrics else "-1", "--http-port", "0", *flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.address, self.metrics_url, self.log = "", "", []
+        self.address, self.metrics_url, self.http_url, self.log = "", "", "", []
         for line in self.proc.stderr:
             self.log.append(line.rstrip())
             if m := re.search(r"gRPC listening on (\S+)", line):
                 self.address = m.group(1)
             if m := re.search(r"metrics on (http://\S+)", line):
                 self.metrics_url = m.group(1)
+            if m := re.search(r"HTTP listening on (http://\S+)", line):
+                self.http_url = m.group(1)
             if "model(s) on" in line:
                 threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # keep the pipe drained
                 return

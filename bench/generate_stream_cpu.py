@@ -93,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     port = _free_port()
     cmd = [sys.executable, "-m", "service", "--models", str(args.models), "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "-1", "--gen-max-batch", str(args.max_batch), "--log-level", "WARNING"]
+           "--metrics-port", "-1", "--http-port", "-1", "--gen-max-batch", str(args.max_batch), "--log-level", "WARNING"]
     server = subprocess.Popen(cmd)
     try:
         print(json.dumps(asyncio.run(measure(f"127.0.0.1:{port}", server.pid, args))))

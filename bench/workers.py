@@ -49,7 +49,7 @@ class Group:
 
     def __init__(self, models: Path, workers: int, compute: int):
         cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0", "--metrics-port", "-1",
-               "--workers", str(workers), "--compute-workers", str(compute), "--intra-op-threads", "1"]
+               "--http-port", "-1", "--workers", str(workers), "--compute-workers", str(compute), "--intra-op-threads", "1"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.pids, self.address = [self.proc.pid], ""
         ready = f"all {workers} workers serving on" if workers > 1 else "model(s) on"

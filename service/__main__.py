@@ -2,6 +2,7 @@
 
     python -m service --models models --host 127.0.0.1 --port 50051 --metrics-port 9464
     python -m service --workers 2 ...     # 2 serving processes on one port (service/supervisor.py)
+    python -m service --http-port 8080    # OpenAI-compatible HTTP beside gRPC (-1: off; service/http/)
 
 Exits 0 after a graceful SIGTERM / SIGINT shutdown, 1 when it cannot start (the log says why:
 a bad model directory, strict provider fallback, a port in use).

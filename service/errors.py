@@ -113,8 +113,8 @@ def label_model(name: str) -> None:
 class _Call:
     """Bookkeeping of one RPC: its status code and metric labels."""
 
-    def __init__(self, service: str, method: str, request: object):
-        self.service, self.method = service, method
+    def __init__(self, service: str, method: str, request: object, protocol: str = "grpc"):
+        self.service, self.method, self.protocol = service, method, protocol
         self.start = time.perf_counter()
         self.code = grpc.StatusCode.OK
         self.model = "-"  # until label_model: never the raw request field (unbounded label values)
@@ -141,17 +141,23 @@ class _Call:
         await context.abort(self.code, message)
 
     def finish(self) -> None:
-        count, duration = _series(self.service, self.method, self.model, self.code.name)
+        count, duration = _series(self.service, self.method, self.model, self.code.name, self.protocol)
         count.inc()
         duration.observe(time.perf_counter() - self.start)
 
 
 @functools.lru_cache(maxsize=4096)
-def _series(service: str, method: str, model: str, code: str) -> tuple:
+def _series(service: str, method: str, model: str, code: str, protocol: str) -> tuple:
     """The labelled children of one call's metrics, resolved once (labels() costs microseconds a call;
     label values are bounded: model names are resolved ones or "-")."""
-    return (metrics.REQUESTS.labels(service, method, model, code),
-            metrics.REQUEST_DURATION.labels(service, method, model))
+    return (metrics.REQUESTS.labels(service, method, model, code, protocol),
+            metrics.REQUEST_DURATION.labels(service, method, model, protocol))
+
+
+def start_call(service: str, method: str, protocol: str) -> _Call:
+    """The bookkeeping of one call that came by another door (HTTP, service/http/errors.py): the
+    caller's task then has `label_model`; the caller sets `.code` and calls `.finish()`."""
+    return _Call(service, method, None, protocol)
 
 
 def grpc_errors(service: str) -> Callable:

@@ -27,12 +27,14 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Tokens per batch, padding counted (rows x longest row).
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
+# Calls of both doors: protocol "grpc" or "http" (an HTTP route is counted as the RPC it mirrors,
+# with the gRPC status code its HTTP status maps from; service/http/errors.py).
 REQUESTS = Counter(
-    "ts_requests", "RPCs handled, by final status code", ["service", "method", "model", "code"]
+    "ts_requests", "RPCs handled, by final status code", ["service", "method", "model", "code", "protocol"]
 )
 REQUEST_DURATION = Histogram(
     "ts_request_duration_seconds", "RPC latency, server side, from arrival to the last message",
-    ["service", "method", "model"], buckets=LATENCY_BUCKETS,
+    ["service", "method", "model", "protocol"], buckets=LATENCY_BUCKETS,
 )
 QUEUE_DURATION = Histogram(
     "ts_queue_duration_seconds", "time an item waited in a model's queue before its batch ran",
@@ -62,7 +64,8 @@ DROPPED = Counter(
     ["model", "reason"],
 )
 WORKER_RPCS = Counter(
-    "ts_worker_rpcs", "RPCs accepted by each worker process (health checks aside); only with --workers > 1",
+    "ts_worker_rpcs",
+    "calls (gRPC and HTTP) accepted by each worker process (health checks aside); only with --workers > 1",
     ["worker"],
 )
 

@@ -17,6 +17,9 @@ connection to a cold worker, counts its calls per worker, and serves no metrics 
 Security (service/auth.py, docs/design/security.md): with --tls-cert/--tls-key the port speaks
 TLS only (mTLS with --tls-client-ca); with bearer tokens configured an interceptor refuses every
 call but health and reflection without one, before its handler runs; SIGHUP re-reads the tokens file.
+
+HTTP (service/http/: OpenAI-compatible routes over the same registry) binds with gRPC, answers
+/health from the same state, and drains with it; `http_port` -1 turns it off.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from service import metrics
 from service.kserve import servicer as kserve
 from service.auth import AuthInterceptor, Tokens, server_credentials
 from service.inspection.servicer import InspectionServicer
+from service.http.app import build_app
+from service.http.server import HttpServer
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -58,9 +63,10 @@ class Server:
                  tokens: Tokens | None = None, credentials: grpc.ServerCredentials | None = None):
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
         self.tokens, self.credentials = tokens or Tokens(), credentials
+        self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
         interceptors = [AuthInterceptor(self.tokens)] if self.tokens.enabled else []  # first: refuse before all
         if worker is not None:
-            interceptors.append(_CountCalls(metrics.WORKER_RPCS.labels(str(worker))))
+            interceptors.append(_CountCalls(self._worker_calls))
         self.grpc = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -70,6 +76,8 @@ class Server:
         ])
         self.health = health.aio.HealthServicer()
         self.port = 0
+        self.http: HttpServer | None = None
+        self.serving = False  # the overall health status is SERVING (HTTP's /health reads it)
         self.metrics_port: int | None = None
         self._metrics_server = None
         self._stopping: asyncio.Task | None = None
@@ -130,12 +138,17 @@ class Server:
         log.info("gRPC listening on %s (%s%s)", self.address,
                  "plaintext" if self.credentials is None else "TLS" if not self.settings.tls_client_ca else "mTLS",
                  ", bearer tokens required" if self.tokens.enabled else "")
+        if self.settings.http_port >= 0:
+            app = build_app(self.registry, self.settings, lambda: self.serving, worker_calls=self._worker_calls)
+            self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
+                                               reuse_port=self.worker is not None)
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
                 self.settings.metrics_address, self.settings.metrics_port)
 
     async def _set_health(self, status: int) -> None:
         served_kinds = {b.kind for b in self.registry}
+        self.serving = status == health_pb2.HealthCheckResponse.SERVING
         await self.health.set("", status)
         for name, full_name in SERVICES.items():
             kind = SERVICE_KINDS.get(name)
@@ -153,7 +166,7 @@ class Server:
         log.info("shutting down: NOT_SERVING, refusing new calls, %.1fs grace for in-flight calls", grace)
         self.registry.draining = True
         await self.health.enter_graceful_shutdown()
-        await self.grpc.stop(grace)
+        await asyncio.gather(self.grpc.stop(grace), *([self.http.stop(grace)] if self.http else []))
         await self.registry.stop()
         await asyncio.to_thread(self.runtime.close)
         if self._metrics_server is not None:

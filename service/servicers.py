@@ -36,8 +36,12 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
 
     @grpc_errors("EmbeddingService")
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        return await self.embed(request, deadline_of(context))
+
+    async def embed(self, request: pb.EmbedRequest, deadline: float | None) -> pb.EmbedResponse:
+        """The call without its gRPC context (HTTP's POST /v1/embeddings runs this too)."""
         self.registry.admit()
-        return await self._embed(request, deadline_of(context))
+        return await self._embed(request, deadline)
 
     @grpc_errors("EmbeddingService")
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],

@@ -37,8 +37,10 @@ class Settings:
     port: int = _f(50051, "gRPC port; 0 picks a free one (logged at start)")
     metrics_host: str = _f("", "metrics HTTP listen address; empty = same as --host")
     metrics_port: int = _f(9464, "Prometheus metrics HTTP port; 0 picks a free one; -1 disables it")
+    http_host: str = _f("", "HTTP (OpenAI-compatible) listen address; empty = same as --host")
+    http_port: int = _f(8080, "HTTP (OpenAI-compatible) port; 0 picks a free one (logged); -1 turns HTTP off")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
-    max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message accepted or sent, in bytes")
+    max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
     workers: int = _f(1, "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
@@ -105,11 +107,17 @@ class Settings:
             out.append("tls_client_ca (mTLS) needs TLS: give tls_cert and tls_key too")
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
+        if self.http_port < -1:
+            out.append(f"http_port must be >= -1 (got {self.http_port})")
         return out
 
     @property
     def metrics_address(self) -> str:
         return self.metrics_host or self.host
+
+    @property
+    def http_address(self) -> str:
+        return self.http_host or self.host
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":

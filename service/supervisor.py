@@ -3,7 +3,8 @@
 A Python event loop and the GIL cap one process at about one core of serving work; N processes,
 each with its own onnxruntime sessions and executor, share one port through SO_REUSEPORT (the
 kernel hands each new TCP connection to one listening worker). Gunicorn's arbiter, in short:
-- the supervisor reserves the port (port 0: a free one, logged) and starts the workers with
+- the supervisor reserves the port, and the HTTP port unless it is -1 (port 0: a free one,
+  logged; each worker's HTTP server binds it with SO_REUSEPORT too), and starts the workers with
   `multiprocessing` "spawn" (a fresh interpreter: no grpc or onnxruntime state crosses a fork);
 - a worker loads and warms its models, *then* binds the port, then reports ready over its pipe;
   the supervisor logs "all N workers serving on HOST:PORT" once every worker has reported;
@@ -52,7 +53,7 @@ CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_SECONDS = 5, 60.0
 KILL_AFTER_GRACE_SECONDS = 15.0
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
+def reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
     """A bound, never listening SO_REUSEPORT socket holding host:port (port 0: a free one) for the workers.
 
     A plain bind first: it fails when anyone holds the port, where SO_REUSEPORT alone could join a
@@ -67,7 +68,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
         hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         hold.bind((address[0], chosen, *address[2:]))
     except OSError as e:
-        raise OSError(f"cannot bind gRPC to {host}:{port} ({e})") from e
+        raise OSError(f"cannot bind {what} to {host}:{port} ({e})") from e
     return hold
 
 
@@ -110,19 +111,26 @@ class Supervisor:
             stale.unlink()
         os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every worker
         self.metrics_dir = metrics_dir
-        hold = metrics_server = None
+        hold = http_hold = metrics_server = None
         try:
             hold = reserve_port(self.settings.host, self.settings.port)
+            if self.settings.http_port >= 0:  # the workers' HTTP servers share a port the same way
+                http_hold = reserve_port(self.settings.http_address, self.settings.http_port, "HTTP")
             metrics_server = self._start_metrics()
         except OSError as e:
             log.error("cannot start: %s", e)
-            if hold is not None:
-                hold.close()
+            for held in (hold, http_hold):
+                if held is not None:
+                    held.close()
             return 1
         port = hold.getsockname()[1]
+        http_port = self.settings.http_port if http_hold is None else http_hold.getsockname()[1]
         self._warn_if_oversubscribed()
         log.info("gRPC listening on %s:%d (%d workers, SO_REUSEPORT)", self.settings.host, port, self.settings.workers)
-        self.worker_settings = dataclasses.replace(self.settings, port=port, metrics_port=-1)
+        if http_hold is not None:
+            log.info("HTTP listening on http://%s:%d (%d workers, SO_REUSEPORT)", self.settings.http_address,
+                     http_port, self.settings.workers)
+        self.worker_settings = dataclasses.replace(self.settings, port=port, http_port=http_port, metrics_port=-1)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -138,6 +146,8 @@ class Supervisor:
             signal.set_wakeup_fd(-1)
             os.close(wake_r), os.close(wake_w)
             hold.close()
+            if http_hold is not None:
+                http_hold.close()
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()

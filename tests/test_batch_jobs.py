@@ -141,7 +141,7 @@ async def test_retries_when_the_server_sheds_load(start_server, embed_models_roo
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} with a few words\n" for i in range(400)))
     labels = {"service": "EmbeddingService", "method": "EmbedStream", "model": "tiny-embed",
-              "code": "RESOURCE_EXHAUSTED"}
+              "code": "RESOURCE_EXHAUSTED", "protocol": "grpc"}
     shed_before = metric("ts_requests_total", labels)
     summary = await run_job(job(corpus, tmp_path / "out.parquet", running.address, concurrency=4,
                                 embed={"window": 4, "max_retries": 50}))

@@ -58,7 +58,8 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def stream_calls() -> float:
-    labels = {"service": "EmbeddingService", "method": "EmbedStream", "model": "tiny-embed", "code": "OK"}
+    labels = {"service": "EmbeddingService", "method": "EmbedStream", "model": "tiny-embed", "code": "OK",
+              "protocol": "grpc"}
     return metric("ts_requests_total", labels)
 
 

@@ -27,9 +27,9 @@ async def test_series_move_after_calls(server):
     for _ in range(3):
         await server.embedding.Embed(embed_request(["one", "two two"]))
     after = await asyncio.to_thread(scrape, server.metrics_url)
-    ok = dict(service="EmbeddingService", method="Embed", model="tiny-embed", code="OK")
+    ok = dict(service="EmbeddingService", method="Embed", model="tiny-embed", code="OK", protocol="grpc")
     assert value(after, "ts_requests_total", **ok) == value(before, "ts_requests_total", **ok) + 3
-    latency = dict(service="EmbeddingService", method="Embed", model="tiny-embed")
+    latency = dict(service="EmbeddingService", method="Embed", model="tiny-embed", protocol="grpc")
     assert value(after, "ts_request_duration_seconds_count", **latency) == \
         value(before, "ts_request_duration_seconds_count", **latency) + 3
     for name in ("ts_batch_size_count", "ts_batch_tokens_count", "ts_queue_duration_seconds_count",
@@ -52,5 +52,5 @@ async def test_errors_counted_with_their_code(server):
         except Exception:  # noqa: BLE001 - the status is asserted through the metric
             pass
     after = await asyncio.to_thread(scrape, server.metrics_url)
-    labels = dict(service="EmbeddingService", method="Embed", model="-", code="NOT_FOUND")
+    labels = dict(service="EmbeddingService", method="Embed", model="-", code="NOT_FOUND", protocol="grpc")
     assert value(after, "ts_requests_total", **labels) == value(before, "ts_requests_total", **labels) + 2

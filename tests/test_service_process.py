@@ -30,7 +30,7 @@ class ServiceProcess:
 
     def __init__(self, models_root: Path, *flags: str):
         cmd = [sys.executable, "-m", "service", "--models", str(models_root), "--port", "0", "--metrics-port", "0",
-               *flags]
+               "--http-port", "0", *flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.log: list[str] = []
         self.address = ""
@@ -85,7 +85,8 @@ def test_serving_process_never_imports_torch(tiny_models_root):
         from service.settings import Settings
 
         async def main():
-            settings = Settings.from_env(env={{}}, models={str(tiny_models_root)!r}, port=0, metrics_port=-1)
+            settings = Settings.from_env(env={{}}, models={str(tiny_models_root)!r}, port=0, metrics_port=-1,
+                                           http_port=0)
             server = await Server.start(settings)
             kinds = sorted({{b.kind for b in server.registry}})
             await server.shutdown(grace=0)
@@ -102,14 +103,15 @@ def test_serving_process_never_imports_torch(tiny_models_root):
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has CUDA")
 def test_strict_provider_refuses_to_start_on_fallback(embed_models_root):
     cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", "0", "--metrics-port", "-1",
-           "--device", "cuda", "--strict-provider"]
+           "--http-port", "-1", "--device", "cuda", "--strict-provider"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "refusing to start" in result.stderr
 
 
 def test_bad_models_root_refuses_to_start(tmp_path):
-    cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1"]
+    cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1",
+           "--http-port", "-1"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "no model directories" in result.stderr
 
@@ -126,6 +128,6 @@ def test_port_in_use_refuses_to_start(embed_models_root):
         taken.listen()
         port = taken.getsockname()[1]
         cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", str(port),
-               "--metrics-port", "-1"]
+               "--metrics-port", "-1", "--http-port", "-1"]
         result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr

@@ -39,13 +39,14 @@ class WorkerGroup:
 
     def __init__(self, models_root: Path, workers: int = 2, *flags: str):
         cmd = [sys.executable, "-m", "service", "--models", str(models_root), "--port", "0", "--metrics-port", "0",
-               "--workers", str(workers), *flags]
+               "--http-port", "0", "--workers", str(workers), *flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.log: list[str] = []
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._drain, daemon=True).start()  # a full stderr pipe would block the group
         self.address = self.wait_for(rf"all {workers} workers serving on (\S+)").group(1)
         self.metrics_port = int(self.find(r"metrics on http://[^:]+:(\d+)/metrics").group(1))
+        self.http_url = self.find(r"HTTP listening on (http://\S+) ").group(1)
 
     def _drain(self) -> None:
         for line in self.proc.stderr:
@@ -96,7 +97,7 @@ def embed_on_new_connections(address: str, calls: int) -> None:
 
 def embed_calls(metrics: dict) -> float:
     return metrics.get(("ts_requests_total", (("code", "OK"), ("method", "Embed"), ("model", "tiny-embed"),
-                                              ("service", "EmbeddingService"))), 0.0)
+                                              ("protocol", "grpc"), ("service", "EmbeddingService"))), 0.0)
 
 
 def worker_rpcs(metrics: dict, worker: int) -> float:
@@ -130,6 +131,21 @@ def test_health_on_any_connection_is_serving(group):
         with own_channel(group.address) as channel:
             check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
             assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_http_is_served_by_every_worker_on_one_port(group):
+    before = group.metrics()
+    for i in range(16):  # a fresh connection each: the kernel spreads them over the workers
+        request = urllib.request.Request(group.http_url + "/v1/embeddings", data=f'{{"input": "http {i}"}}'.encode(),
+                                         headers={"content-type": "application/json", "connection": "close"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert reply.status == 200
+    after = group.metrics()
+    per_worker = [worker_rpcs(after, w) - worker_rpcs(before, w) for w in (0, 1)]
+    http_calls = ("ts_requests_total", (("code", "OK"), ("method", "Embed"), ("model", "tiny-embed"),
+                                        ("protocol", "http"), ("service", "EmbeddingService")))
+    assert after.get(http_calls, 0.0) - before.get(http_calls, 0.0) == 16
+    assert sum(per_worker) == 16 and min(per_worker) > 0, per_worker  # both workers answered HTTP
 
 
 def test_a_killed_worker_is_restarted_and_counted(group):
@@ -179,7 +195,7 @@ def test_sigterm_drains_every_worker_and_exits_0(tiny_models_root):
 
 def test_a_group_that_cannot_start_exits_1_without_restarting(tmp_path):
     cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1",
-           "--workers", "2"]
+           "--http-port", "-1", "--workers", "2"]
     result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "no model directories" in result.stderr
     assert "restarting worker" not in result.stderr
@@ -191,7 +207,7 @@ def test_workers_refuse_a_port_in_use(embed_models_root):
         taken.listen()
         port = taken.getsockname()[1]
         cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", str(port),
-               "--metrics-port", "-1", "--workers", "2"]
+               "--metrics-port", "-1", "--http-port", "-1", "--workers", "2"]
         result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
 

@@ -25,7 +25,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, registry: ModelRegistry):
         self.registry = registry
 
-    def _submit(self, request: pb.GenerateRequest):
+    def submit(self, request: pb.GenerateRequest):
+        """Admits and queues the generation: (model, handle); raises before any work (HTTP runs this too)."""
         self.registry.admit()
         model = self.registry.get("generation", request.model)
         label_model(model.name)
@@ -33,7 +34,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     @grpc_errors("GenerationService")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        model, handle = self._submit(request)
+        model, handle = self.submit(request)
         try:
             chunks = [chunk async for chunk in handle]
         finally:
@@ -43,7 +44,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     @grpc_errors("GenerationService")
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
-        model, handle = self._submit(request)
+        model, handle = self.submit(request)
         try:
             async for chunk in handle:
                 # Chunks that queued up while the previous message was written go out as one.
@@ -58,6 +59,10 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
 
     @grpc_errors("TranslationService")
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        return await self.translate(request)
+
+    async def translate(self, request: pb.TranslateRequest) -> pb.TranslateResponse:
+        """The call without its gRPC context (HTTP's POST /v1/translate runs this too)."""
         self.registry.admit()
         model = self.registry.get("translation", request.model)
         label_model(model.name)

@@ -80,7 +80,9 @@ def test_deployment_is_production_shaped(overlay):
         assert container[probe]["grpc"]["port"] == 50051
     assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert {p["name"] for p in container["ports"]} == {"grpc", "metrics"}
+    assert {p["name"] for p in container["ports"]} == {"grpc", "metrics", "http"}
+    http = next(p for p in container["ports"] if p["name"] == "http")
+    assert http["containerPort"] == int(env["TS_HTTP_PORT"])  # the OpenAI-compatible door
     if overlay.endswith("gpu"):
         assert limits["nvidia.com/gpu"] == "1" and env["TS_DEVICE"] == "cuda"
         assert container["image"] == "transformer-serving:gpu"

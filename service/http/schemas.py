@@ -1,0 +1,162 @@
+"""JSON <-> protobuf for the HTTP routes: OpenAI's request and response shapes, and TranslateRequest.
+
+Requests become the same protobuf messages the gRPC servicers take, so both doors share one
+validation (service/servicers.py, service/textgen/servicers.py); what is checked here is only what
+JSON adds: types, and the OpenAI fields this server does not implement (refused, not ignored).
+Responses are built from the servicers' protobuf replies. `usage` is in every response.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+import uuid
+from typing import Any
+
+from google.protobuf import json_format
+
+from service.errors import InvalidArgument
+from service.proto import inference_pb2 as pb
+from service.textgen.sequence import EOS, LENGTH, STOP, Chunk
+
+ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
+FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
+_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array"}
+UINT32, UINT64 = 2**32 - 1, 2**64 - 1  # the proto fields' ranges: beyond them protobuf raises
+FLOAT32 = 3.4e38  # a proto float; a larger JSON number would become inf
+
+
+def field(body: dict, name: str, kind: type, default: Any = None, minimum: float | None = None,
+          maximum: float = UINT32) -> Any:
+    """body[name] checked against kind (int accepted for float, bool never for a number); null = absent."""
+    value = body.get(name)
+    if value is None:
+        return default
+    numeric = kind in (int, float)
+    ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+    if not ok or (numeric and isinstance(value, bool)):
+        raise InvalidArgument(f"{name} must be {_TYPES[kind]} (got {type(value).__name__})")
+    if kind is str:
+        return text(name, value)
+    if not numeric:
+        return value
+    low = -math.inf if minimum is None else minimum
+    if not low <= value <= maximum:  # NaN fails too
+        raise InvalidArgument(f"{name}={value} is out of range [{minimum}, {maximum}]")
+    return float(value) if kind is float else value
+
+
+def text(name: str, value: str) -> str:
+    """value, if UTF-8 can carry it (JSON may hold a lone surrogate escape such as \\ud800)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{name} is not valid Unicode text ({e.reason} at position {e.start})") from e
+    return value
+
+
+def strings(body: dict, name: str, default: list[str] | None = None) -> list[str]:
+    """A string or an array of strings as a list (token-id arrays are not accepted)."""
+    value = body.get(name)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, str):
+        return [text(name, value)]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [text(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    raise InvalidArgument(f"{name} must be a string or an array of strings (token-id arrays are not accepted)")
+
+
+def refuse_unsupported(body: dict, names: dict[str, Any]) -> None:
+    """OpenAI fields this server does not implement: refused unless left at their default value."""
+    for name, neutral in names.items():
+        if body.get(name) not in (None, neutral):
+            raise InvalidArgument(f"{name} is not supported by this server (leave it out or set {neutral!r})")
+
+
+def embed_request(body: dict) -> pb.EmbedRequest:
+    fmt = field(body, "encoding_format", str, "float")
+    if fmt not in ENCODING_FORMATS:
+        raise InvalidArgument(f"encoding_format={fmt[:32]!r} is not one of float, base64")
+    return pb.EmbedRequest(inputs=strings(body, "input"), model=field(body, "model", str, ""),
+                           dimensions=field(body, "dimensions", int, 0, minimum=0), encoding=ENCODING_FORMATS[fmt])
+
+
+def embed_response(reply: pb.EmbedResponse, packed: bool) -> dict:
+    """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/packing.py)."""
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(e.packed).decode("ascii") if packed else list(e.values)}
+            for i, e in enumerate(reply.embeddings)]
+    tokens = reply.usage.input_tokens
+    return {"object": "list", "data": data, "model": reply.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def generate_request(body: dict) -> tuple[pb.GenerateRequest, bool]:
+    """(the GenerateRequest, stream?). Defaults are the server's, not OpenAI's: temperature 0 = greedy,
+    max_tokens absent = the server's default length (docs/api.md)."""
+    refuse_unsupported(body, {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None})
+    prompts = strings(body, "prompt")
+    if len(prompts) != 1:
+        raise InvalidArgument(f"prompt holds {len(prompts)} strings; send one prompt per request")
+    request = pb.GenerateRequest(
+        prompt=prompts[0], model=field(body, "model", str, ""),
+        max_new_tokens=field(body, "max_tokens", int, 0, minimum=0),
+        temperature=field(body, "temperature", float, 0.0, minimum=0, maximum=FLOAT32),
+        top_p=field(body, "top_p", float, 0.0, minimum=0, maximum=FLOAT32),
+        top_k=field(body, "top_k", int, 0, minimum=0),
+        repetition_penalty=field(body, "repetition_penalty", float, 0.0, minimum=0, maximum=FLOAT32),
+        stop=strings(body, "stop", default=[]))
+    seed = field(body, "seed", int, minimum=0, maximum=UINT64)
+    if seed is not None:
+        request.seed = seed
+    return request, field(body, "stream", bool, False)
+
+
+class Completion:
+    """The ids and timestamps one completion shares across its response or its stream chunks."""
+
+    def __init__(self, model: str):
+        self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model
+
+    def body(self, text: str, finish_reason: str | None, usage: dict | None) -> dict:
+        out = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def response(self, reply: pb.GenerateResponse) -> dict:
+        reason = {pb.FINISH_REASON_LENGTH: "length"}.get(reply.finish_reason, "stop")
+        return self.body(reply.text, reason, _usage(reply.usage.input_tokens, reply.usage.output_tokens))
+
+    def chunk(self, chunk: Chunk) -> dict:
+        """A stream event; the last one carries the finish reason and the usage."""
+        if chunk.finish_reason is None:
+            return self.body(chunk.text, None, None)
+        return self.body(chunk.text, FINISH[chunk.finish_reason], _usage(chunk.input_tokens, chunk.output_tokens))
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def translate_request(body: dict) -> pb.TranslateRequest:
+    """The JSON form of TranslateRequest (protobuf's JSON mapping; snake_case or camelCase names)."""
+    try:
+        return json_format.ParseDict(body, pb.TranslateRequest())
+    except (json_format.ParseError, ValueError) as e:  # ValueError: text UTF-8 cannot carry
+        raise InvalidArgument(f"not a TranslateRequest: {e}") from e
+
+
+def message_json(reply) -> dict:
+    """A protobuf reply as JSON with every field present (zeros included), proto field names."""
+    return json_format.MessageToDict(reply, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def model_json(info: pb.ModelInfo) -> dict:
+    return {"id": info.name, "object": "model", "created": 0, "owned_by": "transformer-serving",
+            "kind": info.kind, "is_default": info.is_default, "max_input_tokens": info.max_input_tokens,
+            "embedding_dimension": info.embedding_dimension}
