@@ -19,7 +19,8 @@ TLS only (mTLS with --tls-client-ca); with bearer tokens configured an intercept
 call but health and reflection without one, before its handler runs; SIGHUP re-reads the tokens file.
 
 HTTP (service/http/: OpenAI-compatible routes over the same registry) binds with gRPC, answers
-/health from the same state, and drains with it; `http_port` -1 turns it off.
+/health from the same state, and drains with it; `http_port` -1 turns it off. It takes the same
+TLS settings and the same bearer tokens (service/http/security.py; /health stays open).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
+from starlette.middleware import Middleware
 
 from service import metrics
-from service.kserve import servicer as kserve
 from service.auth import AuthInterceptor, Tokens, server_credentials
-from service.inspection.servicer import InspectionServicer
 from service.http.app import build_app
+from service.http.security import BearerAuth, ssl_options
 from service.http.server import HttpServer
+from service.inspection.servicer import InspectionServicer
+from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -139,9 +142,11 @@ class Server:
                  "plaintext" if self.credentials is None else "TLS" if not self.settings.tls_client_ca else "mTLS",
                  ", bearer tokens required" if self.tokens.enabled else "")
         if self.settings.http_port >= 0:
-            app = build_app(self.registry, self.settings, lambda: self.serving, worker_calls=self._worker_calls)
+            guard = [Middleware(BearerAuth, tokens=self.tokens)] if self.tokens.enabled else []
+            app = build_app(self.registry, self.settings, lambda: self.serving, middleware=guard,
+                            worker_calls=self._worker_calls)
             self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
-                                               reuse_port=self.worker is not None)
+                                               reuse_port=self.worker is not None, ssl=ssl_options(self.settings))
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
                 self.settings.metrics_address, self.settings.metrics_port)

@@ -52,23 +52,25 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
 class HttpServer:
     """A started uvicorn server; `port` is the one bound."""
 
-    def __init__(self, app, sock: socket.socket, inflight: Inflight):
+    def __init__(self, app, sock: socket.socket, inflight: Inflight, ssl: dict | None = None):
         self.port = sock.getsockname()[1]
         self._inflight = inflight
+        self.scheme = "https" if ssl else "http"
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=LAST_SECONDS)
+                                timeout_graceful_shutdown=LAST_SECONDS, **(ssl or {}))
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
 
     @classmethod
-    async def start(cls, app, host: str, port: int, reuse_port: bool = False) -> "HttpServer":
-        server = cls(app, bind(host, port, reuse_port), app.state.inflight)
+    async def start(cls, app, host: str, port: int, reuse_port: bool = False, ssl: dict | None = None) -> "HttpServer":
+        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext."""
+        server = cls(app, bind(host, port, reuse_port), app.state.inflight, ssl)
         while not server._server.started:  # startup is one create_server call: a few loop turns
             if server._task.done():
                 server._task.result()  # raises what stopped it
                 raise OSError("HTTP server stopped during startup")
             await asyncio.sleep(0.01)
-        log.info("HTTP listening on http://%s:%d", host, server.port)
+        log.info("HTTP listening on %s://%s:%d", server.scheme, host, server.port)
         return server
 
     async def stop(self, grace: float) -> None:
