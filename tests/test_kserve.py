@@ -77,7 +77,8 @@ async def test_health_and_metadata(server, client):
 
 
 async def test_embedding_equals_embed(server, client):
-    labels = {"service": "GRPCInferenceService", "method": "ModelInfer", "model": "tiny-embed", "code": "OK"}
+    labels = {"service": "GRPCInferenceService", "method": "ModelInfer", "model": "tiny-embed", "code": "OK",
+                  "protocol": "grpc"}
     before = metric("ts_requests_total", labels)
     result = await call(client.infer, "tiny-embed", [text_input(TEXTS)], parameters={"dimensions": 8})
     reference = await server.embedding.Embed(pb.EmbedRequest(inputs=TEXTS, dimensions=8))
