@@ -21,7 +21,7 @@ from service.proto import inference_pb2 as pb
 from service.settings import Settings
 from service.textgen.client import generate_request
 from tests.fixtures.server import metric
-from tests.test_service_batching import MODEL, BlockedExecutor, until
+from tests.test_service_batching import MODEL, BlockedExecutor, queued_behind_block, until
 
 TEXTS = ["the quick brown fox", "hello", "a somewhat longer sentence with more words in it"]
 
@@ -104,12 +104,7 @@ async def srv(start_server, embed_models_root):
 
 
 async def test_full_queue_is_429_rate_limit(srv):
-    queued = metric("ts_queue_duration_seconds_count", MODEL)
-    async with BlockedExecutor(srv.server.runtime):
-        first = srv.embedding.Embed(embed_request(["in the formed batch"]))
-        await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)
-        waiting = srv.embedding.Embed(embed_request(["a", "b", "c", "d"]))
-        await until(lambda: metric("ts_queue_depth", MODEL) == 4)
+    async with queued_behind_block(srv, 4) as (first, waiting):
         with pytest.raises(openai.RateLimitError) as err:
             await sdk(srv).embeddings.create(model="tiny-embed", input="one more")
         assert err.value.status_code == 429 and err.value.code == "RESOURCE_EXHAUSTED"

@@ -13,8 +13,7 @@ import pytest
 from service.client import embed_request
 from service.errors import InvalidArgument, ResourceExhausted
 from service.textgen.decoding import SamplingParams
-from tests.fixtures.server import metric
-from tests.test_service_batching import MODEL, BlockedExecutor, until
+from tests.test_service_batching import queued_behind_block
 
 
 class Exploding:
@@ -35,12 +34,7 @@ async def srv(start_server, embed_models_root):
 
 async def test_full_queue_refuses_before_tokenizing(srv, monkeypatch):
     model = srv.server.registry.get("embedding")
-    queued = metric("ts_queue_duration_seconds_count", MODEL)
-    async with BlockedExecutor(srv.server.runtime):
-        first = srv.embedding.Embed(embed_request(["in the formed batch"]))
-        await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)
-        waiting = srv.embedding.Embed(embed_request(["a", "b", "c", "d"]))
-        await until(lambda: metric("ts_queue_depth", MODEL) == 4)
+    async with queued_behind_block(srv, 4) as (first, waiting):
         exploding = Exploding(RuntimeError("tokenized a call that should have been refused"))
         monkeypatch.setattr(model.tokenizer, "encode", exploding.encode)
         for inputs in (["short"], ["long " * 4000]):  # inline and thread tokenization paths

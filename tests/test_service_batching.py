@@ -8,6 +8,7 @@ expire calls and release the executor. Progress is observed through the public m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -50,6 +51,19 @@ class BlockedExecutor:
         await self.job
 
 
+@contextlib.asynccontextmanager
+async def queued_behind_block(srv, waiting_inputs: int):
+    """The one compute worker blocked, one call in its formed batch and `waiting_inputs` inputs
+    queued behind it; yields those two calls, which finish once the block lifts (after the with)."""
+    queued = metric("ts_queue_duration_seconds_count", MODEL)
+    async with BlockedExecutor(srv.server.runtime):
+        first = srv.embedding.Embed(embed_request(["in the formed batch"]))
+        await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)  # the one slot is taken
+        waiting = srv.embedding.Embed(embed_request([f"input {i}" for i in range(waiting_inputs)]))
+        await until(lambda: metric("ts_queue_depth", MODEL) == waiting_inputs)
+        yield first, waiting
+
+
 @pytest.fixture
 async def srv(start_server, embed_models_root):
     return await start_server(embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4)
@@ -77,12 +91,7 @@ async def test_cancelled_call_is_dropped_before_compute(srv):
 
 
 async def test_full_queue_is_resource_exhausted_at_once(srv):
-    queued = metric("ts_queue_duration_seconds_count", MODEL)
-    async with BlockedExecutor(srv.server.runtime):
-        first = srv.embedding.Embed(embed_request(["in the formed batch"]))
-        await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)  # the one slot is taken
-        waiting = srv.embedding.Embed(embed_request(["a", "b", "c"]))
-        await until(lambda: metric("ts_queue_depth", MODEL) == 3)
+    async with queued_behind_block(srv, 3) as (first, waiting):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await srv.embedding.Embed(embed_request(["one", "too many"]))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

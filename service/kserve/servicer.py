@@ -87,7 +87,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     async def _embed(self, model: Backend, texts: list[str], values: dict, context) -> tuple:
         request = converters.embed_request(texts, model.name, values)
-        response = await self.embedding._embed(request, deadline_of(context))  # noqa: SLF001 - one path for both
+        response = await self.embedding.embed(request, deadline_of(context))  # one path for both doors
         return converters.embedding_outputs(packing.array(response)), response.usage
 
     async def _generate(self, model: Backend, texts: list[str], values: dict, context) -> tuple:

@@ -21,7 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from service import metrics
-from service.errors import InvalidArgument, ResourceExhausted, Unavailable
+from service.errors import InvalidArgument
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
@@ -89,7 +89,7 @@ class GenerationModel:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
-        self._admit()
+        self.scheduler.check_admission()  # before the prompt is tokenized; nothing awaits until submit
         ids = self.tokenizer.encode(prompt).ids
         if not ids:
             if self.bos_id is None:
@@ -104,16 +104,6 @@ class GenerationModel:
         seq = Sequence(ids, params, self.eos_id, self.tokenizer)
         metrics.TOKENS.labels(self.name, "input").inc(len(ids))
         return self.scheduler.submit(seq)
-
-    def _admit(self) -> None:
-        """Admission before work: refuses at once, before the prompt is tokenized, when the scheduler's
-        queue is full or it is stopping. Nothing awaits between here and scheduler.submit (which checks
-        again), so the queue bound holds."""
-        if self.scheduler.closing:
-            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        if len(self.scheduler.waiting) >= self.scheduler.max_queue:
-            raise ResourceExhausted(f"generation queue of model {self.name!r} is full "
-                                    f"({self.scheduler.max_queue} waiting); retry with backoff")
 
     async def start(self) -> None:
         self.scheduler.start()

@@ -71,12 +71,17 @@ class Scheduler:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"generation-{self.name}")
 
-    def submit(self, seq: Sequence) -> GenerationHandle:
+    def check_admission(self) -> None:
+        """Raises at once when a new generation cannot queue (full, or stopping): callers ask before
+        tokenizing; `submit` asks again, so the bound holds whatever ran in between."""
         if self.closing:
             raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
         if len(self.waiting) >= self.max_queue:
             raise ResourceExhausted(f"generation queue of model {self.name!r} is full ({self.max_queue} waiting); "
                                     "retry with backoff")
+
+    def submit(self, seq: Sequence) -> GenerationHandle:
+        self.check_admission()
         self.waiting.append(seq)
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
         self._series.in_flight.inc()
