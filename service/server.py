@@ -7,7 +7,8 @@ Lifecycle (`Server.start` then `Server.shutdown`):
    overall "" service and each service that has a model (ModelService always);
 3. on SIGTERM / SIGINT (the server runs as PID 1 in a container and must handle them itself):
    health NOT_SERVING at once (`enter_graceful_shutdown`), new calls refused with UNAVAILABLE,
-   in-flight calls finish within `grace_seconds` (`server.stop(grace)`), the models' queues drain,
+   in-flight calls finish within `grace_seconds` while the port stays open (service/inflight.py),
+   then grpc's server stops, the models' queues drain,
    and `serve()` returns 0. (grpc `examples/python/route_guide/asyncio_route_guide_server.py`.)
 
 As one of several worker processes (`worker` = its index, service/supervisor.py) the server shares
@@ -39,7 +40,8 @@ from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
-from service.http.server import HttpServer
+from service.http.server import LAST_SECONDS, HttpServer
+from service.inflight import Inflight, TrackCalls
 from service.inspection.servicer import InspectionServicer
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
@@ -67,7 +69,9 @@ class Server:
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
         self.tokens, self.credentials = tokens or Tokens(), credentials
         self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
+        self.inflight = Inflight()  # the drain waits for these (service/inflight.py)
         interceptors = [AuthInterceptor(self.tokens)] if self.tokens.enabled else []  # first: refuse before all
+        interceptors.append(TrackCalls(self.inflight))
         if worker is not None:
             interceptors.append(_CountCalls(self._worker_calls))
         self.grpc = grpc.aio.server(interceptors=interceptors, options=[
@@ -167,11 +171,18 @@ class Server:
             self._stopping = asyncio.ensure_future(self._shutdown(grace))
         return self._stopping
 
+    async def _stop_grpc(self, grace: float) -> None:
+        """Waits up to grace seconds for in-flight calls while new ones get UNAVAILABLE from the registry
+        (the port stays open: no call races a closed listener), then stops grpc's server."""
+        if self.inflight.count and not await self.inflight.wait_idle(grace):
+            log.warning("gRPC: %d call(s) still running after %.1fs grace; cancelling", self.inflight.count, grace)
+        await self.grpc.stop(LAST_SECONDS)
+
     async def _shutdown(self, grace: float) -> None:
         log.info("shutting down: NOT_SERVING, refusing new calls, %.1fs grace for in-flight calls", grace)
         self.registry.draining = True
         await self.health.enter_graceful_shutdown()
-        await asyncio.gather(self.grpc.stop(grace), *([self.http.stop(grace)] if self.http else []))
+        await asyncio.gather(self._stop_grpc(grace), *([self.http.stop(grace)] if self.http else []))
         await self.registry.stop()
         await asyncio.to_thread(self.runtime.close)
         if self._metrics_server is not None:

@@ -66,6 +66,10 @@ def test_sigterm_drains_in_flight_calls_and_exits_0(embed_models_root):
         with pytest.raises(grpc.RpcError) as err:
             client.embed(["a new call"])
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in err.value.details()  # refused by the service, not by a closed port
+        with Client(service.address, timeout=10) as fresh, pytest.raises(grpc.RpcError) as err:
+            fresh.embed(["a new connection"])  # the port stays open while in-flight calls finish
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in err.value.details()
         inbox.put(embed_request(["after the signal", "still served"], request_id="2"))
         response = next(stream)
         assert response.request_id == "2" and len(response.embeddings) == 2

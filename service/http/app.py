@@ -33,7 +33,8 @@ from starlette.routing import Route
 from service import converters
 from service.errors import InvalidArgument, label_model
 from service.http import schemas
-from service.http.errors import CODE_OF_STATUS, HttpCall, Inflight, error_body, route
+from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
+from service.inflight import Inflight
 from service.registry import ModelRegistry
 from service.servicers import EmbeddingServicer
 from service.settings import Settings

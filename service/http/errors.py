@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from service.errors import Cancelled, InvalidArgument, ServiceError, bounded, start_call
+from service.inflight import Inflight
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,31 +71,6 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return _S.DEADLINE_EXCEEDED, "the call's deadline (X-Request-Timeout) passed before it finished"
     log.error("HTTP call failed", exc_info=exc)
     return _S.INTERNAL, INTERNAL_MESSAGE
-
-
-class Inflight:
-    """HTTP calls between arrival and their last byte; the drain waits for none to be left."""
-
-    def __init__(self):
-        self.count = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def enter(self) -> None:
-        self.count += 1
-        self._idle.clear()
-
-    def leave(self) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
 
 
 class HttpCall:

@@ -19,7 +19,7 @@ import socket
 
 import uvicorn
 
-from service.http.errors import Inflight
+from service.inflight import Inflight
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,88 @@
+"""Calls in flight, which the graceful drain waits on, for gRPC and HTTP alike.
+
+Both doors drain the same way (service/server.py): on SIGTERM the registry refuses new calls with
+UNAVAILABLE / 503 while the listeners stay open, the drain waits for the calls already running to
+end (at most `grace` seconds), and only then are the servers stopped. Stopping grpc's server at once
+instead (`server.stop(grace)`) closes the listener and sends GOAWAY: a new call racing with that
+can miss both the refusal and the listener, and was seen waiting for its whole deadline
+(DEADLINE_EXCEEDED after 30 s) instead of getting UNAVAILABLE.
+
+`TrackCalls` counts gRPC calls from their handler's start to its end. Health and reflection are not
+counted: a load balancer's health Watch stream never ends on its own and must not hold the drain.
+The handler wrapping is built once per method and cached, so a call pays one dict lookup and the
+wrapper's own frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import grpc
+
+UNCOUNTED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+
+
+class Inflight:
+    """Calls between arrival and their end; `wait_idle` returns once none is left."""
+
+    def __init__(self):
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+
+class TrackCalls(grpc.aio.ServerInterceptor):
+    """Counts every gRPC call but health and reflection in `inflight` while its handler runs."""
+
+    def __init__(self, inflight: Inflight):
+        self.inflight = inflight
+        self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(UNCOUNTED_PREFIXES):
+            return handler
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            wrapped = self._wrapped[method] = self._wrap(handler)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        kind = ("stream" if handler.request_streaming else "unary") + "_" + (
+            "stream" if handler.response_streaming else "unary")
+        behaviour = getattr(handler, kind)
+        inflight = self.inflight
+        if inspect.isasyncgenfunction(behaviour):
+            async def counted(request, context):
+                inflight.enter()
+                try:
+                    async for response in behaviour(request, context):
+                        yield response
+                finally:
+                    inflight.leave()
+        else:
+            async def counted(request, context):
+                inflight.enter()
+                try:
+                    return await behaviour(request, context)
+                finally:
+                    inflight.leave()
+        return handler._replace(**{kind: counted})
