@@ -116,11 +116,12 @@ def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int) -
                          "tokens_per_s": round(tokens / gen_wall, 1)}}
 
 
-def versus_st(models: Path, sentences: int) -> dict:
-    """16 concurrent 1-sentence clients vs sentence-transformers (batch 8, 2 threads), same sentences."""
+def versus_st(models: Path, sentences: int, variant: str = "auto") -> dict:
+    """16 concurrent 1-sentence clients vs sentence-transformers (batch 8, 2 threads), same sentences;
+    the service serves the embedding graph `variant` (auto: the served default)."""
     data = next((d / "sts-dev.csv" for d in STSB if d.is_dir()), None)
     texts = load_sentences(data, sentences)
-    service = ServiceProcess(models, [])
+    service = ServiceProcess(models, ["--variant", variant])
     try:
         name = asyncio.run(resolve_model(service.address, ""))
         before = cpu_seconds(service.proc.pid)
@@ -130,7 +131,7 @@ def versus_st(models: Path, sentences: int) -> dict:
         service.stop()
     st_seconds, reference = sentence_transformers_run(texts, 8, 2)
     cos = (served * reference).sum(axis=1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
-    return {"sentences": len(texts), "service_sentences_per_s": round(len(texts) / seconds, 1),
+    return {"variant": variant, "sentences": len(texts), "service_sentences_per_s": round(len(texts) / seconds, 1),
             "service_cpu_ms_per_sentence_incl_warmup": round(cpu / (len(texts) + 64) * 1e3, 2),
             "st_sentences_per_s": round(len(texts) / st_seconds, 1), "ratio": round(st_seconds / seconds, 3),
             "min_cosine": round(float(cos.min()), 6)}
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embed-calls", type=int, default=3000)
     p.add_argument("--gen-rounds", type=int, default=2, help="rounds of 64 streams x 40 tokens")
     p.add_argument("--sentences", type=int, default=1500, help="sentences of the sentence-transformers comparison")
+    p.add_argument("--st-variants", default="auto", help="comma-separated embedding graph variants served in the "
+                   "sentence-transformers comparison, e.g. auto,int8")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     parts = set(args.parts.split(","))
@@ -221,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if "overload" in parts:
         result["overload"] = overload(args.models)
     if "st" in parts:  # last: it loads torch into this process
-        result["vs_sentence_transformers"] = versus_st(args.models, args.sentences)
+        result["vs_sentence_transformers"] = [versus_st(args.models, args.sentences, v)
+                                              for v in args.st_variants.split(",")]
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -62,10 +62,12 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_ar
                      decoder_model: bool, measure: Callable[[str, dict[str, Path]], dict]) -> list[GraphFile]:
     """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
 
-    fp16 and int8 start from the optimized graph when it was built (fused graphs run faster).
-    decoder_model (generation, translation): fp16 graphs take and return float16 tensors, int8 is
-    row-wise (batch-invariant, see onnx_export.make_int8); an embedding model keeps float32
-    inputs and outputs in fp16 and is dynamically quantised in int8.
+    fp16 starts from the optimized graph when it was built (fused graphs run faster), and so does a
+    decoder's int8; an encoder's int8 starts from fp32, whose attention projections are plain
+    MatMuls (the optimized graph folds them into one fused Attention node that the row-wise
+    quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, onnx_export.make_int8).
+    decoder_model (generation, translation): fp16 graphs take and return float16 tensors; an
+    embedding model keeps float32 inputs and outputs in fp16.
     """
     graphs, base = [], dict(fp32)
     for variant in [v for v in VARIANT_ORDER if v in variants]:
@@ -78,8 +80,8 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_ar
             elif variant == "fp16":
                 ox.make_fp16(base[role], dst, keep_io_types=not decoder_model)
             else:
-                extra["int8_method"] = "rowwise" if decoder_model else "dynamic"
-                ox.make_int8(base[role], dst, row_wise=decoder_model)
+                extra["int8_method"] = "rowwise"
+                ox.make_int8(base[role] if decoder_model else fp32[role], dst)
         figures = {**measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
         if variant == "optimized":
@@ -100,16 +102,22 @@ def _build(out: Path, body: Callable[[Path], dict]) -> ModelDir:
 
 
 def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                    variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
-    """device "cuda": the fp16 graph is also measured on the GPU (export/gpu_gate.py)."""
+                    variants=(), extra: dict | None = None, device: str = "cpu",
+                    quality_sample: tuple[str, list[str]] | None = None) -> ModelDir:
+    """quality_sample: (description, texts) on which reduced-precision variants are judged (default:
+    the gate texts). device "cuda": the fp16 graph is also measured on the GPU (export/gpu_gate.py)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.enable_truncation(cfg.max_length)
     seqs = [tokenizer.encode(t).ids for t in GATE_TEXTS]
     batches = [seqs, seqs[:3], seqs[5:7], [seqs[-1]]]  # mixed lengths; the long one truncated to max_length
+    sample_name, texts = quality_sample or (f"{len(GATE_TEXTS)} gate texts", GATE_TEXTS)
+    sample = [e.ids for e in tokenizer.encode_batch(list(texts))]
 
     def measure(variant: str, paths: dict[str, Path]) -> dict:
         figures = parity.encoder_parity(model, paths["encoder"], batches, cfg.pad_token_id, variant)
+        if not _exact(variant):
+            figures.update(parity.encoder_quality(model, paths["encoder"], sample, sample_name, cfg.pad_token_id))
         if variant == "fp16" and device == "cuda":
             figures["cuda"] = gpu_gate.encoder_figures(model, paths["encoder"], batches, cfg.pad_token_id)
         return figures
@@ -357,7 +365,7 @@ def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]
 
     from export import minilm
 
-    jobs = [(minilm.DIR_NAME, "embedding", [minilm.weights_path()], minilm.build_minilm)]
+    jobs = [(minilm.DIR_NAME, "embedding", [minilm.weights_path(), *minilm.quality_files()], minilm.build_minilm)]
     for ckpt in sorted(p for p in checkpoints.iterdir() if p.is_dir()) if checkpoints.is_dir() else []:
         missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
         if missing:

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 
 from export.build import build_embedding
 from export.encoder import EncoderConfig, SentenceEncoder
+from export.modeldir import ROOT
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,30 @@ def load_tokenizer(folder: Path, max_length: int) -> Tokenizer:
     return tok
 
 
+# English texts the repository ships (held out from its own models' training), on which MiniLM's
+# reduced-precision variants are judged: (checkpoint, held-out field).
+QUALITY_SOURCES = (("tatoeba-en-fr", "source"), ("tinystories-gpt", "text"))
+
+
+def quality_files(checkpoints: Path = ROOT / "checkpoints") -> list[Path]:
+    return [p for name, _ in QUALITY_SOURCES if (p := checkpoints / name / "heldout.jsonl").is_file()]
+
+
+def quality_sample(checkpoints: Path = ROOT / "checkpoints") -> tuple[str, list[str]] | None:
+    """(description, texts): the held-out English of the shipped checkpoints; None without them."""
+    texts = []
+    for name, key in QUALITY_SOURCES:
+        path = checkpoints / name / "heldout.jsonl"
+        if path.is_file():
+            texts += [json.loads(line)[key] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        return None
+    return f"{len(texts)} held-out English texts (checkpoints/*/heldout.jsonl)", texts
+
+
 def build_minilm(out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
     """Export MiniLM into the model directory out, through the parity gate (on the GPU too when
-    device is "cuda")."""
+    device is "cuda"); reduced-precision variants are judged on `quality_sample()`."""
     folder = model_folder()
     model = load_minilm(folder)
     tok = load_tokenizer(folder, model.config.max_length)
@@ -117,4 +139,4 @@ def build_minilm(out: Path, variants=(), extra: dict | None = None, device: str 
             "reference_normalizes": True, **(extra or {})}
     log.info("exporting %s from %s", MODEL_ID, folder)
     return build_embedding(model, tok, Path(out), name=DIR_NAME, special_tokens=special, variants=variants, extra=info,
-                           device=device)
+                           device=device, quality_sample=quality_sample())

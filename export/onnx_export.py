@@ -300,30 +300,18 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     onnx.save(model, str(dst))
 
 
-def make_int8(src: Path, dst: Path, row_wise: bool) -> None:
-    """int8 for the CPU.
-
-    row_wise (decoders): export/quantize.py; u8 x s8 integer GEMMs with one activation scale per
-    row, computed at run time, and 7-bit weights per output column. A row's result does not
-    depend on the other rows of its batch, which continuous batching needs (parity.py checks it),
-    and the GEMM gains from more rows. (The weight-only `MatMulNBits` used before is batch-invariant
-    too but gains little from more rows: docs/design/export.md.)
-    Otherwise (encoders, opt-in only): onnxruntime's dynamic quantisation, per-channel weights,
-    reduce_range (AVX2 without VNNI), embeddings left in fp32 (FACTS.md); its activations are
-    scaled per tensor, so a row's embedding moves a little with the rest of its batch.
+def make_int8(src: Path, dst: Path) -> None:
+    """int8 for the CPU (export/quantize.py): u8 x s8 integer GEMMs with one activation scale per
+    row (per token), computed at run time, and 7-bit weights per output column. A row's result does
+    not depend on the other rows of its batch, which batching with strangers needs (parity.py checks
+    it), and the GEMM gains from more rows. Encoders and decoders alike. (onnxruntime's
+    `quantize_dynamic`, used for encoders before, scales activations per tensor: a MiniLM embedding
+    moved by 0.11 between alone and batched. The weight-only `MatMulNBits` used for decoders before
+    is batch-invariant but gains little from more rows: docs/design/export.md.)
     """
-    if row_wise:
-        from export.quantize import quantize_rowwise
+    from export.quantize import quantize_rowwise
 
-        quantize_rowwise(src, dst)
-        return
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        str(src), str(dst), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Attention"],
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    quantize_rowwise(src, dst)
 
 
 _ONNX_DTYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",

@@ -16,8 +16,11 @@ greedy decoding amplifies any rounding at near-ties. What they must keep is the 
 measured teacher-forced on a text sample (held-out text when the build has it): perplexity of the
 variant over the PyTorch perplexity, share of positions whose most likely next token is the same,
 and the mean KL divergence (`quality` in the figures). `quality_ok` records whether the variant
-stays within `QUALITY_LIMITS`; the service serves such a decoder variant on its own (`variant=auto`,
-service/runtime.py), never one that missed them. Encoders are judged by their cosine only.
+stays within `QUALITY_LIMITS`; the service serves such a variant on its own (`variant=auto`,
+service/runtime.py), never one that missed them. An encoder's reduced-precision variants are
+judged on a text sample too (`encoder_quality`): the cosine of each embedding to PyTorch's, whether
+the ranking of pairwise similarities is kept (what search and clustering read) and whether a row's
+embedding depends on its batch (`EMBEDDING_QUALITY_LIMITS`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ VARIANT_LIMITS = {
 # service promises the same greedy output alone or in a crowd; onnxruntime's quantize_dynamic
 # scales activations per tensor, i.e. per batch, and moved a row's logits by 0.35 here).
 QUALITY_LIMITS = {"perplexity_ratio_max": 1.01, "top1_agreement_min": 0.95, "batch_max_abs_diff": LOGITS_MAX_ABS}
+# An encoder variant keeps the model's quality when, on the sample, its embeddings stay within these
+# cosines of PyTorch's, the Spearman correlation between PyTorch's and its pairwise cosine
+# similarities is at least 0.99, and it is batch-invariant like the decoders. (all-MiniLM-L6-v2,
+# row-wise int8, 553 held-out texts: cos min 0.990, mean 0.997; docs/performance.md.)
+EMBEDDING_QUALITY_LIMITS = {"cos_min": 0.98, "cos_mean": 0.995, "similarity_spearman_min": 0.99,
+                            "batch_max_abs_diff": LOGITS_MAX_ABS}
 BATCH_ROWS = 8  # rows of the sample computed together for the batch-invariance check
 
 Past = list[np.ndarray]  # flat: layer 0 key, layer 0 value, layer 1 key, ...
@@ -109,6 +118,52 @@ def encoder_parity(model, graph: Path, batches: Sequence[Sequence[Sequence[int]]
     if cos_min < limit:
         _fail(f"{variant} encoder cosine vs PyTorch (min over {n} inputs)", cos_min, limit)
     return figures
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    ranks = np.empty(len(x), np.float64)
+    ranks[np.argsort(x, kind="stable")] = np.arange(len(x))
+    return ranks
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
+
+
+def _pair_similarities(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64) / (np.linalg.norm(x, axis=-1, keepdims=True) + 1e-30)
+    return (x @ x.T)[np.triu_indices(len(x), 1)]
+
+
+def encoder_quality(model, graph: Path, sample: Sequence[Sequence[int]], sample_name: str, pad_id: int,
+                    batch_size: int = 32) -> dict:
+    """A reduced-precision encoder on a text sample, against PyTorch: cosine per text, Spearman of
+    the pairwise similarities, and how far a row moves between alone and batched.
+    -> {"quality": figures and limits, "quality_ok": within EMBEDDING_QUALITY_LIMITS}."""
+    sess = session(graph)
+
+    def embed(batch) -> tuple[np.ndarray, np.ndarray]:
+        ids, mask = pad_batch(batch, pad_id, left=False)
+        with torch.no_grad():
+            ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        got = sess.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
+        return ref, got.astype(np.float32)
+
+    pairs = [embed(sample[i:i + batch_size]) for i in range(0, len(sample), batch_size)]
+    ref, got = (np.concatenate(x) for x in zip(*pairs))
+    cos = _cos(ref, got)
+    alone = np.concatenate([embed([seq])[1] for seq in sample[:batch_size]])
+    batch_diff = float(np.abs(alone - got[:len(alone)]).max())
+    limits = EMBEDDING_QUALITY_LIMITS
+    figures = {"sample": sample_name, "texts": len(sample), "cos_min": round(float(cos.min()), 5),
+               "cos_mean": round(float(cos.mean()), 5),
+               "similarity_spearman": round(_spearman(_pair_similarities(ref), _pair_similarities(got)), 5),
+               "batch_max_abs_diff": float(f"{batch_diff:.3g}"), "limits": limits}
+    ok = (figures["cos_min"] >= limits["cos_min"] and figures["cos_mean"] >= limits["cos_mean"]
+          and figures["similarity_spearman"] >= limits["similarity_spearman_min"]
+          and batch_diff <= limits["batch_max_abs_diff"])
+    log.info("quality on %s: %s -> %s", sample_name, figures, "ok" if ok else "below the limits")
+    return {"quality": figures, "quality_ok": ok}
 
 
 # ---- decoding steps -----------------------------------------------------------------------------

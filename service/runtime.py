@@ -123,10 +123,10 @@ class Runtime:
         """The graph variant to serve for role: the settings' choice, or auto.
 
         auto on CUDA: fp16 (unless the gate judged its quality below the limits), else optimized,
-        else fp32. auto on CPU: int8 when the gate measured it on held-out text and found its
-        perplexity and top-1 predictions equal to PyTorch's and each row independent of its batch
-        (`quality_ok`, export/parity.py; decoders only: int8 weights are a quarter of the bytes
-        read per token, the bound of CPU decoding), else optimized (fused), else fp32.
+        else fp32. auto on CPU: int8 when the gate measured it on held-out text and found it within
+        its quality limits, each row independent of its batch (`quality_ok`, export/parity.py:
+        perplexity and top-1 predictions for decoders, cosines and similarity ranking for
+        encoders), else optimized (fused), else fp32.
         """
         have = manifest.variants(role)
         wanted = self.settings.variant

@@ -57,7 +57,7 @@ class Settings:
     device: str = _f("auto", "auto (CUDA when present, else CPU) | cpu | cuda", choices=DEVICES)
     strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
     variant: str = _f("auto", "graph variant: auto (CUDA: fp16, else optimized; CPU: int8 where the export gate "
-                      "found its held-out quality equal, else optimized; else fp32) or one name",
+                      "found its held-out quality within its limits, else optimized; else fp32) or one name",
                       choices=VARIANT_CHOICES)
     intra_op_threads: int = _f(1, "onnxruntime intra-op threads per session")
     compute_workers: int = _f(2, "threads of the one compute executor (parallel batches)")

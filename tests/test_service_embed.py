@@ -85,14 +85,17 @@ async def test_embed_stream_in_order(server):
     np.testing.assert_allclose(np.vstack([as_array(r) for r in responses]), together, atol=1e-6)
 
 
-async def test_models_and_get_model(server):
+async def test_models_and_get_model(server, tiny_models_root):
+    manifest = load_model_dir(tiny_models_root / "tiny-embed").manifest
+    int8_ok = all(g.parity.get("quality_ok") for g in manifest.graphs if g.variant == "int8")
     listed = (await server.models.ListModels(pb.ListModelsRequest())).models
     by_name = {m.name: m for m in listed}
     assert set(by_name) >= {"tiny-embed", "tiny-gpt", "tiny-translate"}
     embed = await server.models.GetModel(pb.GetModelRequest(name="tiny-embed"))
     assert embed == by_name["tiny-embed"]
     assert embed.kind == "embedding" and embed.is_default and embed.embedding_dimension == 32
-    assert embed.execution_provider == "CPUExecutionProvider" and embed.variant == "optimized"
+    # auto on a CPU: int8 when the gate judged its quality within the limits, else the fused fp32 graph
+    assert embed.execution_provider == "CPUExecutionProvider" and embed.variant == ("int8" if int8_ok else "optimized")
     assert embed.max_input_tokens == 48 and embed.vocab_size > 256 and "opset" in embed.manifest
 
 
