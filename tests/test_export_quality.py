@@ -109,3 +109,41 @@ def test_the_shipped_heldout_sample_is_the_training_split(checkpoint):
     else:
         train = set(data.split_stories(data.load_stories(data.DEFAULT_DATA[kind]))[0])
         assert not any(item["text"] in train for item in items)
+
+
+def test_embedding_int8_is_rowwise_batch_invariant_and_judged(tiny_models_root, tmp_path):
+    """An encoder's int8 graph is row-wise: a text's vector is the same alone and batched; the gate
+    records its quality; onnxruntime's per-tensor dynamic int8, which moves a row with its batch, fails it."""
+    from export.tiny import tiny_model, byte_tokenizer
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    d = tiny_models_root / "tiny-embed"
+    manifest = json.loads((d / "model.json").read_text())
+    int8 = next(g for g in manifest["graphs"] if g["variant"] == "int8")
+    quality = int8["parity"]["quality"]
+    assert int8["parity"]["int8_method"] == "rowwise" and quality["batch_max_abs_diff"] <= 1e-4
+    assert {"cos_min", "cos_mean", "similarity_spearman"} <= set(quality)
+
+    sess = parity.session(d / int8["file"])
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    seqs = [tok.encode(t).ids for t in ("a b", "the longest of the three texts here", "short one")]
+    ids, mask = parity.pad_batch(seqs, manifest["special_tokens"]["pad"], left=False)
+    batched = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    for row, seq in enumerate(seqs):
+        one, one_mask = parity.pad_batch([seq], manifest["special_tokens"]["pad"], left=False)
+        alone = sess.run(None, {"input_ids": one, "attention_mask": one_mask})[0]
+        np.testing.assert_allclose(alone[0], batched[row], atol=1e-6)
+
+    torch.manual_seed(0)
+    model = tiny_model("embedding", byte_tokenizer("embedding").get_vocab_size()).eval()
+    from export import onnx_export
+    onnx_export.export_encoder(model, tmp_path / "fp32.onnx")
+    quantize_dynamic(str(tmp_path / "fp32.onnx"), str(tmp_path / "dyn.onnx"), weight_type=QuantType.QInt8)
+    texts = [" ".join(["word"] * n) for n in range(1, 10)]  # byte tokens: at most 44, the limit is 48
+    sample = [byte_tokenizer("embedding").encode(t).ids for t in texts]
+    pad = byte_tokenizer("embedding").token_to_id("[PAD]")
+    dynamic = parity.encoder_quality(model, tmp_path / "dyn.onnx", sample, "words", pad)
+    assert not dynamic["quality_ok"] and dynamic["quality"]["batch_max_abs_diff"] > 1e-4
+    onnx_export.make_int8(tmp_path / "fp32.onnx", tmp_path / "rowwise.onnx")
+    rowwise = parity.encoder_quality(model, tmp_path / "rowwise.onnx", sample, "words", pad)
+    assert rowwise["quality"]["batch_max_abs_diff"] <= 1e-4
