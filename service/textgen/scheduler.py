@@ -256,9 +256,9 @@ class Scheduler:
         verdicts = [bool(pred(s)) for s in self.running]
         if all(verdicts):
             return []
-        self.cache.keep([i for i, ok in enumerate(verdicts) if ok])
+        order = self.cache.keep([i for i, ok in enumerate(verdicts) if ok])  # the cache's new row order
         gone = [s for s, ok in zip(self.running, verdicts) if not ok]
-        self.running = [s for s, ok in zip(self.running, verdicts) if ok]
+        self.running = [self.running[i] for i in order]
         for seq in gone:
             seq.left = True
         return gone
