@@ -79,30 +79,3 @@ def test_rows_that_left_before_a_failed_step_are_still_counted_out(runtime, tiny
     sched._drain()
     assert a.sequence.counted_out
     assert REGISTRY.get_sample_value("ts_generations_in_flight", {"model": model.name}) == 1
-
-
-async def test_a_full_batch_admits_waiting_calls_in_groups(runtime, tiny_models_root):  # noqa: F811
-    """With the batch full and calls waiting, a slice of decode steps does not end at the first
-    free row: it ends once ADMIT_GROUP rows are free or a row has been free ADMIT_WAIT_STEPS steps."""
-    from service.textgen.scheduler import ADMIT_GROUP, ADMIT_WAIT_STEPS
-
-    alone_model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt")
-    assert len(await generate(alone_model, "Once upon a time", max_new_tokens=30)) == 30  # no early EOS
-    await alone_model.stop()
-    model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
-    model = GenerationModel(model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings,
-                            runtime, "fp32")  # not started: driven here
-    sched, loop = model.scheduler, asyncio.get_running_loop()
-    sched.max_batch = 4
-    lengths = (3, 4, 5, 30)  # the prefill gives token 1: rows end after decode steps 2, 3, 4 and 29
-    for n in lengths:
-        model.submit("Once upon a time", SamplingParams(max_new_tokens=n))
-    sched._deliver(sched._prefill(sched._admit()))
-    for _ in range(8):
-        model.submit("The cat", SamplingParams(max_new_tokens=20))
-    sched._decode_slice(loop)  # on the loop thread: its deliveries wait in the outbox
-    assert ADMIT_GROUP == 4 and ADMIT_WAIT_STEPS == 4  # else the steps below change
-    # A row is free from step 2 on; 3 are free after step 4; the 4th step with a free row is step 5.
-    assert [len(s.generated) for s in sched.running] == [6]
-    assert len(sched.waiting) == 8
-    sched._drain()

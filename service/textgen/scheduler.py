@@ -10,11 +10,9 @@ Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level sch
    cache rows are freed (batchcache.SlotCache: a buffer the graph updates in place).
 Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
 chunks to each request's outbox. A turn's prefill and its decode steps run back to back in one
-executor call until newcomers are due, the batch empties or `DECODE_SLICE_S` passes: a thread
-hand-off per token costs milliseconds on a busy CPU. Newcomers are due when the free rows take
-every waiting call or `ADMIT_GROUP` of them, or `ADMIT_WAIT_STEPS` steps after a row was free
-for a waiting call: a prefill of one row costs the CPU of several rows prefilled together (TGI's
-`max_waiting_tokens` makes the same trade). Each step's chunks go to an outbox that the event loop
+executor call until newcomers can be admitted, the batch empties or `DECODE_SLICE_S` passes: a
+thread hand-off per token costs milliseconds on a busy CPU, and one per admitted newcomer was
+most of the compute threads' own time with a full batch and a waiting queue. Each step's chunks go to an outbox that the event loop
 drains; at most one wake-up of the loop is pending at a time, so a busy loop takes several steps
 in one visit. A cancelled request leaves at the next step boundary.
 
@@ -50,8 +48,6 @@ log = logging.getLogger(__name__)
 
 Delivery = list[tuple[Sequence, Chunk | BaseException | None]]
 DECODE_SLICE_S = 0.25  # longest run of decode steps between two visits of the event loop
-ADMIT_GROUP = 4  # free rows that make waiting calls due at once
-ADMIT_WAIT_STEPS = 4  # else: decode steps a free row waits for more to free before newcomers are due
 
 
 class Scheduler:
@@ -228,16 +224,12 @@ class Scheduler:
         return out + [(s, None) for s in self._keep(lambda s: not s.done)]
 
     def _decode_slice(self, loop: asyncio.AbstractEventLoop) -> Delivery:
-        """Compute thread: decode steps until newcomers are due (module doc), the batch empties,
-        closing, or the slice ends."""
+        """Compute thread: decode steps until newcomers fit, the batch empties, closing, or the slice ends."""
         end = time.perf_counter() + DECODE_SLICE_S
-        held = 0  # steps run while a free row and a waiting call were both there
         while self.running:
             self._post(self._decode(), loop)
-            free, waiting = self.max_batch - len(self.running), len(self.waiting)
-            held += bool(free and waiting)
-            due = free and waiting and (free >= min(waiting, ADMIT_GROUP) or held >= ADMIT_WAIT_STEPS)
-            if due or self.closing or time.perf_counter() > end:
+            admissible = self.waiting and len(self.running) < self.max_batch
+            if admissible or self.closing or time.perf_counter() > end:
                 break
         return []
 
