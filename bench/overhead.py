@@ -99,16 +99,23 @@ async def generate_streams(address: str, streams: int, tokens: int, seed: int = 
 
 
 def measure_streams(pid: int, address: str, streams: int, tokens: int, rounds: int, interval_ms: int = 0,
-                    temperature: float = 0.8) -> dict:
-    """Server CPU per token, tokens/s and messages per token over `rounds` rounds of concurrent streams."""
+                    temperature: float = 0.8, metrics_url: str = "") -> dict:
+    """Server CPU per token, tokens/s and messages per token over `rounds` rounds of concurrent streams
+    (and the mean time to first token from the server's histogram, given its metrics URL)."""
+    ttft = scrape_histogram(metrics_url, "ts_time_to_first_token_seconds") if metrics_url else None
     before, wall, received, messages = cpu_seconds(pid), 0.0, 0, 0
     for r in range(rounds):
         seconds, n, m = asyncio.run(generate_streams(address, streams, tokens, 1000 * r, interval_ms, temperature))
         wall, received, messages = wall + seconds, received + n, messages + m
     cpu = cpu_seconds(pid) - before
-    return {"streams": streams, "stream_interval_ms": interval_ms, "tokens": received,
-            "server_cpu_us_per_token": round(cpu / received * 1e6, 1), "tokens_per_s": round(received / wall, 1),
-            "messages_per_token": round(messages / received, 3)}
+    out = {"streams": streams, "stream_interval_ms": interval_ms, "tokens": received,
+           "server_cpu_us_per_token": round(cpu / received * 1e6, 1), "tokens_per_s": round(received / wall, 1),
+           "messages_per_token": round(messages / received, 3)}
+    if ttft is not None:
+        end = scrape_histogram(metrics_url, "ts_time_to_first_token_seconds")
+        count = end.get("count", 0.0) - ttft.get("count", 0.0)
+        out["mean_time_to_first_token_ms"] = round((end["sum"] - ttft.get("sum", 0.0)) / count * 1e3, 1) if count else None
+    return out
 
 
 def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int, interval_ms: int) -> dict:
@@ -155,9 +162,10 @@ def measure_generation(models: Path, rounds: int, interval_ms: int) -> list[dict
     service = ServiceProcess(models, [], metrics=True)
     try:
         asyncio.run(generate_streams(service.address, 16, 8))  # warm-up
-        out = [measure_streams(service.proc.pid, service.address, 64, 40, rounds)]
+        pid, address, url = service.proc.pid, service.address, service.metrics_url
+        out = [measure_streams(pid, address, 64, 40, rounds, metrics_url=url)]
         if interval_ms:
-            out.append(measure_streams(service.proc.pid, service.address, 64, 40, rounds, interval_ms))
+            out.append(measure_streams(pid, address, 64, 40, rounds, interval_ms, metrics_url=url))
     finally:
         service.stop()
     return out

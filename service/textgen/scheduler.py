@@ -11,8 +11,8 @@ Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level sch
 Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
 chunks to each request's outbox. A turn's prefill and its decode steps run back to back in one
 executor call until newcomers can be admitted, the batch empties or `DECODE_SLICE_S` passes: a
-thread hand-off per token costs milliseconds on a busy CPU, and one per admitted newcomer was
-most of the compute threads' own time with a full batch and a waiting queue. Each step's chunks go to an outbox that the event loop
+thread hand-off per token costs milliseconds on a busy CPU, and an admission no longer costs a
+hand-off of its own. Each step's chunks go to an outbox that the event loop
 drains; at most one wake-up of the loop is pending at a time, so a busy loop takes several steps
 in one visit. A cancelled request leaves at the next step boundary.
 
