@@ -2,11 +2,15 @@
 
 Parts (`--parts`, default all), each against a real `python -m service` subprocess:
 - cpu: server CPU (user + system of the server process, /proc/<pid>/stat) per 1-input Embed call
-  (32 calls in flight) and per generated token (64 concurrent GenerateStream calls of 40 tokens),
+  (32 calls in flight) and per generated token (64 concurrent GenerateStream calls of 40 sampled
+  tokens; again with `stream_interval_ms` = `--gen-interval-ms`; messages per token beside it),
   on the tiny models (`--tiny`, built with `python -m export tiny` when absent: compute close to
   zero, so this is the serving layer's own cost) and on the default models (`--models`); wall-clock
   calls/s and tokens/s beside it, and the mean rows per embedding batch (per-batch costs are
   shared by that many calls, so CPU per call moves with it).
+- gen: the generation figure of `cpu` alone (tiny models).
+- streams: the default generation model, 8 concurrent greedy streams of 128 tokens against 1
+  (tokens/s and server CPU per token; rounds alternate).
 - st: 16 concurrent 1-sentence Embed clients vs sentence-transformers in process at batch 8 with 2
   threads, same sentences (bench/embed_throughput.py), with the server's CPU per call.
 - overload: `--embed-max-queue 64 --gen-max-queue 8`, a 10x burst (40 Embed calls of 16 long inputs
@@ -74,23 +78,49 @@ async def embed_calls(address: str, calls: int, concurrency: int, inputs: list[s
         return time.perf_counter() - start
 
 
-async def generate_streams(address: str, streams: int, tokens: int, seed: int = 0) -> tuple[float, int]:
-    """`streams` concurrent GenerateStream calls of `tokens` new tokens; (wall seconds, tokens received)."""
+async def generate_streams(address: str, streams: int, tokens: int, seed: int = 0, interval_ms: int = 0,
+                           temperature: float = 0.8) -> tuple[float, int, int]:
+    """`streams` concurrent GenerateStream calls of `tokens` new tokens (sampled, seeded; temperature 0:
+    greedy), messages `interval_ms` apart -> (wall seconds, tokens received, messages received)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
 
-        async def one(i: int) -> int:
-            request = pb.GenerateRequest(prompt=f"Once upon a time {i}", max_new_tokens=tokens, temperature=0.8,
-                                         seed=seed + i)
-            return sum([len(c.token_ids) async for c in stub.GenerateStream(request, timeout=120)])
+        async def one(i: int) -> tuple[int, int]:
+            request = pb.GenerateRequest(prompt=f"Once upon a time {i}", max_new_tokens=tokens,
+                                         temperature=temperature, seed=seed + i)
+            if interval_ms:  # set only when asked: the bench also runs against servers that predate the field
+                request.stream_interval_ms = interval_ms
+            sizes = [len(c.token_ids) async for c in stub.GenerateStream(request, timeout=120)]
+            return sum(sizes), len(sizes)
 
         start = time.perf_counter()
         counts = await asyncio.gather(*(one(i) for i in range(streams)))
-        return time.perf_counter() - start, sum(counts)
+        return time.perf_counter() - start, sum(t for t, _ in counts), sum(m for _, m in counts)
 
 
-def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int) -> dict:
-    """Server CPU per 1-input Embed call (32 in flight) and per generated token (64 streams x 40)."""
+def measure_streams(pid: int, address: str, streams: int, tokens: int, rounds: int, interval_ms: int = 0,
+                    temperature: float = 0.8, metrics_url: str = "") -> dict:
+    """Server CPU per token, tokens/s and messages per token over `rounds` rounds of concurrent streams
+    (and the mean time to first token from the server's histogram, given its metrics URL)."""
+    ttft = scrape_histogram(metrics_url, "ts_time_to_first_token_seconds") if metrics_url else None
+    before, wall, received, messages = cpu_seconds(pid), 0.0, 0, 0
+    for r in range(rounds):
+        seconds, n, m = asyncio.run(generate_streams(address, streams, tokens, 1000 * r, interval_ms, temperature))
+        wall, received, messages = wall + seconds, received + n, messages + m
+    cpu = cpu_seconds(pid) - before
+    out = {"streams": streams, "stream_interval_ms": interval_ms, "tokens": received,
+           "server_cpu_us_per_token": round(cpu / received * 1e6, 1), "tokens_per_s": round(received / wall, 1),
+           "messages_per_token": round(messages / received, 3)}
+    if ttft is not None:
+        end = scrape_histogram(metrics_url, "ts_time_to_first_token_seconds")
+        count = end.get("count", 0.0) - ttft.get("count", 0.0)
+        out["mean_time_to_first_token_ms"] = round((end["sum"] - ttft.get("sum", 0.0)) / count * 1e3, 1) if count else None
+    return out
+
+
+def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int, interval_ms: int) -> dict:
+    """Server CPU per 1-input Embed call (32 in flight) and per generated token (64 streams x 40,
+    each message as soon as its tokens are ready, then `interval_ms` apart)."""
     service = ServiceProcess(models, [], metrics=True)
     pid = service.proc.pid
     try:
@@ -104,16 +134,41 @@ def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int) -
                 "server_cpu_us_per_call": round((cpu_seconds(pid) - before) / embed_calls_n * 1e6, 1),
                 "calls_per_s": round(embed_calls_n / wall, 1), "rows_per_batch": rows}
         asyncio.run(generate_streams(service.address, 16, 8))  # warm-up
-        before, gen_wall, tokens = cpu_seconds(pid), 0.0, 0
-        for r in range(gen_rounds):
-            seconds, n = asyncio.run(generate_streams(service.address, 64, 40, seed=1000 * r))
-            gen_wall, tokens = gen_wall + seconds, tokens + n
-        gen_cpu = cpu_seconds(pid) - before
+        generate = [measure_streams(pid, service.address, 64, 40, gen_rounds)]
+        if interval_ms:
+            generate.append(measure_streams(pid, service.address, 64, 40, gen_rounds, interval_ms))
     finally:
         service.stop()
-    return {"models": label, "embed": {"calls": embed_calls_n, "in_flight": 32, **embed},
-            "generate": {"streams": 64, "tokens": tokens, "server_cpu_us_per_token": round(gen_cpu / tokens * 1e6, 1),
-                         "tokens_per_s": round(tokens / gen_wall, 1)}}
+    return {"models": label, "embed": {"calls": embed_calls_n, "in_flight": 32, **embed}, "generate": generate}
+
+
+def streams_scaling(models: Path, rounds: int) -> dict:
+    """The default generation model: 8 concurrent greedy streams of 128 tokens against 1, through a real
+    server (tokens/s, server CPU per token); rounds alternate."""
+    service = ServiceProcess(models, [])
+    pid = service.proc.pid
+    try:
+        asyncio.run(generate_streams(service.address, 8, 8, temperature=0.0))  # warm-up
+        runs = [[measure_streams(pid, service.address, n, 128, 1, temperature=0.0) for n in (1, 8)]
+                for _ in range(rounds)]
+    finally:
+        service.stop()
+    ratios = [eight["tokens_per_s"] / one["tokens_per_s"] for one, eight in runs]
+    return {"rounds": runs, "ratio_8_to_1": sorted(round(r, 2) for r in ratios)}
+
+
+def measure_generation(models: Path, rounds: int, interval_ms: int) -> list[dict]:
+    """Per generated token only (64 streams x 40), without the Embed calls of `measure_cpu`."""
+    service = ServiceProcess(models, [], metrics=True)
+    try:
+        asyncio.run(generate_streams(service.address, 16, 8))  # warm-up
+        pid, address, url = service.proc.pid, service.address, service.metrics_url
+        out = [measure_streams(pid, address, 64, 40, rounds, metrics_url=url)]
+        if interval_ms:
+            out.append(measure_streams(pid, address, 64, 40, rounds, interval_ms, metrics_url=url))
+    finally:
+        service.stop()
+    return out
 
 
 def versus_st(models: Path, sentences: int, variant: str = "auto") -> dict:
@@ -208,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=Path, default=ROOT / "models", help="default models root")
     p.add_argument("--tiny", type=Path, default=ROOT / "build" / "bench-tiny",
                    help="tiny models root (built if absent)")
-    p.add_argument("--parts", default="cpu,st,overload", help="comma-separated: cpu, st, overload")
+    p.add_argument("--parts", default="cpu,st,overload",
+                   help="comma-separated: cpu, gen (generation only, tiny models), streams, st, overload")
     p.add_argument("--embed-calls", type=int, default=3000)
-    p.add_argument("--gen-rounds", type=int, default=2, help="rounds of 64 streams x 40 tokens")
+    p.add_argument("--gen-rounds", type=int, default=6, help="rounds of 64 streams x 40 tokens")
+    p.add_argument("--gen-interval-ms", type=int, default=50,
+                   help="a second generation figure with GenerateRequest.stream_interval_ms (0: none)")
+    p.add_argument("--scaling-rounds", type=int, default=3, help="rounds of 1 vs 8 streams (part 'streams')")
     p.add_argument("--sentences", type=int, default=1500, help="sentences of the sentence-transformers comparison")
     p.add_argument("--st-variants", default="auto", help="comma-separated embedding graph variants served in the "
                    "sentence-transformers comparison, e.g. auto,int8")
@@ -219,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.parts.split(","))
     result: dict = {"conditions": conditions()}
     if "cpu" in parts:
-        result["cpu"] = [measure_cpu(tiny_models(args.tiny), "tiny", args.embed_calls, args.gen_rounds),
-                         measure_cpu(args.models, "default", args.embed_calls // 3, 1)]
+        result["cpu"] = [measure_cpu(tiny_models(args.tiny), "tiny", args.embed_calls, args.gen_rounds,
+                                     args.gen_interval_ms),
+                         measure_cpu(args.models, "default", args.embed_calls // 3, 1, args.gen_interval_ms)]
+    if "gen" in parts:
+        result["gen"] = measure_generation(tiny_models(args.tiny), args.gen_rounds, args.gen_interval_ms)
+    if "streams" in parts:
+        result["streams"] = streams_scaling(args.models, args.scaling_rounds)
     if "overload" in parts:
         result["overload"] = overload(args.models)
     if "st" in parts:  # last: it loads torch into this process

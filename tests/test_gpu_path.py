@@ -55,13 +55,13 @@ def _cache(model_dir: ModelDir, runtime: Runtime, device: str | None, capacity: 
 
 
 def _greedy(cache: SlotCache, prompts: list[list[int]], steps: int, leave_at: int) -> list[list[int]]:
-    """Greedy tokens of each prompt; at step `leave_at` row 1 leaves (the later rows move down)."""
+    """Greedy tokens of each prompt; at step `leave_at` row 1 leaves (the last row takes its place)."""
     out = [[int(t)] for t in cache.prefill(prompts).argmax(-1)]
     alive = list(range(len(prompts)))
     for step in range(steps):
         if step == leave_at:
-            cache.keep([i for i in range(len(alive)) if i != 1])
-            alive.pop(1)
+            order = cache.keep([i for i in range(len(alive)) if i != 1])
+            alive = [alive[i] for i in order]
         logits = cache.step([out[r][-1] for r in alive])
         for r, t in zip(alive, logits.argmax(-1)):
             out[r].append(int(t))

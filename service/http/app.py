@@ -129,7 +129,7 @@ class Routes:
 
 
 async def _collect(handle) -> list:
-    return [chunk async for chunk in handle]
+    return await handle.collect()  # one wake-up at the end, not one per decode step
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -124,7 +124,7 @@ def _version() -> str:
 
 
 async def _chunks(handle) -> list:
-    return [chunk async for chunk in handle]
+    return await handle.collect()  # one wake-up at the end, not one per decode step
 
 
 def add_to_server(server: grpc.aio.Server, registry: ModelRegistry, settings: Settings) -> None:

@@ -101,7 +101,7 @@ class EmbedResponse(_message.Message):
     def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "model", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed")
+    __slots__ = ("prompt", "model", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed", "stream_interval_ms")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class GenerateRequest(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     model: str
     max_new_tokens: int
@@ -120,7 +121,8 @@ class GenerateRequest(_message.Message):
     repetition_penalty: float
     stop: _containers.RepeatedScalarFieldContainer[str]
     seed: int
-    def __init__(self, prompt: _Optional[str] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
+    stream_interval_ms: int
+    def __init__(self, prompt: _Optional[str] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "model")

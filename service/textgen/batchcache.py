@@ -5,8 +5,8 @@ layer's keys and values live in one buffer (capacity, H, L, D) allocated once on
 device, L = the model's context. Row r's tokens sit at slots [0, length_r) of buffer row r and the
 active rows are buffer rows [0, B): both are contiguous, so the graph's past and present are bound
 (IO binding, by address) to the same memory and the graph writes each new key in place. No step
-copies the cache; a row that leaves is replaced by moving the later rows down (`keep`), device to
-device (rowcopy.py).
+copies the cache; the place of a row that leaves is taken by the last row (`keep`), device to
+device (rowcopy.py): one row copy per row that left, not one per row above it.
 
 A decode step is device-resident: its inputs (token ids, positions, `seqlens_k`,
 `total_sequence_length`) and its logits are OrtValues allocated once per row count, at fixed
@@ -24,8 +24,8 @@ host-side values of its capture).
 
 The scheduler asks: `prefill(prompts)` runs the newcomers' prompts, appends them as rows and
 returns each one's last-position logits (n, V); `step(tokens)` feeds one token per row and
-returns the logits (B, V); `keep(rows)` drops the other rows; `reset()` empties the cache after a
-failed step. A row's next position is the number of tokens it has cached.
+returns the logits (B, V); `keep(rows)` drops the other rows and says where the kept ones went;
+`reset()` empties the cache after a failed step. A row's next position is the number of tokens it has cached.
 """
 
 from __future__ import annotations
@@ -211,9 +211,17 @@ class SlotCache:
         self.lengths[:rows] += 1
         return logits
 
-    def keep(self, rows: list[int]) -> None:
-        """Keeps these rows (ascending) as rows [0, len(rows)), moving each down to its new slot."""
-        moves = [(dst, src) for dst, src in enumerate(rows) if dst != src]
+    def keep(self, rows: list[int]) -> list[int]:
+        """Keeps these rows (ascending) as rows [0, n): a kept row below n stays where it is, and the
+        places of the rows that left are taken by the kept rows at n and above (in order), so only
+        those move. -> the new order: new row i holds old row order[i]."""
+        n = len(rows)
+        order = [r for r in rows if r < n]
+        holes = sorted(set(range(n)) - set(order))  # places below n whose row left
+        moves = list(zip(holes, [r for r in rows if r >= n]))  # (dst, src), dst < n <= src: no overlap
+        order = list(range(n))
+        for dst, src in moves:
+            order[dst] = src
         if moves and self._copier is not None:
             self._copier.move(moves)
         elif moves:
@@ -223,7 +231,8 @@ class SlotCache:
                     buf[dst, :, :length] = buf[src, :, :length]
         for dst, src in moves:
             self.lengths[dst] = self.lengths[src]
-        self.rows = len(rows)
+        self.rows = n
+        return order
 
     def reset(self) -> None:
         self.rows = 0

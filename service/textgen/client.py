@@ -28,9 +28,10 @@ from service.proto import inference_pb2 as pb
 
 def generate_request(prompt: str, model: str = "", max_new_tokens: int = 0, temperature: float = 0.0, top_k: int = 0,
                      top_p: float = 0.0, repetition_penalty: float = 0.0, stop: Iterable[str] = (),
-                     seed: int | None = None) -> pb.GenerateRequest:
+                     seed: int | None = None, stream_interval_ms: int = 0) -> pb.GenerateRequest:
     request = pb.GenerateRequest(prompt=prompt, model=model, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, stop=list(stop))
+                                 top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, stop=list(stop),
+                                 stream_interval_ms=stream_interval_ms)
     if seed is not None:
         request.seed = seed
     return request

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service.converters import usage
+from service.errors import InvalidArgument
 from service.proto import inference_pb2 as pb
 from service.textgen.decoding import SamplingParams
 from service.textgen.sequence import EOS, LENGTH, STOP, Chunk, Timings
@@ -26,6 +27,18 @@ def sampling_params(request: pb.GenerateRequest) -> SamplingParams:
         stop=tuple(request.stop),
         seed=int(request.seed) if request.HasField("seed") else None,
     )
+
+
+MAX_STREAM_INTERVAL_MS = 1000
+
+
+def stream_interval(request: pb.GenerateRequest) -> float:
+    """GenerateRequest.stream_interval_ms in seconds (0: no pause between messages); checked."""
+    ms = int(request.stream_interval_ms)
+    if ms > MAX_STREAM_INTERVAL_MS:
+        raise InvalidArgument(f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as soon "
+                              f"as they are ready), got {ms}")
+    return ms / 1e3
 
 
 def _timings(t: Timings) -> pb.Timings:

@@ -9,9 +9,10 @@ Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level sch
 4. rows that finished, were cancelled (client gone, deadline) or failed leave the batch and their
    cache rows are freed (batchcache.SlotCache: a buffer the graph updates in place).
 Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
-chunks to each request's queue. Decode steps run back to back in one executor call until
-newcomers can be admitted, the batch empties or `DECODE_SLICE_S` passes: a thread hand-off per
-token costs milliseconds on a busy CPU. Each step's chunks go to an outbox that the event loop
+chunks to each request's outbox. A turn's prefill and its decode steps run back to back in one
+executor call until newcomers can be admitted, the batch empties or `DECODE_SLICE_S` passes: a
+thread hand-off per token costs milliseconds on a busy CPU, and an admission no longer costs a
+hand-off of its own. Each step's chunks go to an outbox that the event loop
 drains; at most one wake-up of the loop is pending at a time, so a busy loop takes several steps
 in one visit. A cancelled request leaves at the next step boundary.
 
@@ -63,6 +64,7 @@ class Scheduler:
         self._computing = False  # a compute call is in the executor (its deliveries may still be queued)
         self._outbox: deque[Delivery] = deque()  # decode steps' deliveries, appended by the compute thread
         self._drain_pending = False  # a drain of the outbox is scheduled on the loop
+        self._prefilling = False  # the compute call is in a prefill (a failure there is the newcomers')
         self._series = Series(name)
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
         self._series.in_flight.set(0)
@@ -101,7 +103,7 @@ class Scheduler:
         for seq in [*self.waiting, *self.running]:
             if not seq.done:
                 seq.cancelled = True
-                seq.queue.put_nowait(Unavailable(f"model {self.name!r} shut down before the generation finished"))
+                seq.post(Unavailable(f"model {self.name!r} shut down before the generation finished"))
         self.wake.set()
         if self._task is not None:
             while (not self.idle or self._computing) and not self._task.done():
@@ -117,22 +119,21 @@ class Scheduler:
                 await self.wake.wait()
             self._drop_cancelled_waiting()
             newcomers = self._admit()
-            if newcomers:
-                self._deliver(await self._guarded(self._prefill, newcomers))
-            if self.running:
-                self._deliver(await self._guarded(self._decode_slice, asyncio.get_running_loop()))
+            if newcomers or self.running:
+                self._deliver(await self._guarded(newcomers, asyncio.get_running_loop()))
             else:
                 await asyncio.sleep(0)
 
-    async def _guarded(self, fn, *args) -> Delivery:
-        """Runs a compute call; when the graph step itself fails, its rows are retried once (module doc)."""
+    async def _guarded(self, newcomers: list[Sequence], loop: asyncio.AbstractEventLoop) -> Delivery:
+        """Runs one turn in the executor; when the graph step itself fails, its rows are retried once
+        (module doc)."""
         self._computing = True
         try:
-            return await self._runtime.run(fn, *args)
+            return await self._runtime.run(self._turn, newcomers, loop)
         except Exception:  # noqa: BLE001 - one bad step must not kill the model's loop
             log.exception("generation step failed for model %s", self.name)
             self._drain()  # the steps before the failure, in order
-            newcomers = args[0] if fn == self._prefill else []
+            newcomers = newcomers if self._prefilling else []
             joined = {id(s) for s in newcomers} & {id(s) for s in self.running}
             if newcomers and not joined:  # the prefill failed before its rows joined: the others are intact
                 self.cache.keep(list(range(len(self.running))))  # drops the rows it may have appended
@@ -143,7 +144,7 @@ class Scheduler:
             return self._retry(involved)
         finally:
             self._drain()
-            self._computing = False
+            self._computing = self._prefilling = False
 
     def _retry(self, involved: list[Sequence]) -> Delivery:
         """Event loop: rows of a failed step go back to the front of the queue once; then they fail."""
@@ -192,6 +193,23 @@ class Scheduler:
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
         return chosen
 
+    def _turn(self, newcomers: list[Sequence], loop: asyncio.AbstractEventLoop) -> Delivery:
+        """Compute thread: the newcomers' prefill, then decode steps, in one executor call (one
+        thread hand-off per turn, not two): each delivery goes to the outbox as it is made."""
+        if newcomers:
+            self._prefilling = True
+            delivery = self._prefill(newcomers)
+            self._prefilling = False
+            self._post(delivery, loop)
+        return self._decode_slice(loop)
+
+    def _post(self, delivery: Delivery, loop: asyncio.AbstractEventLoop) -> None:
+        """Compute thread: a delivery to the outbox; a drain is scheduled unless one is pending."""
+        self._outbox.append(delivery)
+        if not self._drain_pending:  # else the drain already scheduled takes this one too
+            self._drain_pending = True
+            loop.call_soon_threadsafe(self._drain)
+
     def _prefill(self, newcomers: list[Sequence]) -> Delivery:
         """Compute thread: prompts of the newcomers (with their tokens so far, for a retried row) ->
         next tokens; they join the batch, and the ones already finished (EOS, one token asked,
@@ -209,10 +227,7 @@ class Scheduler:
         """Compute thread: decode steps until newcomers fit, the batch empties, closing, or the slice ends."""
         end = time.perf_counter() + DECODE_SLICE_S
         while self.running:
-            self._outbox.append(self._decode())
-            if not self._drain_pending:  # else the drain already scheduled takes this step too
-                self._drain_pending = True
-                loop.call_soon_threadsafe(self._drain)
+            self._post(self._decode(), loop)
             admissible = self.waiting and len(self.running) < self.max_batch
             if admissible or self.closing or time.perf_counter() > end:
                 break
@@ -241,9 +256,9 @@ class Scheduler:
         verdicts = [bool(pred(s)) for s in self.running]
         if all(verdicts):
             return []
-        self.cache.keep([i for i, ok in enumerate(verdicts) if ok])
+        order = self.cache.keep([i for i, ok in enumerate(verdicts) if ok])  # the cache's new row order
         gone = [s for s, ok in zip(self.running, verdicts) if not ok]
-        self.running = [s for s, ok in zip(self.running, verdicts) if ok]
+        self.running = [self.running[i] for i in order]
         for seq in gone:
             seq.left = True
         return gone
@@ -311,10 +326,10 @@ class Scheduler:
         for seq, item in delivery:
             if isinstance(item, BaseException):
                 seq.cancelled = True
-                seq.queue.put_nowait(item)
+                seq.post(item)
             elif item is not None:
                 tokens += len(item.token_ids)
-                seq.queue.put_nowait(item)
+                seq.post(item)
             # A row leaves once, but it may sit in two deliveries queued before the loop runs them.
             if seq.left and not seq.counted_out:
                 seq.counted_out = True

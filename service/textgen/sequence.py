@@ -2,8 +2,11 @@
 
 `Sequence.accept(token)` runs in the compute thread right after the logits of a step: it appends
 the token, decodes the new text (UTF-8 safe), applies stop sequences and EOS / length limits, and
-returns the `Chunk` to send (or None while text is held back). The scheduler hands chunks to the
-request's asyncio queue on the event loop; `GenerationHandle` is the caller's side of that queue.
+returns the `Chunk` to send (or None while text is held back). The scheduler `post`s chunks on
+the event loop into the sequence's outbox, a plain list; `GenerationHandle` is the caller's side.
+The hand-off costs one list append per chunk and at most one wake-up of the caller per decode
+step: the caller's future is resolved only when it is waiting, and a caller that reads the whole
+generation (unary Generate) is woken once, when it ends.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ class Sequence:
     arrived: float = field(default_factory=time.perf_counter)
     timings: Timings = field(default_factory=Timings)
     generated: list[int] = field(default_factory=list)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    outbox: list = field(default_factory=list)  # chunks and at most one error, not yet taken (event loop)
+    waiter: asyncio.Future | None = None  # the caller's, while it waits for the outbox
+    wake_at_end: bool = False  # the caller waits for the whole generation: wake it only at its end
     cancelled: bool = False
     finished: str | None = None
     started: float | None = None  # when its prefill began
@@ -70,6 +75,14 @@ class Sequence:
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self.stops = StopMatcher(self.params.stop) if self.params.stop else None
         self._unsent: list[int] = []
+
+    def post(self, item: Chunk | BaseException) -> None:
+        """Event loop: a chunk (or the call's error) for the caller; wakes it if it waits."""
+        self.outbox.append(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            if not self.wake_at_end or isinstance(item, BaseException) or item.finish_reason is not None:
+                waiter.set_result(None)
 
     @property
     def length(self) -> int:
@@ -136,12 +149,16 @@ class Sequence:
 
 
 class GenerationHandle:
-    """The caller's side: iterate the chunks; `cancel()` (idempotent) frees the row within one step."""
+    """The caller's side: iterate the chunks; `cancel()` (idempotent) frees the row within one step.
+
+    `__anext__` returns the next chunk, waiting when none is there; `ready()` takes those already
+    posted; `collect()` waits for the whole generation. An error is raised once the chunks posted
+    before it were taken."""
 
     def __init__(self, seq: Sequence, wake: asyncio.Event):
         self._seq, self._wake = seq, wake
         self._ended = False
-        self._error: BaseException | None = None  # met by `ready()`, raised by the next `__anext__`
+        self._taken = 0  # outbox items already returned
 
     def __aiter__(self) -> "GenerationHandle":
         return self
@@ -151,12 +168,14 @@ class GenerationHandle:
         return self._seq
 
     async def __anext__(self) -> Chunk:
-        if self._error is not None:
-            self._ended, error, self._error = True, self._error, None
-            raise error
         if self._ended:
             raise StopAsyncIteration
-        item = await self._seq.queue.get()
+        seq = self._seq
+        if self._taken == len(seq.outbox):
+            await self._wait()
+        item = seq.outbox[self._taken]
+        self._taken += 1
+        self._trim()
         if isinstance(item, BaseException):
             self._ended = True
             raise item
@@ -164,17 +183,41 @@ class GenerationHandle:
         return item
 
     def ready(self) -> list[Chunk]:
-        """The chunks already queued, without waiting (up to the last one or an error, which the
-        next iteration raises). A stream that fell behind the decoder sends them as one message."""
+        """The chunks already posted, without waiting (up to the last one, or up to an error, which
+        the next iteration raises). A stream that fell behind the decoder sends them as one message."""
         out: list[Chunk] = []
-        while not self._ended and self._error is None and not self._seq.queue.empty():
-            item = self._seq.queue.get_nowait()
-            if isinstance(item, BaseException):
-                self._error = item
-            else:
-                out.append(item)
-                self._ended = item.finish_reason is not None
+        box = self._seq.outbox
+        while not self._ended and self._taken < len(box) and not isinstance(box[self._taken], BaseException):
+            item = box[self._taken]
+            self._taken += 1
+            out.append(item)
+            self._ended = item.finish_reason is not None
+        self._trim()
         return out
+
+    async def collect(self) -> list[Chunk]:
+        """Every chunk of the generation, waking once at its end (not at every step); raises its error."""
+        self._seq.wake_at_end = True
+        chunks: list[Chunk] = []
+        async for chunk in self:
+            chunks.append(chunk)
+            chunks.extend(self.ready())
+            if chunks and chunks[-1].finish_reason is not None:
+                break
+        return chunks
+
+    async def _wait(self) -> None:
+        seq = self._seq
+        seq.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await seq.waiter
+        finally:
+            seq.waiter = None
+
+    def _trim(self) -> None:
+        if self._taken == len(self._seq.outbox):
+            self._seq.outbox.clear()
+            self._taken = 0
 
     def cancel(self) -> None:
         if not self._seq.done:
