@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 50051
 METRICS_PORT ?= 9464
 
-.PHONY: venv models serve test test-fast test-deploy bench bench-gpu protos clean train-translator train-generator
+.PHONY: venv models serve test test-fast test-deploy bench bench-gpu protos clean train-translator train-generator train-mlm
 
 venv: $(VENV)/.installed
 
@@ -52,6 +52,9 @@ train-translator: venv
 
 train-generator: venv
 	$(PY) -m export train generator --time-budget-minutes 85 --threads 1
+
+train-mlm: venv
+	$(PY) -m export train mlm --time-budget-minutes 30 --threads 1
 
 protos: venv
 	$(PY) -m service.protogen

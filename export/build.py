@@ -250,7 +250,7 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
 # ---- CLI ------------------------------------------------------------------------------------------
 
 DEFAULT_VARIANTS = "optimized,fp16,int8"
-SHIPPED = ("all-minilm-l6-v2", "tinystories-gpt", "tatoeba-en-fr")  # marked default for their kind
+SHIPPED = ("all-minilm-l6-v2", "tinystories-gpt", "tatoeba-en-fr", "mlm-encoder")  # marked default for their kind
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
@@ -259,7 +259,8 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
 
     Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
     = max_length, so a request can never run past the learned positions; a translator takes sources
-    up to its training max_length and writes up to twice that (within its positions).
+    up to its training max_length and writes up to twice that (within its positions); a fill-mask
+    model takes inputs up to its training max_length.
     """
     from export.checkpoint import load_checkpoint
 
@@ -268,6 +269,11 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     special = {k: int(v) for k, v in meta["special_tokens"].items()}
     info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
     length = int(meta["max_length"])
+    if meta["kind"] == "fill-mask":
+        from export.fill_mask import build_fill_mask, heldout_texts as fill_mask_texts
+
+        return build_fill_mask(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
+                               variants=variants, extra=info, quality_texts=fill_mask_texts(Path(path)))
     sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
     if meta["kind"] == "generation":
         return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
@@ -420,8 +426,8 @@ def _parser() -> argparse.ArgumentParser:
     ckpt.add_argument("path", type=Path)
     ckpt.add_argument("--out", required=True)
     tiny = sub.add_parser("tiny", help="tiny random-weight model(s), for tests and smoke checks")
-    tiny.add_argument("--kind", choices=["embedding", "generation", "translation", "all"], default="all")
-    tiny.add_argument("--out", required=True, help="the model directory; with --kind all, the folder for all three")
+    tiny.add_argument("--kind", choices=["embedding", "generation", "translation", "fill-mask", "all"], default="all")
+    tiny.add_argument("--out", required=True, help="the model directory; with --kind all, the folder for all four")
     held = sub.add_parser("heldout", help=f"store a checkpoint's held-out texts as {HELDOUT_FILE} (the sample the "
                           "gate judges int8 / fp16 decoders on), from its training corpus")
     held.add_argument("path", type=Path)

@@ -1,7 +1,8 @@
 """Trained checkpoints: the shipped form of the generator and the translator.
 
 A checkpoint directory holds
-- `config.json`: {"name", "kind": "generation"|"translation", "architecture": "gpt-decoder"|"seq2seq",
+- `config.json`: {"name", "kind": "generation"|"translation"|"fill-mask",
+  "architecture": "gpt-decoder"|"seq2seq"|"bert-mlm",
   "config": the model's dataclass fields, "special_tokens": {...}, "max_length": int, "training": {...}};
 - `model.safetensors`: the state dict (fp16 storage is allowed; weights load back as fp32);
 - `tokenizer.json`: the `tokenizers` library's file;
@@ -19,11 +20,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from export.decoder import DecoderConfig, GPTDecoder
+from export.encoder import EncoderConfig
+from export.mlm import MaskedLM
 from export.seq2seq import Seq2SeqConfig, Translator
 
 ARCHITECTURES = {
     "gpt-decoder": (GPTDecoder, DecoderConfig, "generation"),
     "seq2seq": (Translator, Seq2SeqConfig, "translation"),
+    "bert-mlm": (MaskedLM, EncoderConfig, "fill-mask"),
 }
 
 

@@ -5,8 +5,11 @@
   pad the reference streams with None, which sacrebleu skips), decoding greedy (the model's own
   `greedy_decode`, the reference the ONNX loop must match) or beam search (`beam_search`).
 - generator: held-out perplexity over non-overlapping context windows, and sampled stories.
+- mlm: held-out masked-token accuracy and perplexity against the unigram baseline, overall and per
+  corpus (export/mlm_eval.py, from the checkpoint's heldout.jsonl and unigram.json), and the top 5
+  fills of a few sample sentences.
 
-`python -m export.evaluate translator|generator CHECKPOINT_DIR [...]` prints the figures as JSON.
+`python -m export.evaluate translator|generator|mlm CHECKPOINT_DIR [...]` prints the figures as JSON.
 """
 
 from __future__ import annotations
@@ -153,6 +156,11 @@ def perplexity(model, windows: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     return {"perplexity": round(math.exp(nll / count), 3), "nll": round(nll / count, 4), "tokens": count}
 
 
+MLM_SAMPLES = ["The cat sat on the [MASK].", "Once upon a time, there was a little [MASK].",
+               "She was very [MASK] and wanted to play with her friends.", "The [MASK] of France is Paris.",
+               "To be, or not to [MASK]: that is the question."]
+
+
 @torch.no_grad()
 def sample_stories(model, tok: Tokenizer, prompts: list[str], *, max_new_tokens: int = 200,
                    temperature: float = 0.8, top_k: int = 40, seed: int = 0) -> list[str]:
@@ -177,7 +185,7 @@ def sample_stories(model, tok: Tokenizer, prompts: list[str], *, max_new_tokens:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m export.evaluate", description=__doc__.split("\n")[0])
-    p.add_argument("kind", choices=["generator", "translator"])
+    p.add_argument("kind", choices=["generator", "translator", "mlm"])
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--data", type=Path, help="corpus (default: the shared corpus for the kind)")
     p.add_argument("--split", choices=["dev", "test"], default="test")
@@ -202,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     training = meta.get("training", {})
     seed, sizes = training.get("seed", args.seed), training.get("split", {})
     result: dict = {"checkpoint": str(args.checkpoint), "split": args.split if args.kind == "translator" else "heldout"}
-    if args.kind == "translator":
+    if args.kind == "mlm":  # held-out masked tokens vs the unigram baseline, from the checkpoint's own files
+        from export import mlm_eval
+
+        result["heldout"] = mlm_eval.checkpoint_figures(args.checkpoint, model, meta, tok)
+        texts = [f"{t}\t{mlm_eval.fill(model, tok, t)}" for t in MLM_SAMPLES]
+        result["samples"] = texts
+    elif args.kind == "translator":
         split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
                                    n_dev=sizes.get("dev", 1000))
         items = split.test if args.split == "test" else split.dev

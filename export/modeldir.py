@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE_FILES = (
     "export/layers.py", "export/encoder.py", "export/decoder.py", "export/seq2seq.py", "export/checkpoint.py",
     "export/onnx_export.py", "export/parity.py", "export/modeldir.py", "export/minilm.py", "export/tiny.py",
-    "export/build.py", "export/gpu_gate.py", "export/attention.py", "service/manifest.py",
+    "export/build.py", "export/gpu_gate.py", "export/attention.py", "export/mlm.py", "export/fill_mask.py",
+    "service/manifest.py",
 )
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -6,7 +6,10 @@ nothing to download or train, and any text round-trips. Weights are drawn wider 
 0.02 init so greedy decoding produces varied tokens (a model that repeats one token would hide
 KV-cache bugs).
 
-Directory names used by the test fixtures: tiny-embed, tiny-gpt, tiny-translate.
+The fill-mask tokenizer has `[MASK]` as an added special token, so the literal text "[MASK]"
+in an input encodes to its id, and a post-processor that adds [CLS] ... [SEP] (BERT's layout).
+
+Directory names used by the test fixtures: tiny-embed, tiny-gpt, tiny-translate, tiny-fill-mask.
 """
 
 from __future__ import annotations
@@ -20,16 +23,20 @@ from torch import nn
 from export.build import build_embedding, build_generation, build_translation
 from export.decoder import DecoderConfig, GPTDecoder
 from export.encoder import EncoderConfig, SentenceEncoder
+from export.fill_mask import build_fill_mask
+from export.mlm import MaskedLM
 from export.seq2seq import Seq2SeqConfig, Translator
 from service.manifest import ModelDir
 
-NAMES = {"embedding": "tiny-embed", "generation": "tiny-gpt", "translation": "tiny-translate"}
+NAMES = {"embedding": "tiny-embed", "generation": "tiny-gpt", "translation": "tiny-translate",
+         "fill-mask": "tiny-fill-mask"}
 SPECIALS = {
     "embedding": ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
+    "fill-mask": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
     "generation": ["<|endoftext|>"],
     "translation": ["<pad>", "<s>", "</s>", "<unk>"],
 }
-MAX_INPUT_TOKENS = {"embedding": 48, "generation": 48, "translation": 48}
+MAX_INPUT_TOKENS = {"embedding": 48, "generation": 48, "translation": 48, "fill-mask": 48}
 MAX_OUTPUT_TOKENS = 64
 SEED = 1234
 
@@ -43,7 +50,7 @@ def byte_tokenizer(kind: str) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     ids = {t: vocab[t] for t in SPECIALS[kind]}
-    if kind == "embedding":
+    if kind in ("embedding", "fill-mask"):
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
     elif kind == "generation":
@@ -67,6 +74,10 @@ def tiny_model(kind: str, vocab_size: int) -> nn.Module:
         cfg = EncoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
                             max_length=MAX_INPUT_TOKENS["embedding"])
         return _widen(SentenceEncoder(cfg), 0.5)
+    if kind == "fill-mask":
+        cfg = EncoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
+                            max_length=MAX_INPUT_TOKENS["fill-mask"])
+        return _widen(MaskedLM(cfg), 0.3)
     if kind == "generation":
         cfg = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
         return _widen(GPTDecoder(cfg), 0.3)
@@ -85,6 +96,11 @@ def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelD
         special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
         return build_embedding(model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra,
                                device=device)
+    if kind == "fill-mask":
+        special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"],
+                   "mask": ids["[MASK]"]}
+        return build_fill_mask(model, tok, out, name=NAMES[kind], special_tokens=special,
+                               max_input_tokens=MAX_INPUT_TOKENS[kind], variants=variants, extra=extra)
     if kind == "generation":
         eot = ids["<|endoftext|>"]
         return build_generation(model, tok, out, name=NAMES[kind], special_tokens={"bos": eot, "eos": eot, "pad": eot},
@@ -97,5 +113,5 @@ def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelD
 
 
 def build_all(root: Path, variants=()) -> dict[str, ModelDir]:
-    """tiny-embed, tiny-gpt and tiny-translate under root."""
+    """tiny-embed, tiny-gpt, tiny-translate and tiny-fill-mask under root."""
     return {kind: build_tiny(kind, Path(root) / name, variants) for kind, name in NAMES.items()}

@@ -1,4 +1,4 @@
-"""Tokenizer training with the `tokenizers` library: `python -m export tokenizer generator|translator`.
+"""Tokenizer training with the `tokenizers` library: `python -m export tokenizer generator|translator|mlm`.
 
 - generator: byte-level BPE (GPT-2 style); `<|endoftext|>` (id 0) is bos = eos = pad. Its
   post-processor prepends `<|endoftext|>`, so `encode(prompt)` gives the sequence a story starts
@@ -8,8 +8,13 @@
   no-break spaces French puts before `! ? :`, is kept as is, so decode(encode(x)) == x for text
   made of characters seen in training). Specials `<pad>`=0 `<s>`=1 `</s>`=2 `<unk>`=3 match
   `Seq2SeqConfig`; the post-processor appends `</s>` to a source sentence, as in training.
+- mlm: BERT's uncased WordPiece (BertNormalizer lower-casing and stripping accents, BertPreTokenizer
+  splitting on whitespace and punctuation, `##` continuations) with `[PAD]`=0 `[UNK]`=1 `[CLS]`=2
+  `[SEP]`=3 `[MASK]`=4; the post-processor wraps a text as `[CLS] $A [SEP]` (a pair as
+  `[CLS] $A [SEP] $B [SEP]` with token types 0 / 1). The specials are added tokens matched before
+  normalisation, so the literal text `[MASK]` in an input encodes to id 4.
 
-The service decodes with the plain `tokenizers` library: both files carry their decoder.
+The service decodes with the plain `tokenizers` library: every file carries its decoder.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from export import data
 
@@ -29,6 +34,8 @@ ENDOFTEXT = "<|endoftext|>"
 TRANSLATOR_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, as in Seq2SeqConfig
 GENERATOR_SPECIAL_TOKENS = {"bos": 0, "eos": 0, "pad": 0}
 TRANSLATOR_SPECIAL_TOKENS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3, "decoder_start": 1}
+MLM_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
+MLM_SPECIAL_TOKENS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
 
 
 def train_generator_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
@@ -65,12 +72,39 @@ def train_translator_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> 
     return tok
 
 
+def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> Tokenizer:
+    """BERT-style uncased WordPiece; ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=MLM_SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    # The trainer orders tied pieces differently from run to run (the set is stable): sort the
+    # ids after the specials, so one corpus always gives one tokenizer (exact resume, reproducible
+    # checkpoints). WordPiece matching depends on the set only.
+    vocab = tok.get_vocab()
+    pieces = sorted(t for t in vocab if t not in MLM_SPECIALS)
+    tok.model = models.WordPiece({t: i for i, t in enumerate(MLM_SPECIALS + pieces)}, unk_token="[UNK]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    for i, name in enumerate(MLM_SPECIALS):
+        if tok.token_to_id(name) != i:
+            raise RuntimeError(f"special token {name} got id {tok.token_to_id(name)}, expected {i}")
+    return tok
+
+
 def build_tokenizer(kind: str, data_path: Path, vocab_size: int, seed: int, n_test: int = 2000,
                     n_dev: int = 1000) -> Tokenizer:
     """Train on the training side of the same split the trainer uses (no test text leaks in)."""
     if kind == "generator":
         train, _ = data.split_stories(data.load_stories(data_path), seed=seed)
         return train_generator_tokenizer(train, vocab_size)
+    if kind == "mlm":
+        from export import mlm_data
+
+        train, _ = mlm_data.split_passages(mlm_data.load_passages(data_path), seed=seed)
+        return train_wordpiece_tokenizer([p for passages in train.values() for p in passages], vocab_size)
     split = data.split_tatoeba(data.load_tatoeba(data_path), seed=seed, n_test=n_test, n_dev=n_dev)
     texts = [t for en, fr in split.train for t in (en, fr)]
     return train_translator_tokenizer(texts, vocab_size)
@@ -78,9 +112,9 @@ def build_tokenizer(kind: str, data_path: Path, vocab_size: int, seed: int, n_te
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m export tokenizer", description=__doc__.split("\n")[0])
-    p.add_argument("kind", choices=["generator", "translator"])
+    p.add_argument("kind", choices=["generator", "translator", "mlm"])
     p.add_argument("--data", type=Path, help="corpus path (default: the shared corpus for the kind)")
-    p.add_argument("--vocab-size", type=int, help="default 4096 (generator) / 8000 (translator)")
+    p.add_argument("--vocab-size", type=int, help="default 4096 (generator) / 8000 (translator, mlm)")
     p.add_argument("--seed", type=int, default=0, help="split seed (must match the training run)")
     p.add_argument("--split-test", type=int, default=2000, help="translator: test sentences left out")
     p.add_argument("--split-dev", type=int, default=1000, help="translator: dev sentences left out")

@@ -1,4 +1,4 @@
-"""Training CLI: `python -m export train generator|translator [--time-budget-minutes M] ...`.
+"""Training CLI: `python -m export train generator|translator|mlm [--time-budget-minutes M] ...`.
 
 AdamW with linear warm-up then cosine decay, gradient clipping, label smoothing (translator),
 periodic held-out evaluation, checkpoint + exact resume (weights, AdamW moments, schedule, step,
@@ -57,6 +57,12 @@ def load_or_train_tokenizer(kind: str, args, run_dir: Path) -> Tokenizer:
                                               args.split_test, args.split_dev)
         tok.save(str(path))
     return Tokenizer.from_file(str(path))
+
+
+def _mlm_task(args, run_dir: Path):
+    from export.mlm_train import MLMTask
+
+    return MLMTask(args, run_dir)
 
 
 class TranslatorTask:
@@ -276,7 +282,11 @@ DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
     "generator": dict(d_model=256, layers=4, decoder_layers=0, heads=8, d_ff=1024, dropout=0.0, vocab_size=4096,
                       max_tokens=4096, lr=1.5e-3, warmup=100, label_smoothing=0.0, max_len=0, eval_every=100,
                       out=Path("checkpoints/tinystories-gpt")),
+    "mlm": dict(d_model=128, layers=4, decoder_layers=0, heads=4, d_ff=512, dropout=0.0, vocab_size=8000,
+                max_tokens=2048, lr=1e-3, warmup=100, label_smoothing=0.0, max_len=128, eval_every=400,
+                out=Path("checkpoints/mlm-encoder")),
 }
+TASKS = {"translator": TranslatorTask, "generator": GeneratorTask, "mlm": _mlm_task}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -308,6 +318,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--min-lr-ratio", type=float, default=0.02)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--sop", action="store_true", help="mlm: add sentence-order prediction (ALBERT) to the loss")
+    p.add_argument("--whole-word", action="store_true", help="mlm: whole-word masking (WordPiece ## pieces together)")
     args = p.parse_args(argv)
     for key, value in DEFAULTS[args.kind].items():
         if getattr(args, key) is None:
@@ -326,7 +338,7 @@ def main(argv: list[str]) -> int:
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     args.device_obj = torch.device("cuda" if use_cuda else "cpu")
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    task = (TranslatorTask if args.kind == "translator" else GeneratorTask)(args, args.run_dir)
+    task = TASKS[args.kind](args, args.run_dir)
     args.tok_path = args.tokenizer or args.run_dir / "tokenizer.json"
     log.info("%s: %d parameters, %d threads, device %s", args.kind, task.model.num_parameters(),
              torch.get_num_threads(), args.device_obj)

@@ -15,6 +15,8 @@ Graph roles by kind:
 - translation: "encoder" (input_ids, attention_mask) -> cross_key_values.{i}.key|value;
                "decoder" (input_ids, attention_mask, position_ids, encoder_attention_mask,
                cross_key_values.{i}.key|value, past_key_values.{i}.key|value) -> logits, present.{i}.*
+- fill-mask:   "encoder" (input_ids, attention_mask) -> logits (B, T, V): the MLM head's scores at
+               every position; special_tokens must include "mask" (the id `[MASK]` encodes to)
 Each role may come in variants: "fp32" (always), "optimized", "fp16", "int8".
 Every kind may also hold an "attention" graph (fp32; export/attention.py): the model's attention
 probabilities per layer for inspection (service/inspection/), outputs `self_attention.{i}`,
@@ -33,8 +35,9 @@ from typing import Any
 MANIFEST_FILE = "model.json"
 FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's inputs (above)
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
-KINDS = ("embedding", "generation", "translation")
-ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder")}
+KINDS = ("embedding", "generation", "translation", "fill-mask")
+ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder"),
+         "fill-mask": ("encoder",)}
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 
@@ -80,7 +83,7 @@ class Manifest:
     architecture: dict[str, Any]  # the model's dataclass config, plus "type"
     graphs: list[GraphSpec]
     tokenizer: dict[str, Any]  # {"file", "sha256", "type"}
-    special_tokens: dict[str, int]  # pad, bos, eos, unk, cls, sep, decoder_start: whichever apply
+    special_tokens: dict[str, int]  # pad, bos, eos, unk, cls, sep, mask, decoder_start: whichever apply
     max_input_tokens: int
     opset: int
     versions: dict[str, str]  # torch, onnx, onnxruntime used at export
@@ -175,6 +178,9 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         raise ModelDirError(f"{where}: tokenizer entry needs 'file' and 'sha256'")
     if m.kind == "embedding" and (m.pooling not in ("mean", "cls") or not m.embedding_dim):
         raise ModelDirError(f"{where}: an embedding model needs pooling (mean|cls) and embedding_dim")
+    if m.kind == "fill-mask" and not {"mask", "pad"} <= set(m.special_tokens):
+        raise ModelDirError(f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
+                            f"(has: {', '.join(sorted(m.special_tokens)) or 'none'})")
     if m.max_input_tokens <= 0:
         raise ModelDirError(f"{where}: max_input_tokens must be positive")
 

@@ -48,7 +48,8 @@ def test_graph_matches_pytorch_and_respects_masks(tiny_models_root, kind):
             ref = attention.TranslatorAttentionGraph(model)(*inputs)
         else:
             run = model.token_embeddings if kind == "embedding" else model
-            ref = attention.recorded([[b.attn for b in model.blocks]], lambda: run(*inputs))
+            blocks = model.encoder.blocks if kind == "fill-mask" else model.blocks
+            ref = attention.recorded([[b.attn for b in blocks]], lambda: run(*inputs))
     assert len(ref) == len(names)
     for name, r in zip(names, ref):
         g = got[name]  # (B, H, T, S)

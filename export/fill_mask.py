@@ -1,0 +1,181 @@
+"""Fill-mask model directories: export a `MaskedLM` (export/mlm.py), gate it, write kind "fill-mask".
+
+Graph role `encoder`: `input_ids`, `attention_mask` (batch, sequence) int64 -> `logits` (batch,
+sequence, vocab) float32, the MLM head's scores at every position (the service reads the rows at
+the `[MASK]` positions). Right-padded batches; the graph uses token type 0.
+
+The gate (`fill_mask_parity`) compares ONNX logits with PyTorch's at every real (unpadded)
+position on batches of mixed lengths, some holding `[MASK]`s: max abs diff <= 1e-4 for fp32 and
+optimized (`parity.LOGITS_MAX_ABS`), and the top-1 token equal everywhere. fp16 and int8 are
+recorded and judged like reduced-precision decoders (`parity.quality_figures`): on a masked sample
+(every 7th token of the sample texts replaced by `[MASK]`, the held-out texts of a checkpoint when
+it has them) the variant's perplexity and top-1 predictions at the masked positions against
+PyTorch's, and whether a row's logits move when batched with others (`quality_ok`).
+The `attention` graph is the encoder's (export/attention.py, `self_attention.{i}`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from export import build as b
+from export import onnx_export as ox
+from export import parity
+from export.attention import attention_graph
+from export.mlm import MaskedLM
+from export.modeldir import GraphFile
+from service.manifest import ModelDir, TensorSpec
+
+MASK_TEXTS = ["The cat sat on the [MASK].", "Once upon a time, there was a little [MASK] who loved to [MASK].",
+              "[MASK] is the capital of France.", "[MASK]"]
+MASK_EVERY = 7  # quality sample: every 7th real token masked
+QUALITY_TEXTS = 64  # held-out passages the reduced-precision variants are judged on
+
+
+def heldout_texts(checkpoint: Path) -> tuple[str, list[str]] | None:
+    """(description, texts): the first QUALITY_TEXTS passages of the checkpoint's heldout.jsonl, or None."""
+    import json
+
+    file = Path(checkpoint) / b.HELDOUT_FILE
+    if not file.is_file():
+        return None
+    rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [r["text"] for r in rows[:: max(1, len(rows) // QUALITY_TEXTS)]][:QUALITY_TEXTS]
+    return f"{len(texts)} held-out passages ({file.parent.name}/{b.HELDOUT_FILE})", texts
+
+
+class FillMaskGraph(nn.Module):
+    """(input_ids, attention_mask) -> logits (B, T, V); the mask written `(1 - mask) * min`, the
+    form onnxruntime's optimizer fuses (see onnx_export.EncoderGraph)."""
+
+    def __init__(self, model: MaskedLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        enc = self.model.encoder
+        x = enc.embeddings(input_ids, torch.zeros_like(input_ids))  # (B, T, C)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
+        for block in enc.blocks:
+            x = block(x, mask)
+        return self.model.head(x, enc.embeddings.word.weight)  # (B, T, V)
+
+
+def fill_mask_specs(model: MaskedLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs = [TensorSpec("input_ids", "int64", ["batch", "sequence"]),
+              TensorSpec("attention_mask", "int64", ["batch", "sequence"])]
+    return inputs, [TensorSpec("logits", "float32", ["batch", "sequence", model.config.vocab_size])]
+
+
+def export_fill_mask(model: MaskedLM, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs, outputs = fill_mask_specs(model)
+    ids = ox._example_ids(model.config.vocab_size, ox._B, ox._T)
+    ox._export(FillMaskGraph(model), (ids, torch.ones_like(ids)), path, inputs, outputs)
+    return inputs, outputs
+
+
+def _logits(model: MaskedLM, sess, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """-> (PyTorch logits, ONNX logits), both (B, T, V) float32."""
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    got = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float32)
+    return ref, got
+
+
+def fill_mask_parity(model: MaskedLM, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int,
+                     variant: str = "fp32") -> dict:
+    """ONNX vs PyTorch logits at every real position of right-padded batches (module doc)."""
+    sess = parity.session(graph)
+    diff, same, positions = 0.0, 0, 0
+    for batch in batches:
+        ids, mask = parity.pad_batch(batch, pad_id, left=False)
+        ref, got = _logits(model, sess, ids, mask)
+        real = mask.astype(bool)  # (B, T)
+        diff = max(diff, float(np.abs(ref[real] - got[real]).max()))
+        same += int((ref[real].argmax(-1) == got[real].argmax(-1)).sum())
+        positions += int(real.sum())
+    figures = {"logits_max_abs_diff": diff, "top1_agreement": same / positions, "positions": positions,
+               "inputs": sum(len(batch) for batch in batches)}
+    limit = parity.VARIANT_LIMITS[variant][1]
+    if limit is not None and diff > limit:
+        parity._fail(f"{variant} fill-mask logits max abs diff vs PyTorch ({positions} positions)", diff, limit)
+    return figures
+
+
+def masked_sample(tokenizer: Tokenizer, texts: Sequence[str], mask_id: int, limit: int) -> list[tuple]:
+    """-> (input ids with every MASK_EVERY-th real token masked, masked positions, original ids) per text."""
+    rows = []
+    for enc in tokenizer.encode_batch(list(texts)):
+        ids = np.asarray(enc.ids[:limit], np.int64)
+        real = np.flatnonzero(np.asarray(enc.special_tokens_mask[:limit]) == 0)
+        positions = real[MASK_EVERY // 2 :: MASK_EVERY]
+        if len(positions):
+            masked = ids.copy()
+            masked[positions] = mask_id
+            rows.append((masked, positions, ids[positions]))
+    return rows
+
+
+def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int) -> dict:
+    """Reduced-precision variant vs PyTorch at the sample's masked positions (parity.quality_figures)."""
+    sess = parity.session(graph)
+    rows, alone = [], []
+    for ids, positions, targets in sample:
+        ref, got = _logits(model, sess, ids[None, :], np.ones((1, len(ids)), np.int64))
+        rows.append((ref[0, positions], got[0, positions], targets))
+        alone.append(got[0])
+    head = [ids for ids, _, _ in sample[: parity.BATCH_ROWS]]
+    ids, mask = parity.pad_batch(head, pad_id, left=False)
+    batched = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+    batch_diff = max(float(np.abs(batched[i, : len(x)] - alone[i]).max()) for i, x in enumerate(head))
+    return parity.quality_figures(rows, description, batch_diff)
+
+
+def build_fill_mask(model: MaskedLM, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
+                    max_input_tokens: int, variants=(), extra: dict | None = None,
+                    quality_texts: tuple[str, Sequence[str]] | None = None) -> ModelDir:
+    """fp32 graph -> gate -> variants -> attention graph -> tokenizer.json -> model.json (kind fill-mask).
+
+    The tokenizer does not truncate: the service refuses inputs over max_input_tokens (a truncated
+    input could lose its [MASK]). quality_texts: (description, texts) for judging fp16 / int8
+    (default: the gate texts)."""
+    cfg, pad = model.config, special_tokens["pad"]
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    seqs = [tokenizer.encode(t).ids[:max_input_tokens] for t in b.GATE_TEXTS + MASK_TEXTS]
+    batches = [seqs, seqs[:3], seqs[-4:], [seqs[6]]]  # mixed lengths, one up to max_input_tokens
+    description, texts = quality_texts or (f"{len(b.GATE_TEXTS)} gate texts", b.GATE_TEXTS)
+    sample = masked_sample(tokenizer, texts, special_tokens["mask"], max_input_tokens)
+    description = f"{description}, every {MASK_EVERY}th token masked"
+
+    def measure(variant: str, paths: dict[str, Path]) -> dict:
+        figures = fill_mask_parity(model, paths["encoder"], batches, pad, variant)
+        if not b._exact(variant):
+            figures.update(fill_mask_quality(model, paths["encoder"], sample, description, pad))
+        return figures
+
+    def body(staging: Path) -> dict:
+        started = time.perf_counter()
+        fp32 = staging / "encoder.onnx"
+        export_fill_mask(model, fp32)
+        figures = fill_mask_parity(model, fp32, batches, pad)
+        figures["export_seconds"] = round(time.perf_counter() - started, 2)
+        graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
+        graphs += b._derive_variants(
+            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
+        attention_graphs, attention = attention_graph(model.encoder, staging, batches)
+        graphs += attention_graphs
+        tokenizer.save(str(staging / "tokenizer.json"))
+        return dict(graphs=graphs, name=name, kind="fill-mask", architecture={"type": "bert-mlm", **asdict(cfg)},
+                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
+                    parity=b._parity_figures(figures, attention), extra=extra or {})
+
+    return b._build(out, body)
