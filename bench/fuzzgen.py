@@ -13,11 +13,12 @@ is fuzzed the day it lands in the proto.
   stubs) and reads every response; -> (status code, details).
 - `draw(strategy, n, seed)`: n examples without a test runner (bench/fuzz.py).
 
-Values: strings empty, short from every Unicode plane (surrogates excluded: a proto string must be
-valid UTF-8), control and invisible characters, huge (1,000-200,000 characters); integers at and
-near their type's limits; floats including NaN, ±inf, subnormal, tiny and huge (float fields at
-32-bit width); repeated fields from 0 to beyond any limit the service sets (short items then, so a
-request stays within the message size limit).
+Values: strings empty, texts holding `[MASK]` (so FillMask requests get past their first check),
+short from every Unicode plane (surrogates excluded: a proto string must be valid UTF-8), control
+and invisible characters, huge (1,000-200,000 characters); integers at and near their type's
+limits; floats including NaN, ±inf, subnormal, tiny and huge (float fields at 32-bit width);
+repeated fields from 0 to beyond any limit the service sets (short items then, so a request stays
+within the message size limit).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ SPECIAL_FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 1e-45, 1e-30, 1e-7, 1e9, -1e9, 1e30
                   float("nan"), float("inf"), float("-inf")]
 ODD_CHARS = "\x00\x01\x07\x08\t\n\r\x1b\x7f\x85\xa0\u200b\u200e\u202e\u2028\u2029\ufeff\ufffd\uffff\U0010ffff"
 BEYOND = [16, 17, 255, 256, 257, 1000, 5000]  # repeated sizes around and past the limits services set
+MASKED = ["the [MASK] sat", "[MASK]", "[MASK] [MASK] [MASK]", "[mask] [MASK", "x" * 40 + " [MASK]"]  # FillMask's inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ def strings(known: Sequence[str]) -> st.SearchStrategy[str]:
     unicode = st.characters(exclude_categories=("Cs",))  # every plane; lone surrogates are not UTF-8
     huge = st.builds(lambda c, n: c * n, unicode, st.integers(1_000, 200_000))
     branches = [st.just(""), st.text(unicode, max_size=40), st.text(st.sampled_from(ODD_CHARS), max_size=20),
-                st.text(st.characters(codec="ascii"), min_size=1, max_size=60), huge]
+                st.text(st.characters(codec="ascii"), min_size=1, max_size=60), huge, st.sampled_from(MASKED)]
     if known:
         branches += [st.sampled_from(list(known))] * 4  # most calls should get past the model lookup
     return st.one_of(branches)
@@ -127,8 +129,11 @@ def field_values(field: FieldDescriptor, known: Sequence[str], depth: int) -> st
         return st.dictionaries(scalar(key, known, depth), scalar(value, known, depth), max_size=4)
     element = scalar(field, known, depth)
     if field.is_repeated:
-        short = {FieldDescriptor.CPPTYPE_STRING: st.sampled_from(["x", "hello world", *known])}
-        return repeated(element, short.get(field.cpp_type, element))
+        short = {FieldDescriptor.CPPTYPE_STRING: st.sampled_from(["x", "hello world", "a [MASK] b", *known])}
+        lists = repeated(element, short.get(field.cpp_type, element))
+        if field.cpp_type == FieldDescriptor.CPPTYPE_STRING and field.type != FieldDescriptor.TYPE_BYTES:
+            lists |= st.lists(st.sampled_from(MASKED), min_size=1, max_size=4)  # all masked: FillMask computes
+        return lists
     return st.one_of(st.none(), element)
 
 

@@ -4,11 +4,13 @@
         vectors = c.embed(["a sentence", "another"])          # list of lists of floats
         matrix = c.embed_array(["a sentence", "another"])      # (2, D) float32, sent packed
         response = c.embed_response(["a sentence"], dimensions=128)   # the EmbedResponse
+        filled = c.fill_mask(["The cat sat on the [MASK]."], top_k=5)   # the FillMaskResponse
     async with AsyncClient("127.0.0.1:50051") as c:
         vectors = await c.embed(["a sentence"])
     Client("host:50051", token="...", tls_ca="ca.pem")   # TLS + bearer token (docs/design/security.md)
 
-CLI (prints JSON): `embed TEXT...`, `models [NAME]`, `health [--service S]`, and `generate` /
+CLI (prints JSON): `embed TEXT...`, `fill-mask TEXT... [--top-k K] [--json]` (a table unless
+--json), `models [NAME]`, `health [--service S]`, and `generate` /
 `translate`, whose parsers and client methods live in service/textgen/client.py (mixins), and
 `attention` (pictures or JSON; service/inspection/client.py).
 """
@@ -58,6 +60,11 @@ def embed_request(inputs: Iterable[str], model: str = "", normalize: bool | None
     return request
 
 
+def fill_mask_request(inputs: Iterable[str], model: str = "", top_k: int = 0) -> pb.FillMaskRequest:
+    """A FillMaskRequest: each input holds one or more [MASK]; top_k 0 is the server's default (5)."""
+    return pb.FillMaskRequest(inputs=list(inputs), model=model, top_k=top_k)
+
+
 def vectors(response: pb.EmbedResponse) -> list[list[float]]:
     return array(response).tolist()
 
@@ -65,6 +72,7 @@ def vectors(response: pb.EmbedResponse) -> list[list[float]]:
 def _stubs(obj: Any, channel: grpc.Channel | grpc.aio.Channel) -> None:
     obj.embedding_stub = pb_grpc.EmbeddingServiceStub(channel)
     obj.model_stub = pb_grpc.ModelServiceStub(channel)
+    obj.fill_mask_stub = pb_grpc.FillMaskServiceStub(channel)
     obj.generation_stub = pb_grpc.GenerationServiceStub(channel)
     obj.translation_stub = pb_grpc.TranslationServiceStub(channel)
     obj.inspection_stub = pb_grpc.InspectionServiceStub(channel)
@@ -112,6 +120,10 @@ class Client(GenerationClientMixin):
         """One response per request, in order (for batch jobs; no per-call deadline)."""
         return self.embedding_stub.EmbedStream(iter(requests))
 
+    def fill_mask(self, inputs: Iterable[str], **kwargs: Any) -> pb.FillMaskResponse:
+        """Candidates for every [MASK] of every input (kwargs: model, top_k)."""
+        return self.fill_mask_stub.FillMask(fill_mask_request(inputs, **kwargs), timeout=self.timeout)
+
     def models(self) -> list[pb.ModelInfo]:
         return list(self.model_stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout).models)
 
@@ -157,6 +169,9 @@ class AsyncClient(AsyncGenerationClientMixin):
         """An async iterator of responses, one per request, in order."""
         return self.embedding_stub.EmbedStream(requests)
 
+    async def fill_mask(self, inputs: Iterable[str], **kwargs: Any) -> pb.FillMaskResponse:
+        return await self.fill_mask_stub.FillMask(fill_mask_request(inputs, **kwargs), timeout=self.timeout)
+
     async def models(self) -> list[pb.ModelInfo]:
         return list((await self.model_stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)).models)
 
@@ -180,6 +195,19 @@ def _cmd_embed(args: argparse.Namespace, client: Client) -> int:
     response = client.embed_response(args.texts, model=args.model, normalize=args.normalize,
                                      truncate=args.truncate, dimensions=args.dimensions, packed=args.packed)
     _print_json(MessageToDict(response, preserving_proto_field_name=True))
+    return 0
+
+
+def _cmd_fill_mask(args: argparse.Namespace, client: Client) -> int:
+    response = client.fill_mask(args.texts, model=args.model, top_k=args.top_k)
+    if args.json:
+        _print_json(MessageToDict(response, preserving_proto_field_name=True))
+        return 0
+    for text, result in zip(args.texts, response.results, strict=True):
+        sys.stdout.write(f"{text}\n")
+        for m, mask in enumerate(result.masks):
+            for c in mask.candidates:
+                sys.stdout.write(f"  mask {m}  {c.score:.4f}  {c.token!r:<16} {c.sequence}\n")
     return 0
 
 
@@ -211,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None)
     embed.add_argument("--packed", action="store_true", help="ask for packed float32 bytes (printed as base64)")
     embed.set_defaults(handler=_cmd_embed)
+    fill = sub.add_parser("fill-mask", help="predict the [MASK] tokens of texts; prints candidates best first")
+    fill.add_argument("texts", nargs="+", help='texts holding one or more [MASK], e.g. "The cat sat on the [MASK]."')
+    fill.add_argument("--model", default="", help="model name (default: the server's default)")
+    fill.add_argument("--top-k", type=int, default=0, help="candidates per mask (0: 5)")
+    fill.add_argument("--json", action="store_true", help="print the FillMaskResponse as JSON")
+    fill.set_defaults(handler=_cmd_fill_mask)
     models = sub.add_parser("models", help="list the served models, or show one")
     models.add_argument("name", nargs="?", default="")
     models.set_defaults(handler=_cmd_models)

@@ -5,9 +5,10 @@
     embedding   -> service.embedding.EmbeddingModel
     generation  -> service.textgen.generator.GenerationModel
     translation -> service.textgen.translator.TranslationModel
+    fill-mask   -> service.fillmask.FillMaskModel
 (imported lazily, so a kind's code loads only when a model of that kind is served). One model per
-kind is the default: the settings' `default_<kind>_model`, else the one whose manifest says
-`extra["default"]: true`, else the first by name.
+kind is the default: the settings' `default_<kind>_model` (fill-mask: `default_fill_mask_model`), else
+the one whose manifest says `extra["default"]: true`, else the first by name.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ BACKENDS = {
     "embedding": "service.embedding:EmbeddingModel",
     "generation": "service.textgen.generator:GenerationModel",
     "translation": "service.textgen.translator:TranslationModel",
+    "fill-mask": "service.fillmask:FillMaskModel",
 }
 
 
@@ -193,10 +195,10 @@ def _defaults(backends: list[Backend], settings: Settings) -> dict[str, str]:
         of_kind = sorted((b for b in backends if b.kind == kind), key=lambda b: b.name)
         if not of_kind:
             continue
-        override = getattr(settings, f"default_{kind}_model")
+        override = getattr(settings, f"default_{kind.replace('-', '_')}_model")
         if override:
             if override not in {b.name for b in of_kind}:
-                raise ModelLoadError(f"default_{kind}_model={override!r} is not a served {kind} model "
+                raise ModelLoadError(f"default_{kind.replace('-', '_')}_model={override!r} is not a served {kind} model "
                                      f"(have: {', '.join(b.name for b in of_kind)})")
             out[kind] = override
             continue

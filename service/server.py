@@ -38,6 +38,7 @@ from starlette.middleware import Middleware
 
 from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
+from service.fillmask import servicer as fillmask_servicer
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
 from service.http.server import LAST_SECONDS, HttpServer
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
 SERVICES[kserve.SERVICE] = kserve.SERVICE_NAME  # the Open Inference Protocol (KServe v2), service/kserve
 SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation",
-                 "TranslationService": "translation"}
+                 "TranslationService": "translation", "FillMaskService": "fill-mask"}
 
 
 class Server:
@@ -123,6 +124,7 @@ class Server:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
         textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
+        fillmask_servicer.add_to_server(self.grpc, self.registry, self.settings)
         kserve.add_to_server(self.grpc, self.registry, self.settings)
         pb_grpc.add_InspectionServiceServicer_to_server(InspectionServicer(self.registry, self.settings, self.runtime),
                                                         self.grpc)

@@ -67,6 +67,7 @@ class Settings:
     default_embedding_model: str = _f("", "embedding model used when a request names none")
     default_generation_model: str = _f("", "generation model used when a request names none")
     default_translation_model: str = _f("", "translation model used when a request names none")
+    default_fill_mask_model: str = _f("", "fill-mask model used when a request names none")
     # Embeddings
     embed_max_batch_tokens: int = _f(0, "token budget of one embedding batch (rows x longest, padding counted); "
                                      "0 = by device (CPU 2048, CUDA 16384)")

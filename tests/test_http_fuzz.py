@@ -22,12 +22,14 @@ FIELDS = {
     "/v1/completions": ["prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
                         "n", "echo", "repetition_penalty"],
     "/v1/translate": ["inputs", "model", "beam_size", "max_length", "length_penalty"],
+    "/v1/fill-mask": ["inputs", "model", "top_k"],
 }
 DOCUMENTED = {200, 400, 404, 429}
 EXAMPLES = 150
 SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.integers(0, 40)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20) | st.just("\ud800")
-           | st.sampled_from(["tiny-embed", "tiny-gpt", "tiny-translate", "float", "base64", ""]))
+           | st.sampled_from(["tiny-embed", "tiny-gpt", "tiny-translate", "tiny-fill-mask", "float", "base64", "",
+                             "a [MASK] b"]))
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
                                                                                           max_size=3), max_leaves=8)
 

@@ -82,7 +82,7 @@ async def test_completion_unary_with_stop(server):
 
 async def test_models_lists_every_served_model(server):
     models = await sdk(server).models.list()
-    assert sorted(m.id for m in models.data) == ["tiny-embed", "tiny-gpt", "tiny-translate"]
+    assert sorted(m.id for m in models.data) == ["tiny-embed", "tiny-fill-mask", "tiny-gpt", "tiny-translate"]
     one = await sdk(server).models.retrieve("tiny-gpt")
     assert one.id == "tiny-gpt" and one.kind == "generation"
 

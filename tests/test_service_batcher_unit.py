@@ -45,7 +45,7 @@ async def run_calls(calls: list[list[int]], limits: BatchLimits) -> tuple[list[n
     finally:
         await batcher.stop()
         executor.shutdown()
-    return [o.embeddings for o in outcomes], shapes
+    return [o.outputs for o in outcomes], shapes
 
 
 @settings(max_examples=40, deadline=None)

@@ -38,6 +38,7 @@ VALID = {
     "ModelService/ListModels": pb.ListModelsRequest(),
     "ModelService/GetModel": pb.GetModelRequest(name="tiny-embed"),
     "InspectionService/Attention": pb.AttentionRequest(text="fuzz"),
+    "FillMaskService/FillMask": pb.FillMaskRequest(inputs=["fuzz [MASK]"]),
 }
 EXPLICIT = [(r, VALID[r.name]) for r in rpcs() if r.name in VALID]
 
@@ -50,7 +51,7 @@ def test_every_rpc_of_the_proto_is_fuzzed():
     names = {r.name for r in rpcs()}
     assert {"EmbeddingService/Embed", "EmbeddingService/EmbedStream", "GenerationService/Generate",
             "GenerationService/GenerateStream", "TranslationService/Translate", "ModelService/GetModel",
-            "ModelService/ListModels"} <= names
+            "ModelService/ListModels", "FillMaskService/FillMask"} <= names
 
 
 async def served_names(channel: grpc.aio.Channel) -> list[str]:

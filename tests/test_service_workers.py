@@ -126,6 +126,21 @@ def test_calls_reach_both_workers_and_metrics_sum_across_them(group):
     assert after[("ts_queue_capacity", (("model", "tiny-embed"),))] == 2 * 2048  # livesum of both workers
 
 
+def test_fill_mask_on_every_worker(group):
+    before = group.metrics()
+    for i in range(12):
+        with own_channel(group.address) as channel:
+            response = pb_grpc.FillMaskServiceStub(channel).FillMask(
+                pb.FillMaskRequest(inputs=[f"call {i} [MASK]"], top_k=2), timeout=30)
+            assert len(response.results[0].masks[0].candidates) == 2
+            check = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="inference.v1.FillMaskService"), timeout=10)
+            assert check.status == health_pb2.HealthCheckResponse.SERVING
+    key = ("ts_requests_total", (("code", "OK"), ("method", "FillMask"), ("model", "tiny-fill-mask"),
+                                 ("protocol", "grpc"), ("service", "FillMaskService")))
+    assert group.metrics()[key] - before.get(key, 0.0) == 12
+
+
 def test_health_on_any_connection_is_serving(group):
     for _ in range(8):  # connections land on either worker; each answers for itself
         with own_channel(group.address) as channel:

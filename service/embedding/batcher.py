@@ -5,8 +5,11 @@ free compute slot (`workers` batches run at once), lets a batch fill for at most
 after its oldest item arrived, then takes the run of length-sorted items around the oldest one
 that fits the token budget (rows x longest row: padding counted) and the row limit. Sorting by
 token count cuts padding; always including the oldest item means long inputs never starve.
-Rows come back into each request's (N, C) array by input index; the future resolves when every
-row has arrived, so large calls split over several batches merge back in order.
+Rows come back into each request by input index; the future resolves when every row has arrived,
+so large calls split over several batches merge back in order. `forward` returns one row per
+input (for embeddings a (B, C) array); `gather` joins a call's rows in input order (default
+`np.stack`: an (N, C) array). The fill-mask model (service/fillmask/) uses this same batcher with
+per-row mask predictions as rows and `list` as gather.
 
 Items of a call that was cancelled or whose deadline passed are dropped before compute (in the
 queue, and again in the worker right before the forward pass) and counted in
@@ -24,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +40,8 @@ from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 log = logging.getLogger(__name__)
 
 CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution  # what asyncio allows its timers
-Forward = Callable[[list[Encoded]], np.ndarray]
+Forward = Callable[[list[Encoded]], Sequence[Any]]  # one row per input, e.g. a (B, C) array
+Gather = Callable[[list[Any]], Any]  # a call's rows, in input order -> what its Outcome carries
 RunInExecutor = Callable[..., Awaitable]
 
 
@@ -57,7 +62,7 @@ class Request:
     deadline: float | None  # time.monotonic() after which the call has expired
     future: asyncio.Future
     enqueued: float = field(default_factory=time.monotonic)
-    rows: dict[int, np.ndarray] = field(default_factory=dict)
+    rows: dict[int, Any] = field(default_factory=dict)
     queue_s: float = 0.0
     inference_s: float = 0.0
     abandoned: bool = False  # future done (cancelled / failed): set on the loop, read by workers
@@ -81,17 +86,19 @@ class Item:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a call gets back: (N, C) pooled embeddings in input order, and where its time went."""
+    """What a call gets back: its rows gathered in input order (embeddings: (N, C)), and where its time went."""
 
-    embeddings: np.ndarray
+    outputs: Any
     input_tokens: int
     queue_s: float
     inference_s: float
 
 
 class Batcher:
-    def __init__(self, model: str, forward: Forward, run: RunInExecutor, limits: BatchLimits):
+    def __init__(self, model: str, forward: Forward, run: RunInExecutor, limits: BatchLimits,
+                 gather: Gather = np.stack):
         self.model, self._forward, self._run, self.limits = model, forward, run, limits
+        self._gather = gather
         self._queue: list[Item] = []  # arrival order
         self._reserved = 0  # places taken by admitted calls not yet queued (being tokenized)
         self._wake = asyncio.Event()
@@ -253,14 +260,14 @@ class Batcher:
         finally:
             self._slots.release()
 
-    def _compute(self, batch: list[Item]) -> tuple[list[Item], np.ndarray | None, float]:
+    def _compute(self, batch: list[Item]) -> tuple[list[Item], Sequence[Any] | None, float]:
         """Worker thread: drops items whose call went away, runs the forward pass on the rest."""
         now = time.monotonic()
         live = [it for it in batch if not it.request.abandoned and not it.request.expired(now)]
         if not live:
             return live, None, 0.0
         start = time.perf_counter()
-        out = self._forward([it.request.encoded[it.index] for it in live])  # (B, C)
+        out = self._forward([it.request.encoded[it.index] for it in live])  # B rows
         return live, out, time.perf_counter() - start
 
     def _record(self, live: list[Item], seconds: float) -> None:
@@ -270,13 +277,13 @@ class Batcher:
         self._inference.observe(seconds)
         self._input_tokens.inc(sum(it.tokens for it in live))
 
-    def _scatter(self, live: list[Item], out: np.ndarray, seconds: float) -> None:
+    def _scatter(self, live: list[Item], out: Sequence[Any], seconds: float) -> None:
         for request in {it.request for it in live}:
             request.inference_s += seconds
         for it, row in zip(live, out, strict=True):
             request = it.request
             request.rows[it.index] = row
             if len(request.rows) == len(request.encoded) and not request.future.done():
-                embeddings = np.stack([request.rows[i] for i in range(len(request.encoded))])  # (N, C)
+                outputs = self._gather([request.rows[i] for i in range(len(request.encoded))])  # (N, C) by default
                 tokens = sum(len(e) for e in request.encoded)
-                request.future.set_result(Outcome(embeddings, tokens, request.queue_s, request.inference_s))
+                request.future.set_result(Outcome(outputs, tokens, request.queue_s, request.inference_s))

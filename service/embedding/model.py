@@ -97,5 +97,5 @@ class EmbeddingModel:
             raise
         tokenize_s = time.perf_counter() - start
         outcome = await self.batcher.enqueue(encoded, deadline)
-        vectors = postprocess(outcome.embeddings, normalize, dimensions)
+        vectors = postprocess(outcome.outputs, normalize, dimensions)
         return EmbedResult(vectors, outcome.input_tokens, tokenize_s, outcome.queue_s, outcome.inference_s)

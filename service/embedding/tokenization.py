@@ -4,7 +4,8 @@ The file's own padding / truncation settings are replaced (MiniLM's tokenizer.js
 text to 128 tokens: FACTS.md): no padding here (batches are padded per batch by the engine, to
 their longest row) and truncation to the manifest's `max_input_tokens`, special tokens included.
 With `truncate=False` an input longer than that is refused with InvalidArgument naming the input
-index, its token count and the limit.
+index, its token count and the limit, and `too_long_advice` (the fill-mask model, which never
+truncates, says so there).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class Encoded:
 
 
 class EmbeddingTokenizer:
-    def __init__(self, path: str | Path, max_tokens: int):
-        self.max_tokens = max_tokens
+    def __init__(self, path: str | Path, max_tokens: int,
+                 too_long_advice: str = "shorten it or set truncate=true to cut it to the limit"):
+        self.max_tokens, self.too_long_advice = max_tokens, too_long_advice
         self._truncating = Tokenizer.from_file(str(path))
         self._truncating.no_padding()
         self._truncating.enable_truncation(max_tokens)
@@ -56,6 +58,6 @@ class EmbeddingTokenizer:
                 if len(e.ids) > self.max_tokens:
                     raise InvalidArgument(
                         f"inputs[{i}] is {len(e.ids)} tokens long, over this model's limit of {self.max_tokens}; "
-                        "shorten it or set truncate=true to cut it to the limit"
+                        + self.too_long_advice
                     )
         return [Encoded(e.ids, e.type_ids) for e in encodings]

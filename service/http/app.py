@@ -9,6 +9,7 @@ mirrors with protocol="http" and maps every failure to OpenAI's error shape.
     POST /v1/completions   GenerationService/Generate (GenerateStream with "stream": true)
     GET  /v1/models        ModelService/ListModels      GET /v1/models/{id}  ModelService/GetModel
     POST /v1/translate     TranslationService/Translate (JSON of TranslateRequest/TranslateResponse)
+    POST /v1/fill-mask     FillMaskService/FillMask     (JSON of FillMaskRequest/FillMaskResponse)
     GET  /health           200 while the service is SERVING, else 503 (warming up, draining); not counted
 
 Authentication (and anything else every route must pass) goes in `build_app(middleware=...)`: one
@@ -32,6 +33,7 @@ from starlette.routing import Route
 
 from service import converters
 from service.errors import InvalidArgument, label_model
+from service.fillmask.servicer import FillMaskServicer
 from service.http import schemas
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
@@ -50,6 +52,7 @@ class Routes:
         self.embedding = EmbeddingServicer(registry, settings)
         self.generation = GenerationServicer(registry)
         self.translation = TranslationServicer(registry)
+        self.fill_masks = FillMaskServicer(registry, settings)
 
     async def _json(self, request: Request) -> dict:
         limit, parts, size = self.settings.max_message_bytes, [], 0
@@ -123,6 +126,12 @@ class Routes:
         reply = await call.unless_gone(request, self.translation.translate(pb_request))
         return JSONResponse(schemas.message_json(reply))
 
+    @route("FillMaskService", "FillMask")
+    async def fill_mask(self, request: Request, call: HttpCall) -> Response:
+        pb_request = schemas.fill_mask_request(await self._json(request))
+        reply = await call.unless_gone(request, self.fill_masks.fill_mask(pb_request, call.deadline))
+        return JSONResponse(schemas.message_json(reply))
+
     async def health(self, request: Request) -> Response:
         serving = self.is_serving() and not self.registry.draining
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
@@ -150,6 +159,7 @@ def build_app(registry: ModelRegistry, settings: Settings, is_serving: Callable[
         Route("/v1/models", r.list_models, methods=["GET"]),
         Route("/v1/models/{name:path}", r.get_model, methods=["GET"]),
         Route("/v1/translate", r.translate, methods=["POST"]),
+        Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
         Route("/health", r.health, methods=["GET"]),
     ], middleware=list(middleware), exception_handlers={HTTPException: _http_error})
     app.state.inflight = Inflight()

@@ -1,4 +1,5 @@
-"""JSON <-> protobuf for the HTTP routes: OpenAI's request and response shapes, and TranslateRequest.
+"""JSON <-> protobuf for the HTTP routes: OpenAI's request and response shapes, TranslateRequest and
+FillMaskRequest.
 
 Requests become the same protobuf messages the gRPC servicers take, so both doors share one
 validation (service/servicers.py, service/textgen/servicers.py); what is checked here is only what
@@ -144,10 +145,19 @@ def _usage(prompt: int, completion: int) -> dict:
 
 def translate_request(body: dict) -> pb.TranslateRequest:
     """The JSON form of TranslateRequest (protobuf's JSON mapping; snake_case or camelCase names)."""
+    return _parse(body, pb.TranslateRequest())
+
+
+def fill_mask_request(body: dict) -> pb.FillMaskRequest:
+    """The JSON form of FillMaskRequest (protobuf's JSON mapping, as translate_request)."""
+    return _parse(body, pb.FillMaskRequest())
+
+
+def _parse(body: dict, message):
     try:
-        return json_format.ParseDict(body, pb.TranslateRequest())
+        return json_format.ParseDict(body, message)
     except (json_format.ParseError, ValueError) as e:  # ValueError: text UTF-8 cannot carry
-        raise InvalidArgument(f"not a TranslateRequest: {e}") from e
+        raise InvalidArgument(f"not a {type(message).__name__}: {e}") from e
 
 
 def message_json(reply) -> dict:

@@ -1,6 +1,7 @@
 """Open Inference Protocol (KServe v2) tensors and parameters <-> the service's own request messages.
 
-Each served model is one OIP model with one input and typed outputs (`TENSORS`):
+Each served model of a kind in `TENSORS` is one OIP model with one input and typed outputs
+(fill-mask models are not: service/kserve/servicer.py answers NOT_FOUND for them):
 
     every kind   input  text         BYTES [N]     UTF-8 texts
     embedding    output embedding    FP32  [N, D]

@@ -80,6 +80,9 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         if not name:
             raise InvalidArgument("model name is empty; ServerMetadata and ModelMetadata name the served models")
         model = self.registry.find(name)
+        if model.kind not in converters.TENSORS:  # fill-mask: its own RPC, no OIP tensors defined
+            raise NotFound(f"model {quote(name)} is a {model.kind} model, which this protocol does not serve; "
+                           "call inference.v1.FillMaskService/FillMask")
         if version not in ("", converters.VERSION):
             raise NotFound(f"model {quote(name)} has no version {quote(version)}; its only version is "
                            f"{converters.VERSION!r} (or leave it empty)")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cinference/v1/inference.proto\x12\x0cinference.v1\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"x\n\x07Timings\x12\x13\n\x0btokenize_ms\x18\x01 \x01(\x01\x12\x10\n\x08queue_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x05 \x01(\x01\"\xd2\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08truncate\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x31\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x1f.inference.v1.EmbeddingEncodingB\x0c\n\n_normalizeB\x0b\n\t_truncate\"+\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0e\n\x06packed\x18\x02 \x01(\x0c\"\xab\x01\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.inference.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xdd\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12stream_interval_ms\x18\n \x01(\rB\x07\n\x05_seed\"\xc1\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"\xbe\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"p\n\x10TranslateRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tbeam_size\x18\x03 \x01(\r\x12\x12\n\nmax_length\x18\x04 \x01(\r\x12\x16\n\x0elength_penalty\x18\x05 \x01(\x02\"*\n\x0bTranslation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\x9f\x01\n\x11TranslateResponse\x12/\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x19.inference.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.inference.v1.ModelInfo\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xb8\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x03 \x01(\t\x12\x18\n\x10max_input_tokens\x18\x04 \x01(\r\x12\x1b\n\x13\x65mbedding_dimension\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nis_default\x18\x07 \x01(\x08\x12\x0f\n\x07variant\x18\x08 \x01(\t\x12\x37\n\x08manifest\x18\t \x03(\x0b\x32%.inference.v1.ModelInfo.ManifestEntry\x12\x19\n\x11max_output_tokens\x18\n \x01(\r\x1a/\n\rManifestEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\x10\x41ttentionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x0e\n\x06layers\x18\x04 \x03(\r\x12\r\n\x05heads\x18\x05 \x03(\r\"\xab\x01\n\x0c\x41ttentionMap\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.inference.v1.AttentionKind\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x0c\n\x04head\x18\x03 \x01(\r\x12\x0c\n\x04rows\x18\x04 \x01(\r\x12\x0c\n\x04\x63ols\x18\x05 \x01(\r\x12\x0f\n\x07weights\x18\x06 \x03(\x02\x12&\n\x05stats\x18\x07 \x01(\x0b\x32\x17.inference.v1.HeadStats\"m\n\tHeadStats\x12\x0f\n\x07\x65ntropy\x18\x01 \x01(\x02\x12\x15\n\rmean_distance\x18\x02 \x01(\x02\x12\x12\n\nto_special\x18\x03 \x01(\x02\x12\x13\n\x0bto_previous\x18\x04 \x01(\x02\x12\x0f\n\x07to_self\x18\x05 \x01(\x02\"\xe4\x01\n\x11\x41ttentionResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rsource_tokens\x18\x02 \x03(\t\x12\x15\n\rtarget_tokens\x18\x03 \x03(\t\x12(\n\x04maps\x18\x04 \x03(\x0b\x32\x1a.inference.v1.AttentionMap\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.inference.v1.Timings\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x0e\n\x06target\x18\x08 \x01(\t*|\n\x11\x45mbeddingEncoding\x12\"\n\x1e\x45MBEDDING_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45MBEDDING_ENCODING_FLOAT\x10\x01\x12%\n!EMBEDDING_ENCODING_PACKED_FLOAT32\x10\x02*\x7f\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03*P\n\rAttentionKind\x12\x1e\n\x1a\x41TTENTION_KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04SELF\x10\x01\x12\n\n\x06\x43\x41USAL\x10\x02\x12\t\n\x05\x43ROSS\x10\x03\x32\xa0\x01\n\x10\x45mbeddingService\x12@\n\x05\x45mbed\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse\x12J\n\x0b\x45mbedStream\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse(\x01\x30\x01\x32\xae\x01\n\x11GenerationService\x12I\n\x08Generate\x12\x1d.inference.v1.GenerateRequest\x1a\x1e.inference.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.inference.v1.GenerateRequest\x1a\x1b.inference.v1.GenerateChunk0\x01\x32\x62\n\x12TranslationService\x12L\n\tTranslate\x12\x1e.inference.v1.TranslateRequest\x1a\x1f.inference.v1.TranslateResponse2\xa3\x01\n\x0cModelService\x12O\n\nListModels\x12\x1f.inference.v1.ListModelsRequest\x1a .inference.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.inference.v1.GetModelRequest\x1a\x17.inference.v1.ModelInfo2a\n\x11InspectionService\x12L\n\tAttention\x12\x1e.inference.v1.AttentionRequest\x1a\x1f.inference.v1.AttentionResponseBY\n#dev.transformerserving.inference.v1P\x01Z0transformer-serving/gen/inference/v1;inferencev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cinference/v1/inference.proto\x12\x0cinference.v1\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"x\n\x07Timings\x12\x13\n\x0btokenize_ms\x18\x01 \x01(\x01\x12\x10\n\x08queue_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x05 \x01(\x01\"\xd2\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08truncate\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x31\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x1f.inference.v1.EmbeddingEncodingB\x0c\n\n_normalizeB\x0b\n\t_truncate\"+\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0e\n\x06packed\x18\x02 \x01(\x0c\"\xab\x01\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.inference.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xdd\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12stream_interval_ms\x18\n \x01(\rB\x07\n\x05_seed\"\xc1\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"\xbe\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.inference.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x05 \x01(\x0b\x32\x15.inference.v1.Timings\x12\r\n\x05model\x18\x06 \x01(\t\"p\n\x10TranslateRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tbeam_size\x18\x03 \x01(\r\x12\x12\n\nmax_length\x18\x04 \x01(\r\x12\x16\n\x0elength_penalty\x18\x05 \x01(\x02\"*\n\x0bTranslation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\x9f\x01\n\x11TranslateResponse\x12/\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x19.inference.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\"?\n\x0f\x46illMaskRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\"Q\n\rMaskCandidate\x12\r\n\x05token\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x10\n\x08sequence\x18\x04 \x01(\t\"A\n\x0eMaskPrediction\x12/\n\ncandidates\x18\x01 \x03(\x0b\x32\x1b.inference.v1.MaskCandidate\":\n\x0b\x46illedInput\x12+\n\x05masks\x18\x01 \x03(\x0b\x32\x1c.inference.v1.MaskPrediction\"\x99\x01\n\x10\x46illMaskResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.inference.v1.FilledInput\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.inference.v1.Timings\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.inference.v1.ModelInfo\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xb8\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x03 \x01(\t\x12\x18\n\x10max_input_tokens\x18\x04 \x01(\r\x12\x1b\n\x13\x65mbedding_dimension\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nis_default\x18\x07 \x01(\x08\x12\x0f\n\x07variant\x18\x08 \x01(\t\x12\x37\n\x08manifest\x18\t \x03(\x0b\x32%.inference.v1.ModelInfo.ManifestEntry\x12\x19\n\x11max_output_tokens\x18\n \x01(\r\x1a/\n\rManifestEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\x10\x41ttentionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x0e\n\x06layers\x18\x04 \x03(\r\x12\r\n\x05heads\x18\x05 \x03(\r\"\xab\x01\n\x0c\x41ttentionMap\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.inference.v1.AttentionKind\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x0c\n\x04head\x18\x03 \x01(\r\x12\x0c\n\x04rows\x18\x04 \x01(\r\x12\x0c\n\x04\x63ols\x18\x05 \x01(\r\x12\x0f\n\x07weights\x18\x06 \x03(\x02\x12&\n\x05stats\x18\x07 \x01(\x0b\x32\x17.inference.v1.HeadStats\"m\n\tHeadStats\x12\x0f\n\x07\x65ntropy\x18\x01 \x01(\x02\x12\x15\n\rmean_distance\x18\x02 \x01(\x02\x12\x12\n\nto_special\x18\x03 \x01(\x02\x12\x13\n\x0bto_previous\x18\x04 \x01(\x02\x12\x0f\n\x07to_self\x18\x05 \x01(\x02\"\xe4\x01\n\x11\x41ttentionResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rsource_tokens\x18\x02 \x03(\t\x12\x15\n\rtarget_tokens\x18\x03 \x03(\t\x12(\n\x04maps\x18\x04 \x03(\x0b\x32\x1a.inference.v1.AttentionMap\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.inference.v1.Usage\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.inference.v1.Timings\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x0e\n\x06target\x18\x08 \x01(\t*|\n\x11\x45mbeddingEncoding\x12\"\n\x1e\x45MBEDDING_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45MBEDDING_ENCODING_FLOAT\x10\x01\x12%\n!EMBEDDING_ENCODING_PACKED_FLOAT32\x10\x02*\x7f\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03*P\n\rAttentionKind\x12\x1e\n\x1a\x41TTENTION_KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04SELF\x10\x01\x12\n\n\x06\x43\x41USAL\x10\x02\x12\t\n\x05\x43ROSS\x10\x03\x32\xa0\x01\n\x10\x45mbeddingService\x12@\n\x05\x45mbed\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse\x12J\n\x0b\x45mbedStream\x12\x1a.inference.v1.EmbedRequest\x1a\x1b.inference.v1.EmbedResponse(\x01\x30\x01\x32\xae\x01\n\x11GenerationService\x12I\n\x08Generate\x12\x1d.inference.v1.GenerateRequest\x1a\x1e.inference.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.inference.v1.GenerateRequest\x1a\x1b.inference.v1.GenerateChunk0\x01\x32\x62\n\x12TranslationService\x12L\n\tTranslate\x12\x1e.inference.v1.TranslateRequest\x1a\x1f.inference.v1.TranslateResponse2\\\n\x0f\x46illMaskService\x12I\n\x08\x46illMask\x12\x1d.inference.v1.FillMaskRequest\x1a\x1e.inference.v1.FillMaskResponse2\xa3\x01\n\x0cModelService\x12O\n\nListModels\x12\x1f.inference.v1.ListModelsRequest\x1a .inference.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.inference.v1.GetModelRequest\x1a\x17.inference.v1.ModelInfo2a\n\x11InspectionService\x12L\n\tAttention\x12\x1e.inference.v1.AttentionRequest\x1a\x1f.inference.v1.AttentionResponseBY\n#dev.transformerserving.inference.v1P\x01Z0transformer-serving/gen/inference/v1;inferencev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n#dev.transformerserving.inference.v1P\001Z0transformer-serving/gen/inference/v1;inferencev1'
   _globals['_MODELINFO_MANIFESTENTRY']._loaded_options = None
   _globals['_MODELINFO_MANIFESTENTRY']._serialized_options = b'8\001'
-  _globals['_EMBEDDINGENCODING']._serialized_start=2631
-  _globals['_EMBEDDINGENCODING']._serialized_end=2755
-  _globals['_FINISHREASON']._serialized_start=2757
-  _globals['_FINISHREASON']._serialized_end=2884
-  _globals['_ATTENTIONKIND']._serialized_start=2886
-  _globals['_ATTENTIONKIND']._serialized_end=2966
+  _globals['_EMBEDDINGENCODING']._serialized_start=3062
+  _globals['_EMBEDDINGENCODING']._serialized_end=3186
+  _globals['_FINISHREASON']._serialized_start=3188
+  _globals['_FINISHREASON']._serialized_end=3315
+  _globals['_ATTENTIONKIND']._serialized_start=3317
+  _globals['_ATTENTIONKIND']._serialized_end=3397
   _globals['_USAGE']._serialized_start=46
   _globals['_USAGE']._serialized_end=98
   _globals['_TIMINGS']._serialized_start=100
@@ -62,32 +62,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSLATION']._serialized_end=1423
   _globals['_TRANSLATERESPONSE']._serialized_start=1426
   _globals['_TRANSLATERESPONSE']._serialized_end=1585
-  _globals['_LISTMODELSREQUEST']._serialized_start=1587
-  _globals['_LISTMODELSREQUEST']._serialized_end=1606
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1608
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1669
-  _globals['_GETMODELREQUEST']._serialized_start=1671
-  _globals['_GETMODELREQUEST']._serialized_end=1702
-  _globals['_MODELINFO']._serialized_start=1705
-  _globals['_MODELINFO']._serialized_end=2017
-  _globals['_MODELINFO_MANIFESTENTRY']._serialized_start=1970
-  _globals['_MODELINFO_MANIFESTENTRY']._serialized_end=2017
-  _globals['_ATTENTIONREQUEST']._serialized_start=2019
-  _globals['_ATTENTIONREQUEST']._serialized_end=2113
-  _globals['_ATTENTIONMAP']._serialized_start=2116
-  _globals['_ATTENTIONMAP']._serialized_end=2287
-  _globals['_HEADSTATS']._serialized_start=2289
-  _globals['_HEADSTATS']._serialized_end=2398
-  _globals['_ATTENTIONRESPONSE']._serialized_start=2401
-  _globals['_ATTENTIONRESPONSE']._serialized_end=2629
-  _globals['_EMBEDDINGSERVICE']._serialized_start=2969
-  _globals['_EMBEDDINGSERVICE']._serialized_end=3129
-  _globals['_GENERATIONSERVICE']._serialized_start=3132
-  _globals['_GENERATIONSERVICE']._serialized_end=3306
-  _globals['_TRANSLATIONSERVICE']._serialized_start=3308
-  _globals['_TRANSLATIONSERVICE']._serialized_end=3406
-  _globals['_MODELSERVICE']._serialized_start=3409
-  _globals['_MODELSERVICE']._serialized_end=3572
-  _globals['_INSPECTIONSERVICE']._serialized_start=3574
-  _globals['_INSPECTIONSERVICE']._serialized_end=3671
+  _globals['_FILLMASKREQUEST']._serialized_start=1587
+  _globals['_FILLMASKREQUEST']._serialized_end=1650
+  _globals['_MASKCANDIDATE']._serialized_start=1652
+  _globals['_MASKCANDIDATE']._serialized_end=1733
+  _globals['_MASKPREDICTION']._serialized_start=1735
+  _globals['_MASKPREDICTION']._serialized_end=1800
+  _globals['_FILLEDINPUT']._serialized_start=1802
+  _globals['_FILLEDINPUT']._serialized_end=1860
+  _globals['_FILLMASKRESPONSE']._serialized_start=1863
+  _globals['_FILLMASKRESPONSE']._serialized_end=2016
+  _globals['_LISTMODELSREQUEST']._serialized_start=2018
+  _globals['_LISTMODELSREQUEST']._serialized_end=2037
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2039
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2100
+  _globals['_GETMODELREQUEST']._serialized_start=2102
+  _globals['_GETMODELREQUEST']._serialized_end=2133
+  _globals['_MODELINFO']._serialized_start=2136
+  _globals['_MODELINFO']._serialized_end=2448
+  _globals['_MODELINFO_MANIFESTENTRY']._serialized_start=2401
+  _globals['_MODELINFO_MANIFESTENTRY']._serialized_end=2448
+  _globals['_ATTENTIONREQUEST']._serialized_start=2450
+  _globals['_ATTENTIONREQUEST']._serialized_end=2544
+  _globals['_ATTENTIONMAP']._serialized_start=2547
+  _globals['_ATTENTIONMAP']._serialized_end=2718
+  _globals['_HEADSTATS']._serialized_start=2720
+  _globals['_HEADSTATS']._serialized_end=2829
+  _globals['_ATTENTIONRESPONSE']._serialized_start=2832
+  _globals['_ATTENTIONRESPONSE']._serialized_end=3060
+  _globals['_EMBEDDINGSERVICE']._serialized_start=3400
+  _globals['_EMBEDDINGSERVICE']._serialized_end=3560
+  _globals['_GENERATIONSERVICE']._serialized_start=3563
+  _globals['_GENERATIONSERVICE']._serialized_end=3737
+  _globals['_TRANSLATIONSERVICE']._serialized_start=3739
+  _globals['_TRANSLATIONSERVICE']._serialized_end=3837
+  _globals['_FILLMASKSERVICE']._serialized_start=3839
+  _globals['_FILLMASKSERVICE']._serialized_end=3931
+  _globals['_MODELSERVICE']._serialized_start=3934
+  _globals['_MODELSERVICE']._serialized_end=4097
+  _globals['_INSPECTIONSERVICE']._serialized_start=4099
+  _globals['_INSPECTIONSERVICE']._serialized_end=4196
 # @@protoc_insertion_point(module_scope)

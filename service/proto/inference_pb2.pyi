@@ -190,6 +190,52 @@ class TranslateResponse(_message.Message):
     timings: Timings
     def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
+class FillMaskRequest(_message.Message):
+    __slots__ = ("inputs", "model", "top_k")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    top_k: int
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_k: _Optional[int] = ...) -> None: ...
+
+class MaskCandidate(_message.Message):
+    __slots__ = ("token", "token_id", "score", "sequence")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    token_id: int
+    score: float
+    sequence: str
+    def __init__(self, token: _Optional[str] = ..., token_id: _Optional[int] = ..., score: _Optional[float] = ..., sequence: _Optional[str] = ...) -> None: ...
+
+class MaskPrediction(_message.Message):
+    __slots__ = ("candidates",)
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[MaskCandidate]
+    def __init__(self, candidates: _Optional[_Iterable[_Union[MaskCandidate, _Mapping]]] = ...) -> None: ...
+
+class FilledInput(_message.Message):
+    __slots__ = ("masks",)
+    MASKS_FIELD_NUMBER: _ClassVar[int]
+    masks: _containers.RepeatedCompositeFieldContainer[MaskPrediction]
+    def __init__(self, masks: _Optional[_Iterable[_Union[MaskPrediction, _Mapping]]] = ...) -> None: ...
+
+class FillMaskResponse(_message.Message):
+    __slots__ = ("results", "model", "usage", "timings")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[FilledInput]
+    model: str
+    usage: Usage
+    timings: Timings
+    def __init__(self, results: _Optional[_Iterable[_Union[FilledInput, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -357,6 +357,89 @@ class TranslationService:
             _registered_method=True)
 
 
+class FillMaskServiceStub:
+    """---------------------------------------------------------------------------------------------
+    Fill-mask (BERT's masked language modelling objective, served)
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.FillMask = channel.unary_unary(
+                '/inference.v1.FillMaskService/FillMask',
+                request_serializer=inference_dot_v1_dot_inference__pb2.FillMaskRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.FillMaskResponse.FromString,
+                _registered_method=True)
+
+
+class FillMaskServiceServicer:
+    """---------------------------------------------------------------------------------------------
+    Fill-mask (BERT's masked language modelling objective, served)
+
+    """
+
+    def FillMask(self, request, context):
+        """The most likely tokens for each [MASK] of each input, best first (docs/api.md). Inputs of
+        concurrent calls are batched together, with the same limits as Embed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FillMaskServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'FillMask': grpc.unary_unary_rpc_method_handler(
+                    servicer.FillMask,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.FillMaskRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.FillMaskResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'inference.v1.FillMaskService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('inference.v1.FillMaskService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FillMaskService:
+    """---------------------------------------------------------------------------------------------
+    Fill-mask (BERT's masked language modelling objective, served)
+
+    """
+
+    @staticmethod
+    def FillMask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.FillMaskService/FillMask',
+            inference_dot_v1_dot_inference__pb2.FillMaskRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.FillMaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class ModelServiceStub:
     """---------------------------------------------------------------------------------------------
     Models
