@@ -8,6 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import embed_request
+from service.proto import inference_pb2 as pb
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
@@ -37,7 +38,8 @@ async def test_series_move_after_calls(server):
         assert value(after, name, model="tiny-embed") > value(before, name, model="tiny-embed"), name
     tokens = dict(model="tiny-embed", direction="input")
     assert value(after, "ts_tokens_total", **tokens) > value(before, "ts_tokens_total", **tokens)
-    info = dict(model="tiny-embed", kind="embedding", provider="CPUExecutionProvider", variant="optimized",
+    served = await server.models.GetModel(pb.GetModelRequest(name="tiny-embed"))
+    info = dict(model="tiny-embed", kind="embedding", provider="CPUExecutionProvider", variant=served.variant,
                 requested_provider="CPUExecutionProvider")
     assert value(after, "ts_model_info", **info) == 1
     assert value(after, "ts_queue_capacity", model="tiny-embed") == server.server.settings.embed_max_queue

@@ -55,7 +55,10 @@ def test_variant_choice(tiny_models_root):
     manifest = load_model_dir(tiny_models_root / "tiny-embed").manifest
     cpu = Runtime(Settings.from_env(env={}, device="cpu"))
     try:
-        assert cpu.choose_variant(manifest, "encoder") == "optimized"  # never int8 unless asked
+        # an encoder's int8 is served on its own only when the gate judged its quality within the limits
+        assert cpu.choose_variant(_with_quality(manifest, "int8", False), "encoder") == "optimized"
+        assert cpu.choose_variant(_with_quality(manifest, "int8", None), "encoder") == "optimized"
+        assert cpu.choose_variant(_with_quality(manifest, "int8", True), "encoder") == "int8"
         explicit = Runtime(Settings.from_env(env={}, device="cpu", variant="int8"))
         assert explicit.choose_variant(manifest, "encoder") == "int8"
         explicit.close()
