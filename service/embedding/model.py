@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from service.embedding.batcher import Batcher, BatchLimits
 from service.embedding.engine import EmbeddingEngine, postprocess
-from service.embedding.tokenization import EmbeddingTokenizer
+from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
@@ -27,6 +28,34 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs), text by text
+
+
+def queue_limits(settings: Settings, runtime: Runtime) -> BatchLimits:
+    """The embedding queue's limits (settings `embed_*`, batch sizes by device): every encoder kind's."""
+    max_tokens, max_rows = runtime.embed_batch_limits()
+    return BatchLimits(max_batch_tokens=max_tokens, max_batch_size=max_rows,
+                       max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
+                       workers=settings.compute_workers)
+
+
+async def admit_and_encode(batcher: Batcher, tokenizer: EmbeddingTokenizer, texts: list[str], truncate: bool,
+                           check: Callable[[list[Encoded]], None] | None = None) -> tuple[list[Encoded], float]:
+    """Takes the call's queue places (refused at once when full), then tokenizes it (inline when
+    small, else in a thread) and runs `check` on the result; gives the places back on any failure.
+    -> (encodings, seconds spent tokenizing)."""
+    batcher.reserve(len(texts))
+    start = time.perf_counter()
+    try:
+        if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
+            encoded = tokenizer.encode(texts, truncate, parallel=False)
+        else:
+            encoded = await asyncio.to_thread(tokenizer.encode, texts, truncate)
+        if check is not None:
+            check(encoded)
+    except BaseException:
+        batcher.release(len(texts))
+        raise
+    return encoded, time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -57,11 +86,7 @@ class EmbeddingModel:
         engine = EmbeddingEngine(session, pad_id=int(m.special_tokens.get("pad", 0)))
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
         max_tokens, max_rows = runtime.embed_batch_limits()  # by device where the settings leave them 0
-        limits = BatchLimits(
-            max_batch_tokens=max_tokens, max_batch_size=max_rows,
-            max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
-            workers=settings.compute_workers,
-        )
+        limits = queue_limits(settings, runtime)
         return cls(m, tokenizer, engine, runtime, limits, variant)
 
     async def start(self) -> None:
@@ -85,17 +110,7 @@ class EmbeddingModel:
         if dimensions > self.dimension:
             raise InvalidArgument(f"dimensions={dimensions} is larger than model {self.name!r}'s "
                                   f"{self.dimension}; use 0 (full) or 1..{self.dimension}")
-        self.batcher.reserve(len(texts))  # admission: refused at once, before any work
-        start = time.perf_counter()
-        try:
-            if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
-                encoded = self.tokenizer.encode(texts, truncate, parallel=False)
-            else:
-                encoded = await asyncio.to_thread(self.tokenizer.encode, texts, truncate)
-        except BaseException:
-            self.batcher.release(len(texts))
-            raise
-        tokenize_s = time.perf_counter() - start
+        encoded, tokenize_s = await admit_and_encode(self.batcher, self.tokenizer, texts, truncate)
         outcome = await self.batcher.enqueue(encoded, deadline)
         vectors = postprocess(outcome.outputs, normalize, dimensions)
         return EmbedResult(vectors, outcome.input_tokens, tokenize_s, outcome.queue_s, outcome.inference_s)

@@ -14,13 +14,13 @@ masks x top_k summed over the inputs <= MAX_CANDIDATES (bounds the response).
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from service.embedding.batcher import Batcher, BatchLimits
+from service.embedding.model import admit_and_encode, queue_limits
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
 from service.fillmask.engine import FillMaskEngine, MaskRows
@@ -33,7 +33,6 @@ DEFAULT_TOP_K = 5  # top_k 0 (Hugging Face's pipeline default too)
 MAX_TOP_K = 100
 MAX_MASKS = 16  # per input
 MAX_CANDIDATES = 4096  # masks x top_k, summed over a call's inputs
-INLINE_CHARS = 8192  # calls up to this many characters are tokenized on the event loop (as Embed's)
 INLINE_DECODES = 256  # calls up to this many candidates are decoded on the event loop
 TOO_LONG = "shorten it (fill-mask never truncates: a cut could drop a mask)"
 
@@ -82,11 +81,7 @@ class FillMaskModel:
         decoder = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
         keep = min(MAX_TOP_K, tokenizer.vocab_size)
         engine = FillMaskEngine(session, int(m.special_tokens["pad"]), int(m.special_tokens["mask"]), keep)
-        max_tokens, max_rows = runtime.embed_batch_limits()  # the same batches as Embed
-        limits = BatchLimits(max_batch_tokens=max_tokens, max_batch_size=max_rows,
-                             max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
-                             workers=settings.compute_workers)
-        return cls(m, tokenizer, decoder, engine, runtime, limits, variant)
+        return cls(m, tokenizer, decoder, engine, runtime, queue_limits(settings, runtime), variant)  # as Embed's
 
     async def start(self) -> None:
         self.batcher.start()
@@ -110,18 +105,8 @@ class FillMaskModel:
         if top_k > self.max_top_k:
             raise InvalidArgument(f"top_k={top_k} is over the limit of {self.max_top_k} for model {self.name!r}; "
                                   f"use 1..{self.max_top_k} (0: {DEFAULT_TOP_K})")
-        self.batcher.reserve(len(texts))  # admission: refused at once, before any work
-        start = time.perf_counter()
-        try:
-            if sum(len(t) for t in texts) <= INLINE_CHARS:
-                encoded = self.tokenizer.encode(texts, truncate=False, parallel=False)
-            else:
-                encoded = await asyncio.to_thread(self.tokenizer.encode, texts, False)
-            self._check_masks(encoded, top_k)
-        except BaseException:
-            self.batcher.release(len(texts))
-            raise
-        tokenize_s = time.perf_counter() - start
+        encoded, tokenize_s = await admit_and_encode(self.batcher, self.tokenizer, texts, truncate=False,
+                                                     check=lambda e: self._check_masks(e, top_k))
         outcome = await self.batcher.enqueue(encoded, deadline)
         candidates = sum(len(rows.token_ids) for rows in outcome.outputs) * top_k
         if candidates <= INLINE_DECODES:
