@@ -3,9 +3,7 @@ attention inspection, the client CLI, HTTP `POST /v1/fill-mask`, and the trained
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 
 import grpc
@@ -16,6 +14,7 @@ from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
+from tests.test_service_client import cli
 from tests.test_service_fillmask import MODEL, status_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,14 +42,6 @@ async def test_attention_of_the_fill_mask_model(start_server, fill_models_root):
     response = await pb_grpc.InspectionServiceStub(srv.channel).Attention(
         pb.AttentionRequest(model=MODEL, text="a [MASK] b"))
     assert response.kind == "fill-mask" and response.maps and all(m.kind == pb.SELF for m in response.maps)
-
-
-async def cli(address: str, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service.client", "--address", address, *args, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_client_cli(start_server, fill_models_root):
