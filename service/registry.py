@@ -116,15 +116,7 @@ class ModelRegistry:
         if not dirs:
             raise ModelLoadError(f"no model directories (folders with model.json) under {Path(settings.models)}; "
                                  "run `make models` or pass --models DIR")
-        model_dirs = []
-        for path in dirs:
-            model_dir = load_model_dir(path, verify_hashes=settings.verify_hashes)
-            if model_dir.manifest.kind in BACKENDS:
-                model_dirs.append(model_dir)
-            else:  # a kind the manifest knows but this server does not serve yet
-                log.warning("skipping model directory %s: no backend serves kind %r", path, model_dir.manifest.kind)
-        backends = [cls._load_one(model_dir, settings, runtime) for model_dir in model_dirs]
-        dirs = [model_dir.path for model_dir in model_dirs]
+        backends = [cls._load_one(path, settings, runtime) for path in dirs]
         names = [b.name for b in backends]
         if len(set(names)) != len(names):
             raise ModelLoadError(f"duplicate model names under {settings.models}: {sorted(names)}")
@@ -136,12 +128,13 @@ class ModelRegistry:
         return registry
 
     @staticmethod
-    def _load_one(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> Backend:
+    def _load_one(path: Path, settings: Settings, runtime: Runtime) -> Backend:
+        model_dir = load_model_dir(path, verify_hashes=settings.verify_hashes)
         kind = model_dir.manifest.kind
         try:
             return backend_class(kind).load(model_dir, settings, runtime)
         except ImportError as e:
-            raise ModelLoadError(f"{model_dir.path}: no backend for kind {kind!r} ({e})") from e
+            raise ModelLoadError(f"{path}: no backend for kind {kind!r} ({e})") from e
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(sorted(self._by_name.values(), key=lambda b: b.name))
