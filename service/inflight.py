@@ -49,10 +49,11 @@ class Inflight:
 
 
 class TrackCalls(grpc.aio.ServerInterceptor):
-    """Counts every gRPC call but health and reflection in `inflight` while its handler runs."""
+    """Counts every gRPC call but health and reflection in `inflight` while its handler runs, and in
+    `accepted` (a worker's `ts_worker_rpcs_total` child; None in a single process) as it starts."""
 
-    def __init__(self, inflight: Inflight):
-        self.inflight = inflight
+    def __init__(self, inflight: Inflight, accepted=None):
+        self.inflight, self.accepted = inflight, accepted
         self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -69,9 +70,11 @@ class TrackCalls(grpc.aio.ServerInterceptor):
         kind = ("stream" if handler.request_streaming else "unary") + "_" + (
             "stream" if handler.response_streaming else "unary")
         behaviour = getattr(handler, kind)
-        inflight = self.inflight
+        inflight, accepted = self.inflight, self.accepted
         if inspect.isasyncgenfunction(behaviour):
             async def counted(request, context):
+                if accepted is not None:
+                    accepted.inc()
                 inflight.enter()
                 try:
                     async for response in behaviour(request, context):
@@ -80,6 +83,8 @@ class TrackCalls(grpc.aio.ServerInterceptor):
                     inflight.leave()
         else:
             async def counted(request, context):
+                if accepted is not None:
+                    accepted.inc()
                 inflight.enter()
                 try:
                     return await behaviour(request, context)

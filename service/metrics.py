@@ -65,7 +65,7 @@ DROPPED = Counter(
 )
 WORKER_RPCS = Counter(
     "ts_worker_rpcs",
-    "calls (gRPC and HTTP) accepted by each worker process (health checks aside); only with --workers > 1",
+    "calls (gRPC and HTTP) accepted by each worker process (health checks and reflection aside); only with --workers > 1",
     ["worker"],
 )
 

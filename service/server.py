@@ -72,9 +72,7 @@ class Server:
         self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
         self.inflight = Inflight()  # the drain waits for these (service/inflight.py)
         interceptors = [AuthInterceptor(self.tokens)] if self.tokens.enabled else []  # first: refuse before all
-        interceptors.append(TrackCalls(self.inflight))
-        if worker is not None:
-            interceptors.append(_CountCalls(self._worker_calls))
+        interceptors.append(TrackCalls(self.inflight, self._worker_calls))
         self.grpc = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -236,15 +234,3 @@ def run(settings: Settings, worker: int | None = None, on_ready: Callable[[Serve
     except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
         log.error("cannot start: %s", e)
         return 1
-
-
-class _CountCalls(grpc.aio.ServerInterceptor):
-    """Counts the RPCs one worker accepts (health checks aside): shows how connections spread."""
-
-    def __init__(self, counter):
-        self._counter = counter
-
-    async def intercept_service(self, continuation, handler_call_details):
-        if not handler_call_details.method.startswith("/grpc.health."):
-            self._counter.inc()
-        return await continuation(handler_call_details)
