@@ -3,7 +3,9 @@
 AdamW with linear warm-up then cosine decay, gradient clipping, label smoothing (translator),
 periodic held-out evaluation, checkpoint + exact resume (weights, AdamW moments, schedule, step,
 data cursor, RNG states in RUN_DIR/state.pt), a tqdm bar with loss and tokens/s, fixed seeds,
-every CPU thread (or --threads), CUDA when available.
+every CPU thread (or --threads), CUDA when available. `--bf16` runs the forward and backward passes
+under bfloat16 autocast (the weights, AdamW moments and evaluation stay float32): on a CPU with
+AVX512-BF16 or AMX, and on recent GPUs, a step then costs about half (docs/training.md).
 
 `--time-budget-minutes` shapes the cosine schedule to the wall-clock budget: after a calibration
 stretch, and at each evaluation until half-way, the total step count is re-estimated from the
@@ -207,7 +209,8 @@ def train_step(task, model, opt, sched: dict, prog: Progress, args) -> float:
     for group in opt.param_groups:
         group["lr"] = lr
     batch, n_tok = task.next_batch(prog.step)
-    loss = task.loss(model, move(batch, args.device_obj))
+    with torch.autocast(args.device_obj.type, dtype=torch.bfloat16, enabled=args.bf16):
+        loss = task.loss(model, move(batch, args.device_obj))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -309,6 +312,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: every CPU thread)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the training steps (weights stay fp32)")
     ints = ("d_model", "layers", "decoder_layers", "heads", "d_ff", "vocab_size", "max_tokens", "warmup", "max_len")
     for name in ints:
         p.add_argument("--" + name.replace("_", "-"), type=int)

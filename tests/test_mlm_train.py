@@ -64,14 +64,15 @@ def test_training_lowers_loss_and_exports_as_fill_mask(tmp_path):
     assert md.manifest.parity["logits_max_abs_diff"] <= 1e-4
 
 
-def test_resume_with_sop_and_whole_words_continues_exactly(tmp_path):
-    flags = ["--steps", "8", "--eval-every", "4", "--sop", "--whole-word"]
+def test_resume_with_sop_whole_words_and_bf16_continues_exactly(tmp_path):
+    flags = ["--steps", "8", "--eval-every", "4", "--sop", "--whole-word", "--bf16"]
     _, straight = run_cli(tmp_path, *flags, name="straight")
     run_cli(tmp_path, *flags, "--stop-at", "4", name="split")
     _, resumed = run_cli(tmp_path, *flags, "--resume", name="split")
     a, _ = load_checkpoint(straight)
     b, meta = load_checkpoint(resumed)
     assert meta["training"]["steps"] == 8 and meta["training"]["objective"] == "mlm+sop"
+    assert "--bf16" in meta["training"]["command"]
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
 
