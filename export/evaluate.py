@@ -5,7 +5,8 @@
   pad the reference streams with None, which sacrebleu skips), decoding greedy (the model's own
   `greedy_decode`, the reference the ONNX loop must match) or beam search (`beam_search`).
 - generator: held-out perplexity over non-overlapping context windows, and sampled stories.
-- mlm: held-out masked-token accuracy and perplexity against the unigram baseline, overall and per
+- mlm: held-out masked-token accuracy and perplexity against the unigram baseline (and the accuracy
+  of a neighbour-lookup baseline when the shared corpora are present), overall and per
   corpus (export/mlm_eval.py, from the checkpoint's heldout.jsonl and unigram.json), and the top 5
   fills of a few sample sentences.
 
@@ -213,7 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "mlm":  # held-out masked tokens vs the unigram baseline, from the checkpoint's own files
         from export import mlm_eval
 
-        result["heldout"] = mlm_eval.checkpoint_figures(args.checkpoint, model, meta, tok)
+        train_ids = None
+        if Path(path).is_dir():  # the training split's text, for the neighbour baseline
+            from export import mlm_data
+
+            train, _ = mlm_data.split_passages(mlm_data.load_passages(path), seed=seed)
+            tok.no_truncation()
+            train_ids = [e.ids[1:-1] for ps in train.values() for e in tok.encode_batch(ps)]
+        result["heldout"] = mlm_eval.checkpoint_figures(args.checkpoint, model, meta, tok, train_ids=train_ids)
         texts = [f"{t}\t{mlm_eval.fill(model, tok, t)}" for t in MLM_SAMPLES]
         result["samples"] = texts
     elif args.kind == "translator":

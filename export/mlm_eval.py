@@ -7,6 +7,13 @@ them. At those positions: the model's top-1 accuracy and perplexity (exp of the 
 log-likelihood of the original token), and the same two figures for the baseline that always
 predicts from the unigram frequencies of the training split (add-one smoothed over the
 non-special vocabulary): its accuracy is the share of targets equal to the most frequent token.
+
+A second, stronger baseline uses context: `neighbour_accuracy` predicts a masked piece as the
+training split's most frequent piece between its two neighbours (a trigram lookup with the middle
+missing), backing off to the most frequent piece after its left neighbour, then to the unigram
+top; a neighbour that is itself masked counts as `[MASK]`, which the lookups never saw. It needs
+the training text (`python -m export.evaluate mlm CKPT` reads the shared corpora when present),
+and measures how much a model does beyond counting local n-grams.
 """
 
 from __future__ import annotations
@@ -40,6 +47,33 @@ def unigram_log_probs(counts: np.ndarray, n_special: int) -> np.ndarray:
     smoothed[:n_special] = 0.0
     with np.errstate(divide="ignore"):
         return np.log(smoothed / smoothed.sum())
+
+
+def neighbour_accuracy(train_ids, rows: dict, unigram_best: int) -> float:
+    """Top-1 accuracy of the neighbour lookup (module doc) at rows' chosen positions; train_ids:
+    the training split's token lists."""
+    from collections import Counter, defaultdict
+
+    between: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    after: dict[int, Counter] = defaultdict(Counter)
+    for ids in train_ids:
+        for i in range(1, len(ids)):
+            after[ids[i - 1]][ids[i]] += 1
+            if i + 1 < len(ids):
+                between[ids[i - 1], ids[i + 1]][ids[i]] += 1
+    best_between = {k: c.most_common(1)[0][0] for k, c in between.items()}
+    best_after = {k: c.most_common(1)[0][0] for k, c in after.items()}
+    inputs, labels = rows["input_ids"].tolist(), rows["labels"].tolist()
+    correct = n = 0
+    for row, targets in zip(inputs, labels):
+        for t, target in enumerate(targets):
+            if target == IGNORE:
+                continue
+            left, right = row[t - 1], row[t + 1] if t + 1 < len(row) else None
+            guess = best_between.get((left, right), best_after.get(left, unigram_best))
+            correct += guess == target
+            n += 1
+    return round(correct / max(n, 1), 4)
 
 
 def save_unigram(counts: np.ndarray, out: Path) -> None:
@@ -87,17 +121,21 @@ def evaluate(model, rows: dict, log_unigram: np.ndarray, batch_size: int = 32) -
             "unigram_perplexity": round(float(np.exp(-log_unigram[target].mean())), 2), "masked_positions": n}
 
 
-def checkpoint_figures(checkpoint: Path, model, meta: dict, tok: Tokenizer, every: int = 1) -> dict:
+def checkpoint_figures(checkpoint: Path, model, meta: dict, tok: Tokenizer, every: int = 1,
+                       train_ids=None) -> dict:
     """Held-out figures of a checkpoint (its heldout.jsonl and unigram.json), overall and per corpus,
-    on every `every`-th passage."""
+    on every `every`-th passage; with train_ids (the training split's token lists) the neighbour
+    baseline's accuracy too."""
     lines = (Path(checkpoint) / "heldout.jsonl").read_text(encoding="utf-8").splitlines()
     rows = [json.loads(line) for line in lines if line.strip()][::every]
     log_unigram = unigram_log_probs(load_unigram(checkpoint), n_special=len(meta["special_tokens"]))
     special, length = meta["special_tokens"], meta["max_length"]
-    result = {"all": evaluate(model, masked_rows(tok, [r["text"] for r in rows], length, special), log_unigram)}
-    for corpus in sorted({r["corpus"] for r in rows}):
-        texts = [r["text"] for r in rows if r["corpus"] == corpus]
-        result[corpus] = evaluate(model, masked_rows(tok, texts, length, special), log_unigram)
+    result = {}
+    for corpus in ["all", *sorted({r["corpus"] for r in rows})]:
+        masked = masked_rows(tok, [r["text"] for r in rows if corpus in ("all", r["corpus"])], length, special)
+        result[corpus] = evaluate(model, masked, log_unigram)
+        if train_ids is not None:
+            result[corpus]["neighbour_accuracy"] = neighbour_accuracy(train_ids, masked, int(np.argmax(log_unigram)))
     result["passages"] = len(rows)
     return result
 

@@ -93,3 +93,13 @@ def test_shipped_checkpoint_beats_the_unigram_baseline_on_heldout_masked_tokens(
     assert figures["masked_positions"] > 1000
     assert figures["masked_accuracy"] > 1.5 * figures["unigram_accuracy"], figures
     assert figures["masked_perplexity"] < 0.75 * figures["unigram_perplexity"], figures
+
+
+def test_neighbour_baseline_uses_both_neighbours_then_the_left_one_then_the_unigram_top():
+    train_ids = [[5, 6, 7], [5, 6, 7], [5, 8, 9], [10, 11, 12]]
+    m = SPECIAL["mask"]
+    rows = {"input_ids": torch.tensor([[5, m, 7], [5, m, 13], [14, m, 7], [5, 6, 7]]),
+            "labels": torch.tensor([[-100, 6, -100], [-100, 6, -100], [-100, 11, -100], [-100, -100, -100]])}
+    # (5, 7) -> 6 from both neighbours; (5, 13) unseen -> 6, the commonest after 5; 14 unseen -> 11
+    assert mlm_eval.neighbour_accuracy(train_ids, rows, unigram_best=11) == 1.0
+    assert mlm_eval.neighbour_accuracy(train_ids, rows, unigram_best=12) == round(2 / 3, 4)
