@@ -54,7 +54,7 @@ train-generator: venv
 	$(PY) -m export train generator --time-budget-minutes 85 --threads 1
 
 train-mlm: venv
-	$(PY) -m export train mlm --time-budget-minutes 30 --threads 1
+	$(PY) -m export train mlm --bf16 --time-budget-minutes 68 --threads 1 --eval-every 2000
 
 protos: venv
 	$(PY) -m service.protogen

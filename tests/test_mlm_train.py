@@ -91,8 +91,9 @@ def test_shipped_checkpoint_beats_the_unigram_baseline_on_heldout_masked_tokens(
     torch.set_num_threads(1)
     figures = mlm_eval.evaluate(model, masked, log_unigram)
     assert figures["masked_positions"] > 1000
-    assert figures["masked_accuracy"] > 1.5 * figures["unigram_accuracy"], figures
-    assert figures["masked_perplexity"] < 0.75 * figures["unigram_perplexity"], figures
+    # full held-out set: 38.0 % vs 4.76 % accuracy (8x), perplexity 33.0 vs 732 (model card)
+    assert figures["masked_accuracy"] > 5 * figures["unigram_accuracy"], figures
+    assert figures["masked_perplexity"] < 0.1 * figures["unigram_perplexity"], figures
 
 
 def test_neighbour_baseline_uses_both_neighbours_then_the_left_one_then_the_unigram_top():
