@@ -214,14 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "mlm":  # held-out masked tokens vs the unigram baseline, from the checkpoint's own files
         from export import mlm_eval
 
-        train_ids = None
+        neighbours = None
         if Path(path).is_dir():  # the training split's text, for the neighbour baseline
             from export import mlm_data
 
             train, _ = mlm_data.split_passages(mlm_data.load_passages(path), seed=seed)
             tok.no_truncation()
-            train_ids = [e.ids[1:-1] for ps in train.values() for e in tok.encode_batch(ps)]
-        result["heldout"] = mlm_eval.checkpoint_figures(args.checkpoint, model, meta, tok, train_ids=train_ids)
+            neighbours = mlm_eval.NeighbourLookup(e.ids[1:-1] for ps in train.values() for e in tok.encode_batch(ps))
+        result["heldout"] = mlm_eval.checkpoint_figures(args.checkpoint, model, meta, tok, neighbours=neighbours)
         texts = [f"{t}\t{mlm_eval.fill(model, tok, t)}" for t in MLM_SAMPLES]
         result["samples"] = texts
     elif args.kind == "translator":

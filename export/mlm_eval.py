@@ -8,7 +8,7 @@ log-likelihood of the original token), and the same two figures for the baseline
 predicts from the unigram frequencies of the training split (add-one smoothed over the
 non-special vocabulary): its accuracy is the share of targets equal to the most frequent token.
 
-A second, stronger baseline uses context: `neighbour_accuracy` predicts a masked piece as the
+A second, stronger baseline uses context: `NeighbourLookup` predicts a masked piece as the
 training split's most frequent piece between its two neighbours (a trigram lookup with the middle
 missing), backing off to the most frequent piece after its left neighbour, then to the unigram
 top; a neighbour that is itself masked counts as `[MASK]`, which the lookups never saw. It needs
@@ -49,31 +49,34 @@ def unigram_log_probs(counts: np.ndarray, n_special: int) -> np.ndarray:
         return np.log(smoothed / smoothed.sum())
 
 
-def neighbour_accuracy(train_ids, rows: dict, unigram_best: int) -> float:
-    """Top-1 accuracy of the neighbour lookup (module doc) at rows' chosen positions; train_ids:
-    the training split's token lists."""
-    from collections import Counter, defaultdict
+class NeighbourLookup:
+    """The neighbour baseline (module doc), counted once from the training split's token lists."""
 
-    between: dict[tuple[int, int], Counter] = defaultdict(Counter)
-    after: dict[int, Counter] = defaultdict(Counter)
-    for ids in train_ids:
-        for i in range(1, len(ids)):
-            after[ids[i - 1]][ids[i]] += 1
-            if i + 1 < len(ids):
-                between[ids[i - 1], ids[i + 1]][ids[i]] += 1
-    best_between = {k: c.most_common(1)[0][0] for k, c in between.items()}
-    best_after = {k: c.most_common(1)[0][0] for k, c in after.items()}
-    inputs, labels = rows["input_ids"].tolist(), rows["labels"].tolist()
-    correct = n = 0
-    for row, targets in zip(inputs, labels):
-        for t, target in enumerate(targets):
-            if target == IGNORE:
-                continue
-            left, right = row[t - 1], row[t + 1] if t + 1 < len(row) else None
-            guess = best_between.get((left, right), best_after.get(left, unigram_best))
-            correct += guess == target
-            n += 1
-    return round(correct / max(n, 1), 4)
+    def __init__(self, train_ids):
+        from collections import Counter, defaultdict
+
+        between: dict[tuple[int, int], Counter] = defaultdict(Counter)
+        after: dict[int, Counter] = defaultdict(Counter)
+        for ids in train_ids:
+            for i in range(1, len(ids)):
+                after[ids[i - 1]][ids[i]] += 1
+                if i + 1 < len(ids):
+                    between[ids[i - 1], ids[i + 1]][ids[i]] += 1
+        self.between = {k: c.most_common(1)[0][0] for k, c in between.items()}
+        self.after = {k: c.most_common(1)[0][0] for k, c in after.items()}
+
+    def accuracy(self, rows: dict, unigram_best: int) -> float:
+        """Top-1 accuracy at rows' chosen positions (labels != IGNORE)."""
+        inputs, labels = rows["input_ids"].tolist(), rows["labels"].tolist()
+        correct = n = 0
+        for row, targets in zip(inputs, labels):
+            for t, target in enumerate(targets):
+                if target == IGNORE:
+                    continue
+                left, right = row[t - 1], row[t + 1] if t + 1 < len(row) else None
+                correct += self.between.get((left, right), self.after.get(left, unigram_best)) == target
+                n += 1
+        return round(correct / max(n, 1), 4)
 
 
 def save_unigram(counts: np.ndarray, out: Path) -> None:
@@ -122,10 +125,9 @@ def evaluate(model, rows: dict, log_unigram: np.ndarray, batch_size: int = 32) -
 
 
 def checkpoint_figures(checkpoint: Path, model, meta: dict, tok: Tokenizer, every: int = 1,
-                       train_ids=None) -> dict:
+                       neighbours: NeighbourLookup | None = None) -> dict:
     """Held-out figures of a checkpoint (its heldout.jsonl and unigram.json), overall and per corpus,
-    on every `every`-th passage; with train_ids (the training split's token lists) the neighbour
-    baseline's accuracy too."""
+    on every `every`-th passage; with neighbours, the neighbour baseline's accuracy too."""
     lines = (Path(checkpoint) / "heldout.jsonl").read_text(encoding="utf-8").splitlines()
     rows = [json.loads(line) for line in lines if line.strip()][::every]
     log_unigram = unigram_log_probs(load_unigram(checkpoint), n_special=len(meta["special_tokens"]))
@@ -134,8 +136,8 @@ def checkpoint_figures(checkpoint: Path, model, meta: dict, tok: Tokenizer, ever
     for corpus in ["all", *sorted({r["corpus"] for r in rows})]:
         masked = masked_rows(tok, [r["text"] for r in rows if corpus in ("all", r["corpus"])], length, special)
         result[corpus] = evaluate(model, masked, log_unigram)
-        if train_ids is not None:
-            result[corpus]["neighbour_accuracy"] = neighbour_accuracy(train_ids, masked, int(np.argmax(log_unigram)))
+        if neighbours is not None:
+            result[corpus]["neighbour_accuracy"] = neighbours.accuracy(masked, int(np.argmax(log_unigram)))
     result["passages"] = len(rows)
     return result
 

@@ -102,5 +102,6 @@ def test_neighbour_baseline_uses_both_neighbours_then_the_left_one_then_the_unig
     rows = {"input_ids": torch.tensor([[5, m, 7], [5, m, 13], [14, m, 7], [5, 6, 7]]),
             "labels": torch.tensor([[-100, 6, -100], [-100, 6, -100], [-100, 11, -100], [-100, -100, -100]])}
     # (5, 7) -> 6 from both neighbours; (5, 13) unseen -> 6, the commonest after 5; 14 unseen -> 11
-    assert mlm_eval.neighbour_accuracy(train_ids, rows, unigram_best=11) == 1.0
-    assert mlm_eval.neighbour_accuracy(train_ids, rows, unigram_best=12) == round(2 / 3, 4)
+    lookup = mlm_eval.NeighbourLookup(train_ids)
+    assert lookup.accuracy(rows, unigram_best=11) == 1.0
+    assert lookup.accuracy(rows, unigram_best=12) == round(2 / 3, 4)
