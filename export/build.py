@@ -247,6 +247,23 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
     return _build(out, body)
 
 
+def build_converted(converted, out: Path, *, name: str, variants=(), device: str = "cpu",
+                    extra: dict | None = None) -> ModelDir:
+    """A checkpoint converted onto our modules (export/convert/) -> a model directory, through the gate."""
+    c = converted
+    info = {"converted_from": c.source, **(extra or {})}
+    common = dict(name=name, special_tokens=c.special_tokens, variants=variants, extra=info)
+    if c.kind == "embedding":
+        return build_embedding(c.model, c.tokenizer, out, device=device, **common)
+    if c.kind == "fill-mask":
+        from export.fill_mask import build_fill_mask
+
+        return build_fill_mask(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens, **common)
+    build = build_generation if c.kind == "generation" else build_translation
+    return build(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens,
+                 max_output_tokens=c.max_output_tokens, device=device, **common)
+
+
 # ---- CLI ------------------------------------------------------------------------------------------
 
 DEFAULT_VARIANTS = "optimized,fp16,int8"

@@ -1,0 +1,92 @@
+"""Bring your own model: a local Hugging Face folder -> a model directory, through the same gates.
+
+`convert(path, out)` reads the folder (export/convert/folder.py), finds its converter in
+`ARCHITECTURES` by config.json's `architectures[0]` (a sentence-transformers `modules.json`
+makes an encoder an embedding model), maps its weights onto the project's own modules (one
+module per family: bert.py, gpt2.py, llama.py, marian.py), checks the result against
+transformers' own forward and tokenizer (reference.py), then builds the model directory like
+any other (export/build.py: ONNX export, parity gate, variants). Anything unsupported raises
+`ConversionError` naming the file, field and value before a file is written. Nothing is downloaded.
+(The approach of CTranslate2's converters: checkpoints onto the project's own specs.)
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.convert.errors import ConversionError, Converted, refuse
+from export.convert.folder import HFFolder
+
+log = logging.getLogger(__name__)
+
+KINDS = ("embedding", "fill-mask", "generation", "translation")
+# architectures[0] -> (converter module under export/convert/, the kind it makes by default, kinds it can make)
+ARCHITECTURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "BertModel": ("bert", "embedding", ("embedding",)),
+    "BertForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
+    "RobertaModel": ("bert", "embedding", ("embedding",)),
+    "RobertaForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
+    "XLMRobertaModel": ("bert", "embedding", ("embedding",)),
+    "XLMRobertaForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
+    "GPT2LMHeadModel": ("gpt2", "generation", ("generation",)),
+    "LlamaForCausalLM": ("llama", "generation", ("generation",)),
+    "MistralForCausalLM": ("llama", "generation", ("generation",)),
+    "Qwen2ForCausalLM": ("llama", "generation", ("generation",)),
+    "MarianMTModel": ("marian", "translation", ("translation",)),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line may set; None: from the folder."""
+
+    kind: str | None = None
+    pooling: str | None = None  # embedding: mean | cls | max
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+
+def family(folder: HFFolder, kind: str | None) -> tuple[str, str]:
+    """-> (converter module name, kind); ConversionError for an unknown architecture or kind."""
+    arch = folder.architecture
+    if arch not in ARCHITECTURES:
+        raise refuse(folder.where(), "architectures", arch, sorted(ARCHITECTURES))
+    module, default, kinds = ARCHITECTURES[arch]
+    if kind is None:
+        kind = "embedding" if folder.modules is not None and "embedding" in kinds else default
+    if kind not in kinds:
+        raise ConversionError(f"{folder.where()}: a {arch} converts to {' or '.join(kinds)}, not {kind!r} (--kind)")
+    return module, kind
+
+
+def load(path: str | Path, options: Options = Options()) -> Converted:
+    """The folder mapped onto our modules and checked against transformers (no file written)."""
+    folder = HFFolder(path)
+    module, kind = family(folder, options.kind)
+    converter = importlib.import_module(f"export.convert.{module}")
+    converted = converter.load(folder, kind, options)
+    from export.convert import reference
+
+    converted.source["reference"] = reference.check(folder, converted)
+    return converted
+
+
+def default_name(path: str | Path) -> str:
+    return Path(path).resolve().name.lower().replace("_", "-").replace(" ", "-")
+
+
+def convert(path: str | Path, out: str | Path, *, name: str | None = None, options: Options = Options(),
+            variants=(), device: str = "cpu", extra: dict | None = None):
+    """Converts the folder at path into the model directory out (its name: name, else the folder's)."""
+    from export.build import build_converted
+
+    converted = load(path, options)
+    name = name or default_name(path)
+    log.info("converting %s (%s, %s) into %s", path, converted.source.get("architecture"), converted.kind, out)
+    return build_converted(converted, Path(out), name=name, variants=variants, device=device, extra=extra)
+
+
+__all__ = ["ARCHITECTURES", "ConversionError", "Converted", "Options", "convert", "load"]

@@ -1,0 +1,171 @@
+"""The converted model against transformers' own forward and tokenizer, on the same folder.
+
+transformers is the reference here, an export dependency only (the model directory never names
+it). At conversion, for every kind:
+- tokenizer: the model directory's tokenizer gives the same ids as the folder's tokenizer
+  (AutoTokenizer) on held-out text (`TEXTS`);
+- embedding: our pooled embeddings vs transformers' hidden states pooled the same way, cosine
+  >= parity.ENCODER_MIN_COS;
+- fill-mask: logits at every real position, max abs diff <= `LOGITS_MAX_ABS`;
+- generation: logits of the prompts as above, and greedy tokens of our `generate` equal to
+  `model.generate(do_sample=False)` for GREEDY_TOKENS new tokens;
+- translation: greedy translations of ours equal to `generate(num_beams=1, do_sample=False)`.
+A miss raises `parity.ParityError`; the figures go into the manifest (`extra.conversion.reference`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from export import parity
+from export.convert.errors import Converted
+from export.convert.folder import HFFolder
+
+log = logging.getLogger(__name__)
+
+GREEDY_TOKENS = 24
+LOGITS_MAX_ABS = 1e-3  # fp32 on real-size checkpoints: sums over thousands of products, two code paths
+TEXTS = [
+    "Hello world.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Überraschung! Ça coûte 12,50 € — naïve café, Straße, 東京, Привет.",
+    "I'm not sure that's right; could you check again?",
+    "Once upon a time, there was a little girl who loved to read books about dragons and castles.",
+    "  leading spaces, tabs\tand\nnew lines  ",
+    "emoji 🙂👍🏽 and accents: résumé, coöperate, São Paulo",
+    "def f(x):\n    return x ** 2  # code",
+]
+
+
+def hf_tokenizer(folder: HFFolder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True)
+
+
+def _tokenizer_figures(folder: HFFolder, converted: Converted) -> dict:
+    reference = hf_tokenizer(folder)
+    texts = TEXTS
+    mismatched = [t for t in texts if reference(t)["input_ids"] != converted.tokenizer.encode(t).ids]
+    if mismatched:
+        raise parity.ParityError(f"tokenizer: the model directory's tokenizer gives other ids than the folder's on "
+                                 f"{len(mismatched)} of {len(texts)} texts, first {mismatched[0]!r}: "
+                                 f"{converted.tokenizer.encode(mismatched[0]).ids} vs "
+                                 f"{reference(mismatched[0])['input_ids']}")
+    return {"texts": len(texts), "same_ids": True}
+
+
+def _batch(tokenizer, texts, limit: int, pad_id: int):
+    seqs = [tokenizer.encode(t).ids[:limit] for t in texts]
+    ids, mask = parity.pad_batch(seqs, pad_id, left=False)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    if pooling == "cls":
+        return hidden[:, 0]
+    weights = mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
+    if pooling == "max":
+        return hidden.masked_fill(weights == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
+def _embedding(folder: HFFolder, c: Converted) -> dict:
+    from transformers import AutoModel
+
+    hf = AutoModel.from_pretrained(str(folder.path), local_files_only=True).eval()
+    ids, mask = _batch(c.tokenizer, TEXTS, c.max_input_tokens, c.special_tokens.get("pad", 0))
+    with torch.no_grad():
+        ref = _pool(hf(input_ids=ids, attention_mask=mask).last_hidden_state, mask, c.model.config.pooling)
+        got = c.model(ids, mask)
+    cos = torch.nn.functional.cosine_similarity(ref.double(), got.double(), dim=-1)
+    figures = {"cos_min": float(cos.min()), "inputs": len(TEXTS)}
+    if figures["cos_min"] < parity.ENCODER_MIN_COS:
+        parity._fail("embedding cosine vs transformers (min)", figures["cos_min"], parity.ENCODER_MIN_COS)
+    return figures
+
+
+def _logits_figures(ref: torch.Tensor, got: torch.Tensor, mask: torch.Tensor, what: str) -> dict:
+    real = mask.bool()
+    diff = float((ref[real] - got[real]).abs().max())
+    top1 = float((ref[real].argmax(-1) == got[real].argmax(-1)).float().mean())
+    if diff > LOGITS_MAX_ABS:
+        parity._fail(f"{what} logits max abs diff vs transformers", diff, LOGITS_MAX_ABS)
+    return {"logits_max_abs_diff": diff, "top1_agreement": top1, "positions": int(real.sum())}
+
+
+def _fill_mask(folder: HFFolder, c: Converted) -> dict:
+    from transformers import AutoModelForMaskedLM
+
+    hf = AutoModelForMaskedLM.from_pretrained(str(folder.path), local_files_only=True).eval()
+    ids, mask = _batch(c.tokenizer, TEXTS, c.max_input_tokens, c.special_tokens.get("pad", 0))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        got = c.model(ids, mask)
+    return _logits_figures(ref, got, mask, "fill-mask")
+
+
+def _generation(folder: HFFolder, c: Converted) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder.path), local_files_only=True).eval()
+    figures, greedy = {}, 0
+    for text in TEXTS[:4]:
+        ids = torch.tensor([c.tokenizer.encode(text).ids[:32]])
+        with torch.no_grad():
+            ref = hf(input_ids=ids).logits
+            got = c.model(ids)[0]
+            figures = _merge(figures, _logits_figures(ref, got, torch.ones_like(ids), "generation"))
+            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GREEDY_TOKENS,
+                                   do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0)
+            mine = c.model.generate(ids, GREEDY_TOKENS, stop_at_eos=False)
+        if expected[0].tolist() != mine[0].tolist():
+            raise parity.ParityError(f"greedy tokens differ from transformers' generate on {text!r}: "
+                                     f"{mine[0, ids.shape[1]:].tolist()} vs {expected[0, ids.shape[1]:].tolist()}")
+        greedy += GREEDY_TOKENS
+    return {**figures, "greedy_tokens_equal": greedy}
+
+
+def _translation(folder: HFFolder, c: Converted) -> dict:
+    from transformers import AutoModelForSeq2SeqLM
+
+    hf = AutoModelForSeq2SeqLM.from_pretrained(str(folder.path), local_files_only=True).eval()
+    total = 0
+    for text in TEXTS[:4]:
+        ids = torch.tensor([c.tokenizer.encode(text).ids[:32]])
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS, do_sample=False,
+                                   num_beams=1)[0, 1:].tolist()  # without the decoder start token
+            mine = c.model.greedy_decode(ids, mask, GREEDY_TOKENS)[0]
+        if expected[: len(mine)] != mine:
+            raise parity.ParityError(f"greedy translation differs from transformers' generate on {text!r}: "
+                                     f"{mine} vs {expected}")
+        total += len(mine)
+    return {"greedy_tokens_equal": total}
+
+
+def _merge(a: dict, b: dict) -> dict:
+    if not a:
+        return b
+    return {"logits_max_abs_diff": max(a["logits_max_abs_diff"], b["logits_max_abs_diff"]),
+            "top1_agreement": min(a["top1_agreement"], b["top1_agreement"]), "positions": a["positions"] + b["positions"]}
+
+
+CHECKS = {"embedding": _embedding, "fill-mask": _fill_mask, "generation": _generation, "translation": _translation}
+
+
+def check(folder: HFFolder, converted: Converted) -> dict:
+    """-> figures (rounded for the manifest); raises parity.ParityError on a miss."""
+    figures = {"tokenizer": _tokenizer_figures(folder, converted)}
+    figures[converted.kind] = CHECKS[converted.kind](folder, converted)
+    log.info("matches transformers: %s", figures)
+    return rounded(figures)
+
+
+def rounded(figures: dict) -> dict:
+    return {k: rounded(v) if isinstance(v, dict) else float(f"{v:.4g}") if isinstance(v, float) else v
+            for k, v in figures.items()}
+
