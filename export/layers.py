@@ -14,6 +14,7 @@ the CPU (tests/test_export_device.py runs them on the "meta" device to prove it)
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -48,65 +49,117 @@ def attention_probs(q, k, mask):
     return torch.softmax(scores + mask, dim=-1)
 
 
+# Activation names as config.json spells them (hidden_act / activation_function) -> the function.
+ACTIVATIONS = {
+    "gelu": F.gelu,  # erf form (BERT, Marian's "gelu")
+    "gelu_new": partial(F.gelu, approximate="tanh"),  # GPT-2's tanh form
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu_fast": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich, 2019) as Llama computes it: in fp32, then weight."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.float().pow(2).mean(-1, keepdim=True)  # (B, T, 1)
+        return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+def norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
+    """"layernorm" (with or without bias) or "rmsnorm"."""
+    if kind == "rmsnorm":
+        return RMSNorm(d_model, eps)
+    return nn.LayerNorm(d_model, eps=eps, bias=bias)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v projections (the layout BERT checkpoints use).
 
+    n_kv_heads < n_heads: grouped-query attention (Ainslie et al., 2023), each key/value head
+    shared by n_heads / n_kv_heads query heads; the cache holds n_kv_heads. head_dim defaults to
+    d_model / n_heads. `rotate`: None, or a callable (q, k, position_ids) -> (q, k) applied to the
+    new positions before they meet the cache (rotary positions, export/decoder.py).
     `record`: None, or a list to which every forward appends its attention probabilities
     (B, nh, T, S); the attention graphs (export/attention.py) output them. The ops are the same
     either way, so the other graphs do not change.
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, n_kv_heads: int | None = None,
+                 head_dim: int | None = None, out_bias: bool | None = None):
         super().__init__()
-        assert d_model % n_heads == 0
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        self.query = nn.Linear(d_model, d_model, bias=bias)
-        self.key = nn.Linear(d_model, d_model, bias=bias)
-        self.value = nn.Linear(d_model, d_model, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
+        self.head_dim = head_dim or d_model // n_heads
+        if n_heads % self.n_kv_heads or (head_dim is None and d_model % n_heads):
+            raise ValueError(f"{n_heads} heads do not split d_model {d_model} / {self.n_kv_heads} KV heads evenly")
+        inner, kv_inner = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.query = nn.Linear(d_model, inner, bias=bias)
+        self.key = nn.Linear(d_model, kv_inner, bias=bias)
+        self.value = nn.Linear(d_model, kv_inner, bias=bias)
+        self.out = nn.Linear(inner, d_model, bias=bias if out_bias is None else out_bias)
         self.record: list[torch.Tensor] | None = None
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        return x.view(B, T, heads or self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
 
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of a memory (B, S, C) -> two (B, nh, S, hs); cross-attention computes them once."""
-        return self.split_heads(self.key(memory)), self.split_heads(self.value(memory))
+        """K and V of a memory (B, S, C) -> two (B, nkv, S, hs); cross-attention computes them once."""
+        return (self.split_heads(self.key(memory), self.n_kv_heads),
+                self.split_heads(self.value(memory), self.n_kv_heads))
 
-    def forward(self, x, mask, past=None, memory_kv=None):
-        """x (B, T, C). past: cached (k, v) of earlier positions, each (B, nh, P, hs).
+    def forward(self, x, mask, past=None, memory_kv=None, rotate=None, position_ids=None):
+        """x (B, T, C). past: cached (k, v) of earlier positions, each (B, nkv, P, hs).
 
         memory_kv: precomputed cross-attention (k, v); when given, keys/values come from it.
         Returns (y (B, T, C), present (k, v)) where present has P+T positions for self-attention.
         """
-        B, T, C = x.shape
+        B, T, _ = x.shape
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
         if memory_kv is not None:
-            k, v = memory_kv  # (B, nh, S, hs)
+            k, v = memory_kv  # (B, nkv, S, hs)
         else:
-            k, v = self.project_kv(x)  # (B, nh, T, hs)
+            k, v = self.project_kv(x)  # (B, nkv, T, hs)
+            if rotate is not None:
+                q, k = rotate(q, k, position_ids)
             if past is not None:
-                k = torch.cat([past[0], k], dim=2)  # (B, nh, P+T, hs)
+                k = torch.cat([past[0], k], dim=2)  # (B, nkv, P+T, hs)
                 v = torch.cat([past[1], v], dim=2)
-        probs = attention_probs(q, k, mask)  # (B, nh, T, S)
+        group = self.n_heads // self.n_kv_heads
+        keys, values = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+        probs = attention_probs(q, keys, mask)  # (B, nh, T, S)
         if self.record is not None:
             self.record.append(probs)
-        y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        y = (probs @ values).transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, nh*hs)
         return self.out(y), (k, v)
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward: Linear -> GELU -> Linear."""
+    """Position-wise feed-forward: Linear -> activation -> Linear; gated (SwiGLU, Shazeer 2020):
+    act(gate(x)) * fc_in(x) -> fc_out. `activation` is a config.json name (`ACTIVATIONS`)."""
 
-    def __init__(self, d_model: int, d_ff: int, bias: bool = True, dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int, bias: bool = True, dropout: float = 0.0, activation: str = "gelu",
+                 gated: bool = False):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+        self.act = ACTIVATIONS[activation]
+        self.gate = nn.Linear(d_model, d_ff, bias=bias) if gated else None
         self.fc_in = nn.Linear(d_model, d_ff, bias=bias)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        return self.dropout(self.fc_out(F.gelu(self.fc_in(x))))
+        h = self.act(self.fc_in(x)) if self.gate is None else self.act(self.gate(x)) * self.fc_in(x)
+        return self.dropout(self.fc_out(h))
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
