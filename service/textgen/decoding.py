@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 REPLACEMENT_CHAR = "\ufffd"
+MAX_CONTINUATION_TOKENS = 3  # a UTF-8 character has at most 3 bytes after its first
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 # Sampled scores are logits / penalty / temperature: below these a float32 logit divided by them
@@ -118,35 +119,49 @@ class IncrementalDetokenizer:
     """Token ids in, text deltas out; never emits a partial UTF-8 character until the end.
 
     The prompt's last few tokens are decoded along with the new ones so that decoders that
-    depend on the left context (e.g. a Metaspace leading space) produce the right text.
+    depend on the left context (e.g. a Metaspace leading space) produce the right text. That
+    window starts at a character: byte-fallback decoders (Llama's `<0xE2>` tokens) turn a whole
+    run of byte tokens into U+FFFD when it begins inside a character, so a window starting in the
+    middle of the prompt's last emoji would hide every byte token generated after it.
     """
 
     def __init__(self, tokenizer, prompt_ids: list[int], context: int = 5):
         self._tok = tokenizer
         self._ids = list(prompt_ids)
-        self._prefix = max(len(self._ids) - context, 0)
         self._read = len(self._ids)
+        self._prefix = max(self._read - context, 0)
+        for _ in range(MAX_CONTINUATION_TOKENS):  # each step back adds a byte or more
+            if self._prefix == 0 or not self._decode(self._ids[self._prefix : self._read]).startswith(REPLACEMENT_CHAR):
+                break
+            self._prefix -= 1
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def _delta(self) -> str:
+        """The text of the tokens past the read offset, in the context of the window before it."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full = self._decode(self._ids[self._prefix :])
+        if full.startswith(prefix_text):
+            return full[len(prefix_text) :]
+        # A new byte token made the window's byte run invalid and the byte-fallback decoder now
+        # shows all of it as U+FFFD; the window's text was sent already, so decode the new tokens alone.
+        return self._decode(self._ids[self._read :])
+
     def push(self, token: int) -> str:
         """Adds one token; returns the text it completes (may be empty while a character is split)."""
         self._ids.append(token)
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        full = self._decode(self._ids[self._prefix :])
-        if len(full) > len(prefix_text) and not full.endswith(REPLACEMENT_CHAR):
-            delta = full[len(prefix_text) :]
+        delta = self._delta()
+        if delta and not delta.endswith(REPLACEMENT_CHAR):
             self._prefix, self._read = self._read, len(self._ids)
             return delta
         return ""
 
     def flush(self) -> str:
         """The text still held back (an incomplete character shows as U+FFFD)."""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        full = self._decode(self._ids[self._prefix :])
+        delta = self._delta()
         self._prefix = self._read = len(self._ids)
-        return full[len(prefix_text) :]
+        return delta
 
 
 class StopMatcher:
