@@ -30,9 +30,11 @@ class EncoderConfig:
     max_positions: int = 512
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
-    pooling: str = "mean"  # "mean" over the attention mask, or "cls"
+    pooling: str = "mean"  # "mean" over the attention mask, "cls", or "max" over the real tokens
     max_length: int = 256  # word pieces the model is used with (sentence-transformers' max_seq_length)
     pad_token_id: int = 0
+    activation: str = "gelu"  # config.json's hidden_act (export.layers.ACTIVATIONS)
+    position_offset: int = 0  # the first token's position id: RoBERTa / XLM-R start at padding_idx + 1
 
 
 class Embeddings(nn.Module):
@@ -42,10 +44,13 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.offset = cfg.position_offset  # right-padded rows: RoBERTa's cumsum positions are this + arange
 
     def forward(self, input_ids, token_type_ids):
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+        if self.offset:  # traced as a constant: offset 0 leaves BERT's graph (and its fusions) as it was
+            positions = positions + self.offset
         x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
         return self.norm(x)  # (B, T, C)
 
@@ -57,7 +62,7 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
         self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation)
         self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
     def forward(self, x, mask):
@@ -85,6 +90,8 @@ class SentenceEncoder(nn.Module):
         if self.config.pooling == "cls":
             return tokens[:, 0]  # (B, C)
         weights = attention_mask.to(tokens.dtype)[:, :, None]  # (B, T, 1)
+        if self.config.pooling == "max":  # padded positions never win (sentence-transformers' max pooling)
+            return tokens.masked_fill(weights == 0, torch.finfo(tokens.dtype).min).max(dim=1).values  # (B, C)
         summed = (tokens * weights).sum(dim=1)  # (B, C)
         return summed / weights.sum(dim=1).clamp(min=1e-9)
 

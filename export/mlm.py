@@ -15,10 +15,10 @@ Hugging Face BertForMaskedLM's `cls.predictions.{transform,decoder,bias}` in spi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from export.encoder import EncoderConfig, SentenceEncoder
+from export.layers import ACTIVATIONS
 
 
 class MLMHead(nn.Module):
@@ -29,11 +29,12 @@ class MLMHead(nn.Module):
         self.dense = nn.Linear(cfg.d_model, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, hidden, embedding_weight):
         """embedding_weight: the encoder's token embedding (V, C), passed in rather than held, so
         the state dict stores it once (safetensors refuses shared tensors)."""
-        h = self.norm(F.gelu(self.dense(hidden)))  # (B, T, C)
+        h = self.norm(self.act(self.dense(hidden)))  # (B, T, C)
         return h @ embedding_weight.T + self.bias  # (B, T, V)
 
 

@@ -36,6 +36,7 @@ MANIFEST_FILE = "model.json"
 FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's inputs (above)
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = ("embedding", "generation", "translation", "fill-mask")
+POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
 ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder"),
          "fill-mask": ("encoder",)}
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
@@ -88,7 +89,7 @@ class Manifest:
     opset: int
     versions: dict[str, str]  # torch, onnx, onnxruntime used at export
     parity: dict[str, Any]  # the gate's figures for the whole model
-    pooling: str | None = None  # embedding: "mean" | "cls"
+    pooling: str | None = None  # embedding: "mean" | "cls" | "max" (done inside the graph; informational)
     embedding_dim: int | None = None
     max_output_tokens: int | None = None  # generation / translation
     format_version: int = FORMAT_VERSION
@@ -176,8 +177,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
             raise ModelDirError(f"{where}: graph file {g.file!r} must be a plain file name inside the directory")
     if not {"file", "sha256"} <= set(m.tokenizer):
         raise ModelDirError(f"{where}: tokenizer entry needs 'file' and 'sha256'")
-    if m.kind == "embedding" and (m.pooling not in ("mean", "cls") or not m.embedding_dim):
-        raise ModelDirError(f"{where}: an embedding model needs pooling (mean|cls) and embedding_dim")
+    if m.kind == "embedding" and (m.pooling not in POOLINGS or not m.embedding_dim):
+        raise ModelDirError(f"{where}: an embedding model needs pooling ({'|'.join(POOLINGS)}) and embedding_dim")
     if m.kind == "fill-mask" and not {"mask", "pad"} <= set(m.special_tokens):
         raise ModelDirError(f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
                             f"(has: {', '.join(sorted(m.special_tokens)) or 'none'})")
