@@ -79,6 +79,11 @@ class Settings:
     gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
     gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
     gen_max_queue: int = _f(256, "queued generation requests per model; beyond it RESOURCE_EXHAUSTED")
+    gen_max_context: int = _f(0, "longest context (prompt + generated tokens) a generation model serves, which "
+                              "sizes its KV cache; 0 = the model's own max_positions")
+    gen_kv_cache_bytes: int = _f(0, "bytes this process's generation models may allocate for KV caches: fewer rows "
+                                 "than gen_max_batch where short, no start where one row at the context does not "
+                                 "fit; 0 = auto: half the free memory (CUDA device, else MemAvailable) / workers")
     translate_max_batch: int = _f(32, "most inputs (x beams) decoded together by one translation model")
     translate_max_beam: int = _f(8, "largest beam_size accepted")
     translate_default_max_length: int = _f(0, "max target tokens when a request leaves it 0; 0 = model's")
@@ -100,12 +105,15 @@ class Settings:
                     "translate_max_beam")
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
         non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
-                        "embed_max_batch_tokens", "embed_max_batch_size")
+                        "embed_max_batch_tokens", "embed_max_batch_size", "gen_kv_cache_bytes")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
         if bool(self.tls_cert) != bool(self.tls_key):
             out.append("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             out.append("tls_client_ca (mTLS) needs TLS: give tls_cert and tls_key too")
+        if self.gen_max_context < 0 or self.gen_max_context == 1:
+            out.append(f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
+                       f"(got {self.gen_max_context})")
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
         if self.http_port < -1:

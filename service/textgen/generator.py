@@ -4,12 +4,16 @@
 tokenizes the prompt, checks its length, resolves max_new_tokens and
 hands a `Sequence` to the model's continuous-batching `Scheduler`; the returned handle yields
 `Chunk`s as tokens are generated. Limits (documented in docs/api.md):
-- a prompt may hold at most `max_input_tokens` tokens (manifest), else INVALID_ARGUMENT;
+- a prompt may hold at most `max_input_tokens` tokens (manifest) and at most the served context
+  minus one, else INVALID_ARGUMENT (ModelInfo's max_input_tokens is that limit);
 - max_new_tokens 0 means `gen_default_max_new_tokens` (settings); any value is *capped* so that
-  prompt + new tokens fit the model's context (`max_positions`) and at most `max_output_tokens`
-  (manifest) are generated; a capped generation ends with finish reason "length".
-The KV cache is a buffer the graph updates in place (IO binding; on the GPU under CUDA), see
-batchcache.py; with settings `cuda_graph` on CUDA, decode steps replay CUDA graphs.
+  prompt + new tokens fit the served context and at most `max_output_tokens` (manifest) are
+  generated; a capped generation ends with finish reason "length".
+The served context is the model's `max_positions`, capped by settings `gen_max_context`. The KV
+cache is a buffer of that many positions per row that the graph updates in place (IO binding; on the
+GPU under CUDA), see batchcache.py; its rows (`gen_max_batch`, fewer where the process's KV budget
+is short; none: the model is refused) come from kvbudget.py. With settings `cuda_graph` on CUDA,
+decode steps replay CUDA graphs.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from service import metrics
 from service.errors import InvalidArgument
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
-from service.runtime import Runtime
+from service.runtime import CUDA, Runtime
 from service.settings import Settings
 from service.textgen.decoding import ParamError, SamplingParams, check_params
+from service.textgen.kvbudget import KVBudget, kv_bytes
 from service.textgen.kvcache import GraphIO
 from service.textgen.scheduler import Scheduler
 from service.textgen.sequence import GenerationHandle, Sequence
@@ -49,17 +54,24 @@ class GenerationModel:
         special = manifest.special_tokens
         self.eos_id = special.get("eos")
         self.bos_id = special.get("bos")
-        self.context = int(manifest.architecture.get("max_positions") or manifest.max_input_tokens)
+        self.model_context = int(manifest.architecture.get("max_positions") or manifest.max_input_tokens)
+        self.context = min(self.model_context, settings.gen_max_context or self.model_context)
         self.max_prompt = min(int(manifest.max_input_tokens), self.context - 1)
-        self.max_output = int(manifest.max_output_tokens or self.context)
+        self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         if not self.io.buffer_kv:
             raise ValueError(f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
                              "directory, whose cache is concatenated every step); rebuild it with `make models`")
+        if self.context < self.model_context:
+            log.info("generation model %s: context %d of its %d positions (gen_max_context)", self.name,
+                     self.context, self.model_context)
+        self.budget = KVBudget.of(runtime, self.provider == CUDA)
+        self.rows = self.budget.plan_rows(self.name, self.io, settings.gen_max_batch, self.context)
+        self.kv_bytes = kv_bytes(self.io, self.rows, self.context)
         if io_binding is None:  # bound in place; io_binding=False runs plain session.run (comparison only)
             io_binding = True
         device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.scheduler = Scheduler(
-            self.name, session, self.io, runtime, max_batch=settings.gen_max_batch, max_queue=settings.gen_max_queue,
+            self.name, session, self.io, runtime, max_batch=self.rows, max_queue=settings.gen_max_queue,
             prefill_tokens=PREFILL_TOKENS_PER_STEP, pad_id=int(special.get("pad", 0)), device=device,
             context=self.context,
         )
@@ -96,8 +108,10 @@ class GenerationModel:
                 raise InvalidArgument("prompt is empty and the model has no start token; send some text")
             ids = [int(self.bos_id)]
         if len(ids) > self.max_prompt:
+            capped = (f"; its context is capped at {self.context} tokens by gen_max_context"
+                      if self.context < self.model_context else "")
             raise InvalidArgument(f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
-                                  f"{self.max_prompt} prompt tokens (shorten the prompt)")
+                                  f"{self.max_prompt} prompt tokens (shorten the prompt{capped})")
         wanted = params.max_new_tokens or self.settings.gen_default_max_new_tokens
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
@@ -116,8 +130,12 @@ class GenerationModel:
 
     async def stop(self) -> None:
         await self.scheduler.stop(self.settings.grace_seconds)
+        self.budget.give_back(self.kv_bytes)
+        self.kv_bytes = 0
 
     def info(self) -> dict[str, Any]:
         info = model_info(self, self.io.vocab_size)
-        info["max_output_tokens"] = self.max_output
+        info["max_input_tokens"], info["max_output_tokens"] = self.max_prompt, self.max_output
+        info["manifest"].update({"serving.context": str(self.context), "serving.kv_rows": str(self.rows),
+                                 "serving.kv_cache_bytes": str(self.kv_bytes)})
         return info

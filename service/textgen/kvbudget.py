@@ -112,8 +112,8 @@ class KVBudget:
 
     def describe(self) -> str:
         if self.total is None:
-            return f"no budget ({self.source})"
-        return f"budget {mib(self.left)} left of {mib(self.total)} ({self.source})"
+            return f"no KV budget ({self.source})"
+        return f"KV budget {mib(self.left)} left of {mib(self.total)} ({self.source})"
 
     def plan_rows(self, name: str, io: GraphIO, wanted: int, context: int) -> int:
         """Rows of cache the model gets (<= wanted), taken from the budget; logs the size.
@@ -129,8 +129,8 @@ class KVBudget:
                 f"{io.head_dim} x {np.dtype(io.kv_dtype).name}), more than the KV budget of {mib(left)} "
                 f"({left} bytes; {self.source}); {shorter}{HINT}")
         if rows < wanted:
-            log.warning("generation model %s: %d rows (gen_max_batch) of KV cache at %d positions need %s, more "
-                        "than the %s; serving %d rows instead (%s to serve more)", name, wanted, context,
+            log.warning("generation model %s: %d rows (gen_max_batch) of KV cache at %d positions need %s, over the "
+                        "%s; serving %d rows instead (%s to serve more)", name, wanted, context,
                         mib(row * wanted), self.describe(), rows, HINT)
         self.spent += row * rows
         log.info("generation model %s: KV cache %d rows x %d positions x %d layers x %d heads x %d = %s (%s; "

@@ -54,9 +54,9 @@ class GraphIO:
             raise ValueError(f"decoder graph lacks outputs {', '.join(sorted(missing))}")
         spec = inputs[past[0]]
         _, heads, _, head_dim = spec.shape
-        if not isinstance(heads, int) or not isinstance(head_dim, int):
-            heads = int(architecture["n_heads"])
-            head_dim = int(architecture["d_model"]) // heads
+        if not isinstance(heads, int) or not isinstance(head_dim, int):  # the cache holds the KV heads (GQA)
+            heads = int(architecture.get("n_kv_heads") or architecture["n_heads"])
+            head_dim = int(architecture.get("head_dim") or int(architecture["d_model"]) // int(architecture["n_heads"]))
         logits = next(o for o in session.get_outputs() if o.name == "logits")
         vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else int(architecture["vocab_size"])
         return GraphIO(past, present, tuple(inputs), len(layers), heads, head_dim,
