@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from export import data, mlm_data, mlm_eval, tokenizer_train
+from export.tokenizer_train import load_or_train_tokenizer
 from export.build import HELDOUT_FILE
 from export.checkpoint import save_checkpoint
 from export.encoder import EncoderConfig
@@ -51,8 +52,6 @@ class MLMTask:
     kind = "mlm"
 
     def __init__(self, args, run_dir: Path):
-        from export.train import load_or_train_tokenizer
-
         self.args = args
         self.tok: Tokenizer = load_or_train_tokenizer(self.kind, args, run_dir)
         self.tok.no_truncation()

@@ -132,3 +132,13 @@ def main(argv: list[str]) -> int:
     tok.save(str(args.out))
     log.info("wrote %s (%d tokens)", args.out, tok.get_vocab_size())
     return 0
+
+
+def load_or_train_tokenizer(kind: str, args, run_dir: Path) -> Tokenizer:
+    """The training run's tokenizer: args.tokenizer or run_dir/tokenizer.json, trained there when absent."""
+    path = args.tokenizer or run_dir / "tokenizer.json"
+    if not Path(path).exists():
+        log.info("training the %s tokenizer (vocab %d) into %s", kind, args.vocab_size, path)
+        tok = build_tokenizer(kind, args.data, args.vocab_size, args.seed, args.split_test, args.split_dev)
+        tok.save(str(path))
+    return Tokenizer.from_file(str(path))

@@ -37,7 +37,9 @@ from export import data, evaluate, tokenizer_train
 from export.build import HELDOUT_FILE, write_heldout
 from export.checkpoint import load_training_state, save_checkpoint, save_training_state
 from export.decoder import DecoderConfig, GPTDecoder
+from export.mlm_train import MLMTask
 from export.seq2seq import Seq2SeqConfig, Translator
+from export.tokenizer_train import load_or_train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +51,6 @@ def lr_at(step: int, sched: dict) -> float:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return peak * (sched["min_ratio"] + (1 - sched["min_ratio"]) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def load_or_train_tokenizer(kind: str, args, run_dir: Path) -> Tokenizer:
-    path = args.tokenizer or run_dir / "tokenizer.json"
-    if not Path(path).exists():
-        log.info("training the %s tokenizer (vocab %d) into %s", kind, args.vocab_size, path)
-        tok = tokenizer_train.build_tokenizer(kind, args.data, args.vocab_size, args.seed,
-                                              args.split_test, args.split_dev)
-        tok.save(str(path))
-    return Tokenizer.from_file(str(path))
-
-
-def _mlm_task(args, run_dir: Path):
-    from export.mlm_train import MLMTask
-
-    return MLMTask(args, run_dir)
 
 
 class TranslatorTask:
@@ -289,7 +275,7 @@ DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
                 max_tokens=2048, lr=1e-3, warmup=100, label_smoothing=0.0, max_len=128, eval_every=400,
                 out=Path("checkpoints/mlm-encoder")),
 }
-TASKS = {"translator": TranslatorTask, "generator": GeneratorTask, "mlm": _mlm_task}
+TASKS = {"translator": TranslatorTask, "generator": GeneratorTask, "mlm": MLMTask}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
