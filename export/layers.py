@@ -70,8 +70,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        variance = x.float().pow(2).mean(-1, keepdim=True)  # (B, T, 1)
-        return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+        # One cast, reused: two casts of an fp32 tensor trace as a Cast chain that onnxruntime
+        # 1.32's basic optimizations remove wrongly (a dangling input; the session fails to load).
+        h = x.float()
+        variance = h.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
+        return self.weight * (h * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
 
 def norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:

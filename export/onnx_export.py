@@ -7,7 +7,8 @@ TorchScript exporter: its graphs fuse fully under onnxruntime's transformer opti
 `present.{i}.key|value` (optimum's convention).
 
 The generation decoder's self-attention is onnxruntime's com.microsoft `GroupQueryAttention`
-(num_heads = kv_num_heads: plain multi-head attention) over a KV buffer of fixed length: each
+(kv_num_heads = num_heads: multi-head attention; fewer: grouped-query attention, whose cache
+holds the kv_num_heads key / value heads) over a KV buffer of fixed length: each
 row's keys and values sit at slots [0, length) of `past_key_values.*` (B, H, max_sequence, D);
 `seqlens_k` (B, int32) is each row's length after this call minus one and
 `total_sequence_length` (int32 scalar) the longest. The new keys are written at the row's next
@@ -15,8 +16,10 @@ slots, and `present.*` has the buffer's shape, so a caller that binds `present` 
 buffer (IO binding) keeps the cache in place: no step copies it (the concat of an
 attention-mask decoder copies the whole cache every step; onnxruntime's profiler put that at 30 %
 of a decode step at 8 rows). Rows of a prefill batch are right-padded (a shorter row's
-`seqlens_k` says where it ends); positions come from `position_ids` (learned, not rotary). The
-translator's decoder keeps attention-mask inputs and a growing past (beam search reorders its rows).
+`seqlens_k` says where it ends); positions come from `position_ids`: learned, or rotary applied
+with plain ops to the packed query and key before GroupQueryAttention (not its `do_rotary`, which
+derives positions from the cache lengths). The translator's decoder keeps attention-mask inputs
+and a growing past (beam search reorders its rows).
 
 The decoder is traced with a non-empty past and distinct batch / new / past lengths, so no
 dynamic axis is frozen to an example size; the parity gate then runs the graph at past 0 and > 0.
@@ -34,7 +37,7 @@ import onnx
 import torch
 from torch import nn
 
-from export.decoder import GPTDecoder
+from export.decoder import GPTDecoder, rotate_half
 from export.encoder import SentenceEncoder
 from export.seq2seq import Translator
 from service.manifest import TensorSpec
@@ -80,29 +83,43 @@ class EncoderGraph(nn.Module):
 
 
 class _GroupQueryAttention(torch.autograd.Function):
-    """Export only: emits com.microsoft GroupQueryAttention on packed QKV (batch, T, 3C) with no
-    separate key and value inputs. Its PyTorch forward returns tensors of the right shapes for
-    tracing, not attention: what the graph computes is checked against `GPTDecoder` by the parity
-    gate."""
+    """Export only: emits com.microsoft GroupQueryAttention on packed QKV (batch, T, (nh + 2 nkv) hs)
+    with no separate key and value inputs. Its PyTorch forward returns tensors of the right shapes
+    for tracing, not attention: what the graph computes is checked against `GPTDecoder` by the
+    parity gate."""
 
     @staticmethod
-    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads):  # noqa: ARG004
-        return qkv[..., : qkv.shape[-1] // 3].clone(), past_k.clone(), past_v.clone()
+    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):  # noqa: ARG004
+        head_size = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
+        return qkv[..., : n_heads * head_size].clone(), past_k.clone(), past_v.clone()
 
     @staticmethod
-    def symbolic(g, qkv, past_k, past_v, seqlens_k, total_length, n_heads):
+    def symbolic(g, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):
         absent = [g.op("prim::Constant") for _ in range(2)]  # optional inputs left empty ("")
         for node in absent:
             node.setType(torch._C.OptionalType.ofTensor())
         return g.op("com.microsoft::GroupQueryAttention", qkv, *absent, past_k, past_v, seqlens_k, total_length,
-                    num_heads_i=n_heads, kv_num_heads_i=n_heads, outputs=3)
+                    num_heads_i=n_heads, kv_num_heads_i=n_kv_heads, outputs=3)
+
+
+def _rotated(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """Rotary positions on the query and key parts of packed QKV (B, T, (nh + 2 nkv) hs), with the
+    cos / sin rows of each position (B, T, hs): `Rotary.forward`'s products in (B, T, heads, hs)
+    layout, so no transpose."""
+    head_size = cos.shape[-1]
+    q, k, v = qkv.split([n_heads * head_size, n_kv_heads * head_size, n_kv_heads * head_size], dim=-1)
+    cos, sin = cos[:, :, None], sin[:, :, None]  # (B, T, 1, hs)
+    q, k = q.unflatten(-1, (n_heads, head_size)), k.unflatten(-1, (n_kv_heads, head_size))  # (B, T, heads, hs)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    return torch.cat([q.flatten(2), k.flatten(2), v], dim=-1)  # (B, T, (nh + 2 nkv) hs)
 
 
 class DecoderGraph(nn.Module):
     """(input_ids, position_ids, seqlens_k, total_sequence_length, *past) -> (logits, *present):
     `GPTDecoder.forward` with its attention as GroupQueryAttention over a fixed-length KV buffer
     (module doc). Each block's query, key and value projections run as one product on the
-    concatenated weights (one GEMM instead of three; one activation quantisation in int8)."""
+    concatenated weights (one GEMM instead of three; one activation quantisation in int8). Rotary
+    positions are plain ops on that product, from `position_ids`, before GroupQueryAttention."""
 
     def __init__(self, model: GPTDecoder):
         super().__init__()
@@ -111,7 +128,8 @@ class DecoderGraph(nn.Module):
         for block in model.blocks:
             attn = block.attn
             parts = (attn.query, attn.key, attn.value)
-            fused = nn.Linear(attn.query.in_features, 3 * attn.query.out_features, bias=attn.query.bias is not None)
+            fused = nn.Linear(attn.query.in_features, sum(p.out_features for p in parts),
+                              bias=attn.query.bias is not None)
             with torch.no_grad():
                 fused.weight.copy_(torch.cat([p.weight for p in parts]))
                 if fused.bias is not None:
@@ -120,16 +138,20 @@ class DecoderGraph(nn.Module):
 
     def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, *past):
         m = self.model
-        x = m.drop(m.wte(input_ids) + m.wpe(position_ids))  # (B, T, C)
+        x = m.embed(input_ids, position_ids)  # (B, T, C)
+        rotary = m.rotary.tables(position_ids) if m.rotary is not None else None  # (B, T, hs) x 2
         present = []
         for block, qkv, (past_k, past_v) in zip(m.blocks, self.qkv, _pairs(past)):
             attn, h = block.attn, block.ln_attn(x)
-            y, k, v = _GroupQueryAttention.apply(qkv(h), past_k, past_v, seqlens_k, total_sequence_length,
-                                                 attn.n_heads)
+            packed = qkv(h)  # (B, T, (nh + 2 nkv) hs)
+            if rotary is not None:
+                packed = _rotated(packed, *rotary, attn.n_heads, attn.n_kv_heads)
+            y, k, v = _GroupQueryAttention.apply(packed, past_k, past_v, seqlens_k, total_sequence_length,
+                                                 attn.n_heads, attn.n_kv_heads)
             x = x + block.dropout(attn.out(y))
             x = x + block.ffn(block.ln_ffn(x))
             present += [k, v]
-        return (m.lm_head(m.ln_f(x)), *present)
+        return (m.logits(m.ln_f(x)), *present)
 
 
 class TranslatorEncoderGraph(nn.Module):
@@ -172,7 +194,7 @@ def encoder_specs(model: SentenceEncoder) -> tuple[list[TensorSpec], list[Tensor
 
 def decoder_specs(model: GPTDecoder, dtype: str = "float32") -> tuple[list[TensorSpec], list[TensorSpec]]:
     cfg = model.config
-    heads, hd = cfg.n_heads, cfg.d_model // cfg.n_heads
+    heads, hd = cfg.kv_heads, cfg.head_size  # the cache holds the key / value heads
     inputs = [_ids("input_ids", "batch", "sequence"), _ids("position_ids", "batch", "sequence"),
               TensorSpec("seqlens_k", "int32", ["batch"]), TensorSpec("total_sequence_length", "int32", [])]
     inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "max_sequence", dtype)
@@ -230,7 +252,7 @@ def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], lis
     positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
     seqlens = torch.full((_B,), _P + _T - 1, dtype=torch.int32)  # (B,)
     total = torch.tensor(_P + _T, dtype=torch.int32)
-    past = _example_kv(_B, cfg.n_heads, _S + _P + _T, cfg.d_model // cfg.n_heads, 2 * cfg.n_layers)
+    past = _example_kv(_B, cfg.kv_heads, _S + _P + _T, cfg.head_size, 2 * cfg.n_layers)
     _export(DecoderGraph(model), (ids, positions, seqlens, total, *past), path, inputs, outputs)
     _declare_output_shapes(path, outputs)  # the custom op's outputs carry no shape of their own
     return inputs, outputs
