@@ -129,17 +129,25 @@ class IncrementalDetokenizer:
         self._tok = tokenizer
         self._ids = list(prompt_ids)
         self._read = len(self._ids)
-        self._prefix = max(self._read - context, 0)
-        for _ in range(MAX_CONTINUATION_TOKENS):  # each step back adds a byte or more
-            if self._prefix == 0 or not self._decode(self._ids[self._prefix : self._read]).startswith(REPLACEMENT_CHAR):
-                break
-            self._prefix -= 1
+        self._prefix: int | None = None  # set at the first token (the compute thread's work, not the caller's)
+        self._context = context
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def _window_start(self) -> int:
+        """The prompt's last `context` tokens, stepping back while their text starts inside a character."""
+        start = max(self._read - self._context, 0)
+        for _ in range(MAX_CONTINUATION_TOKENS):  # each step back adds a byte or more
+            if start == 0 or not self._decode(self._ids[start : self._read]).startswith(REPLACEMENT_CHAR):
+                break
+            start -= 1
+        return start
+
     def _delta(self) -> str:
         """The text of the tokens past the read offset, in the context of the window before it."""
+        if self._prefix is None:
+            self._prefix = self._window_start()
         prefix_text = self._decode(self._ids[self._prefix : self._read])
         full = self._decode(self._ids[self._prefix :])
         if full.startswith(prefix_text):
