@@ -43,7 +43,8 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     returns the checkpoint both sides load and a description of the weights."""
     import torch
 
-    from export.build import build_generation, heldout_sample
+    from export.build import build_generation
+    from export.heldout import heldout_sample
     from export.checkpoint import save_checkpoint
     from export.decoder import DecoderConfig, GPTDecoder
     from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer

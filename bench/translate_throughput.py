@@ -42,7 +42,8 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     returns the checkpoint both sides load and a description of the weights."""
     import torch
 
-    from export.build import build_translation, heldout_sample
+    from export.build import build_translation
+    from export.heldout import heldout_sample
     from export.checkpoint import save_checkpoint
     from export.seq2seq import Seq2SeqConfig, Translator
     from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer

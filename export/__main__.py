@@ -19,12 +19,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "models": "export.build",
-    "minilm": "export.build",
-    "checkpoint": "export.build",
+    "models": "export.cli",
+    "minilm": "export.cli",
+    "checkpoint": "export.cli",
     "convert": "export.convert.cli",
-    "tiny": "export.build",
-    "heldout": "export.build",
+    "tiny": "export.cli",
+    "heldout": "export.cli",
     "tokenizer": "export.tokenizer_train",
     "train": "export.train",
     "evaluate": "export.evaluate",

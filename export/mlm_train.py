@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from export import data, mlm_data, mlm_eval, tokenizer_train
 from export.tokenizer_train import load_or_train_tokenizer
-from export.build import HELDOUT_FILE
+from export.heldout import HELDOUT_FILE
 from export.checkpoint import save_checkpoint
 from export.encoder import EncoderConfig
 from export.masking import IGNORE, mask_tokens

@@ -20,10 +20,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from torch import nn
 
-from export.build import build_embedding, build_generation, build_translation
+from export.build import build_embedding, build_fill_mask, build_generation, build_translation
 from export.decoder import DecoderConfig, GPTDecoder
 from export.encoder import EncoderConfig, SentenceEncoder
-from export.fill_mask import build_fill_mask
 from export.mlm import MaskedLM
 from export.seq2seq import Seq2SeqConfig, Translator
 from service.manifest import ModelDir

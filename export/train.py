@@ -30,11 +30,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from export import data, evaluate, tokenizer_train
-from export.build import HELDOUT_FILE, write_heldout
+from export.heldout import HELDOUT_FILE, write_heldout
 from export.checkpoint import load_training_state, save_checkpoint, save_training_state
 from export.decoder import DecoderConfig, GPTDecoder
 from export.mlm_train import MLMTask

@@ -13,7 +13,8 @@ import torch
 from tokenizers import Tokenizer
 
 from export import data, parity
-from export.build import HELDOUT_FILE, build_checkpoint, heldout_sample
+from export.checkpoint import build_checkpoint
+from export.heldout import HELDOUT_FILE, heldout_sample
 from export.checkpoint import load_checkpoint
 from export.evaluate import perplexity
 from service.runtime import Runtime

@@ -42,7 +42,7 @@ VARIANTS = ("optimized", "fp16")
 
 @pytest.fixture(scope="module")
 def root() -> Path:
-    from export.build import build_checkpoint
+    from export.checkpoint import build_checkpoint
     from export.modeldir import source_hash
 
     files = sorted(p for name in (GPT, TRANSLATOR) for p in (CHECKPOINTS / name).iterdir() if p.is_file())

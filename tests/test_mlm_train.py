@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from export import mlm_data, mlm_eval, tokenizer_train, train
-from export.build import build_checkpoint
+from export.checkpoint import build_checkpoint
 from export.checkpoint import load_checkpoint
 from export.mlm_train import SPECIAL, mlm_loss
 from service.manifest import load_model_dir

@@ -13,7 +13,8 @@ log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    from export.build import DEFAULT_VARIANTS, VARIANT_ORDER
+    from export.build import VARIANT_ORDER
+    from export.cli import DEFAULT_VARIANTS
 
     p = argparse.ArgumentParser(
         prog="python -m export convert",
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from export import gpu_gate
-    from export.build import _variant_list
+    from export.cli import _variant_list
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
