@@ -1,0 +1,131 @@
+"""Llama, Mistral and Qwen2 folders -> `GPTDecoder` (export/decoder.py) in its Llama form, kind generation.
+
+The three share one block (transformers' modeling_llama.py, modeling_mistral.py, modeling_qwen2.py):
+RMSNorm before attention and MLP, rotary positions (non-interleaved halves), grouped-query
+attention (num_key_value_heads), a SwiGLU MLP (act(gate_proj) * up_proj -> down_proj), and an
+output head tied or not (tie_word_embeddings). They differ in plain config fields (`FAMILIES`):
+- biases: Llama's `attention_bias` (q, k, v and o) and `mlp_bias`; Qwen2 has q, k, v biases and
+  no others; Mistral none;
+- sliding-window attention (Mistral's `sliding_window`; Qwen2's when `use_sliding_window`): a
+  window W attends to the W latest positions, which is full causal attention while a sequence
+  holds at most W tokens. The context is therefore capped to W (export/convert/causal_lm.py:
+  the window is the limit), so the graph needs no window mask; asking for more is refused.
+Rotary scaling is read from `rope_parameters` (transformers >= 5) or `rope_scaling` +
+`rope_theta` (older folders); its type must be in `decoder.ROPE_TYPES` (default, linear, llama3),
+else the field is refused, as is `partial_rotary_factor` below 1 and an activation outside
+`export.layers.ACTIVATIONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from export.convert import causal_lm
+from export.convert.errors import ConversionError, Converted, refuse
+from export.convert.folder import HFFolder, fast_tokenizer
+from export.decoder import ROPE_TYPES, DecoderConfig
+from export.layers import ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class Family:
+    qkv_bias: bool | str  # a fixed value, or the config field holding it
+    out_bias: bool | str
+    mlp_bias: bool | str
+    max_positions: int  # transformers' default max_position_embeddings
+    window_default: int | None  # transformers' default sliding_window
+    window_switch: bool | str  # whether sliding_window applies: always, never, or as this field says
+
+
+FAMILIES = {  # architectures[0] -> Family
+    "LlamaForCausalLM": Family("attention_bias", "attention_bias", "mlp_bias", 2048, None, False),
+    "MistralForCausalLM": Family(False, False, False, 131072, 4096, True),
+    "Qwen2ForCausalLM": Family(True, False, False, 32768, 4096, "use_sliding_window"),
+}
+_RENAMES = [  # (transformers name, export/decoder.py name)
+    (r"^model\.embed_tokens\.", "wte."),
+    (r"^model\.norm\.", "ln_f."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"blocks.\1.ln_attn."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"blocks.\1.ln_ffn."),
+    (r"^model\.layers\.(\d+)\.self_attn\.q_proj\.", r"blocks.\1.attn.query."),
+    (r"^model\.layers\.(\d+)\.self_attn\.k_proj\.", r"blocks.\1.attn.key."),
+    (r"^model\.layers\.(\d+)\.self_attn\.v_proj\.", r"blocks.\1.attn.value."),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", r"blocks.\1.attn.out."),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", r"blocks.\1.ffn.gate."),
+    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", r"blocks.\1.ffn.fc_in."),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", r"blocks.\1.ffn.fc_out."),
+    (r"^lm_head\.", "lm_head."),
+]
+_UNUSED = r"\.rotary_emb\.inv_freq$"  # older checkpoints saved the frequencies; ours are recomputed
+
+
+def rope(folder: HFFolder) -> tuple[float, dict | None]:
+    """-> (rope_theta, DecoderConfig.rope_scaling): None for plain rotary, else {"rope_type", its parameters}."""
+    hf, where = folder.config, folder.where()
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    params = dict(hf.get(field) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise refuse(where, f"{field}.rope_type", rope_type, list(ROPE_TYPES))
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise refuse(where, "partial_rotary_factor", partial, [1.0])
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope_type == "llama3":
+        params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    needed = ROPE_TYPES[rope_type][0]
+    missing = [name for name in needed if params.get(name) is None]
+    if missing:
+        raise ConversionError(f"{where}: {field} of rope_type {rope_type!r} lacks {', '.join(missing)}")
+    return theta, ({"rope_type": rope_type, **{name: params[name] for name in needed}} if needed else None)
+
+
+def _flag(hf: dict, value: bool | str) -> bool:
+    return bool(hf.get(value, False)) if isinstance(value, str) else value
+
+
+def window(folder: HFFolder, family: Family) -> int | None:
+    """The sliding window, when it is on (Qwen2 also says so per layer, in layer_types)."""
+    hf = folder.config
+    on = _flag(hf, family.window_switch) or "sliding_attention" in (hf.get("layer_types") or [])
+    size = hf.get("sliding_window", family.window_default)
+    return int(size) if on and size else None
+
+
+def read_config(folder: HFFolder, options, special: dict) -> tuple[DecoderConfig, tuple[int, int, int]]:
+    """DecoderConfig from config.json, and the served (context, max input, max output)."""
+    hf, where, family = folder.config, folder.where(), FAMILIES[folder.architecture]
+    activation = hf.get("hidden_act", "silu")
+    if activation not in ACTIVATIONS:
+        raise refuse(where, "hidden_act", activation, list(ACTIVATIONS))
+    theta, scaling = rope(folder)
+    limit, limit_field = int(hf.get("max_position_embeddings", family.max_positions)), "max_position_embeddings"
+    size = window(folder, family)
+    if size is not None and size < limit:
+        limit, limit_field = size, "sliding_window"
+    lengths = causal_lm.served_lengths(folder, limit, limit_field, options)
+    d_model, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    cfg = DecoderConfig(
+        vocab_size=int(hf["vocab_size"]), d_model=d_model, n_layers=int(hf["num_hidden_layers"]), n_heads=n_heads,
+        d_ff=int(hf["intermediate_size"]), max_positions=lengths[0], layer_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        bos_token_id=special.get("bos", special["eos"]), eos_token_id=special["eos"], pad_token_id=special["pad"],
+        norm="rmsnorm", activation=activation, gated_mlp=True, mlp_bias=_flag(hf, family.mlp_bias),
+        qkv_bias=_flag(hf, family.qkv_bias), out_bias=_flag(hf, family.out_bias),
+        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads), head_dim=int(hf.get("head_dim") or d_model // n_heads),
+        positions="rotary", rope_theta=theta, rope_scaling=scaling,
+        tied_head=bool(hf.get("tie_word_embeddings", False)))
+    return cfg, lengths
+
+
+def load(folder: HFFolder, kind: str, options) -> Converted:  # noqa: ARG001 (kind: generation only)
+    causal_lm.refuse_quantized(folder)
+    tokenizer, hf_tokenizer = fast_tokenizer(folder)
+    special = causal_lm.special_tokens(folder, hf_tokenizer, int(folder.config["vocab_size"]))
+    cfg, lengths = read_config(folder, options, special)
+    state = folder.state_dict()
+    if cfg.tied_head:
+        state.pop("lm_head.weight", None)  # the embedding, when saved twice
+    model = causal_lm.decoder(folder, cfg, causal_lm.renamed(folder, state, _RENAMES, _UNUSED))
+    return causal_lm.converted(folder, model, tokenizer, special, lengths, kv_heads=cfg.kv_heads,
+                               tied_head=cfg.tied_head, sliding_window=window(folder, FAMILIES[folder.architecture]),
+                               rope_type=(cfg.rope_scaling or {}).get("rope_type", "default"))
