@@ -110,7 +110,7 @@ def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_si
                 length_penalty: float = 1.0) -> list[list[int]]:
     """Batched beam search with the self-attention KV cache (fairseq-style: a hypothesis ends at
     </s>; finished scores are log p / length**length_penalty; a sentence is done once it has
-    beam_size finished hypotheses). src (B, S) -> best token ids per source, without BOS, with EOS."""
+    beam_size finished hypotheses). src (B, S) -> best token ids per source, without the start token, with EOS."""
     cfg, B, K = model.config, src_ids.shape[0], beam_size
     device = src_ids.device
     cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0))  # (B*K, nh, S, hs)
@@ -118,7 +118,7 @@ def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_si
     src_mask_k = src_mask.repeat_interleave(K, 0)  # (B*K, S)
     scores = torch.full((B, K), -math.inf, device=device)
     scores[:, 0] = 0.0  # one live beam per source at the start
-    seqs = torch.full((B * K, 1), cfg.bos_token_id, dtype=torch.long, device=device)
+    seqs = torch.full((B * K, 1), cfg.decoder_start_token_id, dtype=torch.long, device=device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     past = None
     for t in range(max_length):

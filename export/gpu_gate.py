@@ -113,9 +113,9 @@ def translator_figures(model, encoder_graph: Path, decoder_graph: Path, sources:
         ref_cross = ref_model.encode(torch.from_numpy(src).to(device), mask_t)
     ref = parity.torch_step(lambda i, m, p, past: ref_model.decode(i, m, p, past, ref_cross, mask_t),
                             device, torch.float16)
-    prompts = [[cfg.bos_token_id, *s[: i + 1]] for i, s in enumerate(sources)]  # as the CPU gate
+    prompts = [[cfg.decoder_start_token_id, *s[: i + 1]] for i, s in enumerate(sources)]  # as the CPU gate
     figures = {**_header(device), **parity.logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size)}
-    start = np.full((len(sources), 1), cfg.bos_token_id, np.int64)
+    start = np.full((len(sources), 1), cfg.decoder_start_token_id, np.int64)
     tokens = parity.greedy_loop(got, start, np.ones_like(start), np.zeros_like(start), n_new)
     return _tokens(figures, parity.reference_translations(ref_model, sources, n_new), fp32_reference, tokens)
 

@@ -394,7 +394,7 @@ def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], samp
 def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
                        pairs: Sequence[tuple[Sequence[int], Sequence[int]]], sample: str) -> dict:
     """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
-    starting with BOS) pairs, one pair at a time (no padding involved)."""
+    starting with the decoder start token) pairs, one pair at a time (no padding involved)."""
     enc, dec = session(encoder_graph), session(decoder_graph)
     pad = model.config.pad_token_id
 
@@ -439,14 +439,15 @@ def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: 
                                              **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
                                                 for i, c in enumerate(cross)}})
     ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(src_mask)))
-    prompts = [[cfg.bos_token_id, *s[: i + 1]] for i, s in enumerate(sources)]  # target prefixes, lengths differ
+    start_id = cfg.decoder_start_token_id
+    prompts = [[start_id, *s[: i + 1]] for i, s in enumerate(sources)]  # target prefixes, lengths differ
     figures = {"cross_kv_max_abs_diff": cross_diff,
                **logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size)}
     _check_logits(figures, variant, "translator decoder logits")
     if VARIANT_LIMITS[variant][1] is not None and cross_diff > VARIANT_LIMITS[variant][1]:
         _fail(f"{variant} translator encoder cross K/V max abs diff", cross_diff, VARIANT_LIMITS[variant][1])
     reference = reference or reference_translations(model, sources, n_new)
-    start = np.full((len(sources), 1), cfg.bos_token_id, np.int64)
+    start = np.full((len(sources), 1), start_id, np.int64)
     tokens = greedy_loop(got, start, np.ones_like(start), np.zeros_like(start), n_new)
     figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} translator greedy"))
     return figures

@@ -1,9 +1,13 @@
 """Encoder-decoder Transformer for translation (English -> French).
 
 References: Vaswani et al., "Attention Is All You Need" (2017); the Annotated Transformer
-(`EncoderDecoder`, `subsequent_mask`, `greedy_decode`). Differences from the paper: pre-LN blocks
-with a final LayerNorm (trains stably without a long warm-up), one embedding matrix shared by
-source, target and the output projection (one joint subword vocabulary), sinusoidal positions.
+(`EncoderDecoder`, `subsequent_mask`, `greedy_decode`). Our trained translators differ from the
+paper: pre-LN blocks with a final LayerNorm (trains stably without a long warm-up), one embedding
+matrix shared by source, target and the output projection (one joint subword vocabulary). The
+config's other settings (block norm position, final norms, activation, position layout, embedding
+scale, a logits bias, the decoder start token) let converted checkpoints run on the same module:
+Marian / OPUS-MT (export/convert/marian.py) is post-LN, SiLU, no final norms, sines-then-cosines
+positions and a `final_logits_bias`, and starts decoding from its pad token.
 
 The model exports as two graphs:
 - `encode(src_ids, src_mask)` -> per decoder layer the cross-attention K/V of the encoder output,
@@ -22,9 +26,23 @@ import torch
 from torch import nn
 
 from export.decoder import _init_weights
-from export.layers import FeedForward, MultiHeadAttention, SinusoidalPositions, causal_mask, padding_mask
+from export.layers import FeedForward, MultiHeadAttention, causal_mask, padding_mask, sinusoidal_table
 
 KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def sines_then_cosines(n_positions: int, d_model: int) -> torch.Tensor:
+    """transformers' MarianSinusoidalPositionalEmbedding, (n_positions, d_model): the frequencies of
+    `sinusoidal_table`, sines in the first half of the dims and cosines in the second, not
+    interleaved; computed in float64 as transformers does (numpy), then cast."""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (n, 1)
+    pairs = torch.div(torch.arange(d_model), 2, rounding_mode="floor").double()  # (d,): 0, 0, 1, 1, ...
+    angle = position / torch.pow(10000.0, 2 * pairs / d_model)  # (n, d)
+    return torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], dim=1).float()
+
+
+NORM_POSITIONS = ("pre", "post")  # LayerNorm before each sub-layer (ours) | after its residual sum (Marian)
+POSITION_LAYOUTS = {"interleaved": sinusoidal_table, "marian": sines_then_cosines}
 
 
 @dataclass
@@ -41,40 +59,82 @@ class Seq2SeqConfig:
     pad_token_id: int = 0
     bos_token_id: int = 1
     eos_token_id: int = 2
+    norm_position: str = "pre"  # NORM_POSITIONS
+    final_norms: bool = True  # a LayerNorm after the encoder stack and one after the decoder stack
+    activation: str = "gelu"  # feed-forward, a config.json name of layers.ACTIVATIONS
+    positions: str = "interleaved"  # POSITION_LAYOUTS
+    scale_embedding: bool = True  # token embeddings times sqrt(d_model) before the positions are added
+    final_logits_bias: bool = False  # a (V,) buffer added to the logits
+    decoder_start_token_id: int | None = None  # the first decoder input; None: bos_token_id
+
+    def __post_init__(self):
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = self.bos_token_id
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm_position {self.norm_position!r}: one of {', '.join(NORM_POSITIONS)}")
+        if self.positions not in POSITION_LAYOUTS:
+            raise ValueError(f"positions {self.positions!r}: one of {', '.join(POSITION_LAYOUTS)}")
 
 
-class EncoderLayer(nn.Module):
+class _Block(nn.Module):
+    """Sub-layer wiring: pre-LN x + f(LN(x)), or post-LN LN(x + f(x))."""
+
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
+        self.pre = cfg.norm_position == "pre"
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _in(self, x, norm):
+        return norm(x) if self.pre else x
+
+    def _out(self, x, y, norm, dropout: bool = True):
+        """The residual sum of x and a sub-layer's output y (B, T, C)."""
+        x = x + (self.dropout(y) if dropout else y)  # the feed-forward applies its own dropout
+        return x if self.pre else norm(x)
+
+
+class EncoderLayer(_Block):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__(cfg)
         self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
         self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dropout=cfg.dropout)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dropout=cfg.dropout, activation=cfg.activation)
 
     def forward(self, x, mask):
-        x = x + self.dropout(self.attn(self.ln_attn(x), mask)[0])
-        return x + self.ffn(self.ln_ffn(x))
+        x = self._out(x, self.attn(self._in(x, self.ln_attn), mask)[0], self.ln_attn)
+        return self._out(x, self.ffn(self._in(x, self.ln_ffn)), self.ln_ffn, dropout=False)
 
 
-class DecoderLayer(nn.Module):
-    """Pre-LN: masked self-attention (cached), cross-attention over the source, feed-forward."""
+class DecoderLayer(_Block):
+    """Masked self-attention (cached), cross-attention over the source, feed-forward."""
 
     def __init__(self, cfg: Seq2SeqConfig):
-        super().__init__()
+        super().__init__(cfg)
         self.ln_self = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
         self.ln_cross = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
         self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dropout=cfg.dropout)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dropout=cfg.dropout, activation=cfg.activation)
 
     def forward(self, x, self_mask, past, cross_kv, cross_mask):
-        y, present = self.self_attn(self.ln_self(x), self_mask, past=past)
-        x = x + self.dropout(y)
-        x = x + self.dropout(self.cross_attn(self.ln_cross(x), cross_mask, memory_kv=cross_kv)[0])
-        return x + self.ffn(self.ln_ffn(x)), present
+        y, present = self.self_attn(self._in(x, self.ln_self), self_mask, past=past)
+        x = self._out(x, y, self.ln_self)
+        y = self.cross_attn(self._in(x, self.ln_cross), cross_mask, memory_kv=cross_kv)[0]
+        x = self._out(x, y, self.ln_cross)
+        return self._out(x, self.ffn(self._in(x, self.ln_ffn)), self.ln_ffn, dropout=False), present
+
+
+class Positions(nn.Module):
+    """Looks positions up in a fixed (non-trained) sinusoidal table of one of POSITION_LAYOUTS."""
+
+    def __init__(self, n_positions: int, d_model: int, layout: str):
+        super().__init__()
+        self.register_buffer("table", POSITION_LAYOUTS[layout](n_positions, d_model), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]  # (B, T, C)
 
 
 class Translator(nn.Module):
@@ -82,16 +142,19 @@ class Translator(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
-        self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
+        self.positions = Positions(cfg.max_positions, cfg.d_model, cfg.positions)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.final_norms else nn.Identity()
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.final_norms else nn.Identity()
+        bias = torch.zeros(cfg.vocab_size) if cfg.final_logits_bias else None  # (V,)
+        self.register_buffer("final_logits_bias", bias)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.apply(_init_weights)
 
     def _embed(self, ids, position_ids):
-        return self.drop(self.embed(ids) * math.sqrt(self.config.d_model) + self.positions(position_ids))
+        return self.drop(self.embed(ids) * self.embed_scale + self.positions(position_ids))
 
     def encode(self, src_ids, src_mask) -> list[KV]:
         """src_ids, src_mask (B, S) -> n_decoder_layers x cross-attention (k, v), each (B, nh, S, hs)."""
@@ -114,7 +177,8 @@ class Translator(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             x, kv = layer(x, self_mask, past[i] if past else None, cross_kv[i], cross_mask)
             present.append(kv)
-        return self.decoder_norm(x) @ self.embed.weight.T, present  # (B, T, V)
+        logits = self.decoder_norm(x) @ self.embed.weight.T  # (B, T, V)
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias, present
 
     def forward(self, src_ids, src_mask, tgt_ids, tgt_mask):
         """Teacher-forced training pass: logits (B, T, V) for every target position."""
@@ -126,10 +190,10 @@ class Translator(nn.Module):
     @torch.no_grad()
     def greedy_decode(self, src_ids, src_mask, max_length: int) -> list[list[int]]:
         """Reference without a cache: re-decodes the whole prefix each step. Returns token ids per
-        source, without BOS, up to and including EOS."""
+        source, without the decoder start token, up to and including EOS."""
         cross = self.encode(src_ids, src_mask)
         B = src_ids.shape[0]
-        ys = torch.full((B, 1), self.config.bos_token_id, dtype=torch.long, device=src_ids.device)
+        ys = torch.full((B, 1), self.config.decoder_start_token_id, dtype=torch.long, device=src_ids.device)
         done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
         for _ in range(max_length):
             positions = torch.arange(ys.shape[1], device=ys.device)[None, :].expand_as(ys)

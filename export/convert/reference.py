@@ -9,7 +9,8 @@ it). At conversion, for every kind:
 - fill-mask: logits at every real position, max abs diff <= `LOGITS_MAX_ABS`;
 - generation: logits of the prompts as above, and greedy tokens of our `generate` equal to
   `model.generate(do_sample=False)` for GREEDY_TOKENS new tokens;
-- translation: greedy translations of ours equal to `generate(num_beams=1, do_sample=False)`.
+- translation: teacher-forced logits as above (tokens that generate bans left out) and greedy
+  translations of ours equal to `generate(num_beams=1, do_sample=False)`.
 A miss raises `parity.ParityError`; the figures go into the manifest (`extra.conversion.reference`).
 """
 
@@ -112,8 +113,9 @@ def _generation(folder: HFFolder, c: Converted) -> dict:
 
     hf = AutoModelForCausalLM.from_pretrained(str(folder.path), local_files_only=True).eval()
     figures, greedy = {}, 0
+    prompt_limit = min(32, c.model.config.max_positions - GREEDY_TOKENS)  # ours sees the whole sequence too
     for text in TEXTS[:4]:
-        ids = torch.tensor([c.tokenizer.encode(text).ids[:32]])
+        ids = torch.tensor([c.tokenizer.encode(text).ids[:prompt_limit]])
         with torch.no_grad():
             ref = hf(input_ids=ids).logits
             got = c.model(ids)[0]
@@ -132,19 +134,25 @@ def _translation(folder: HFFolder, c: Converted) -> dict:
     from transformers import AutoModelForSeq2SeqLM
 
     hf = AutoModelForSeq2SeqLM.from_pretrained(str(folder.path), local_files_only=True).eval()
-    total = 0
+    keep = torch.ones(c.model.config.vocab_size, dtype=torch.bool)  # (V,)
+    keep[c.source.get("banned_tokens", [])] = False  # generate bans them, the converted logits bias does
+    figures, total = {}, 0
     for text in TEXTS[:4]:
         ids = torch.tensor([c.tokenizer.encode(text).ids[:32]])
         mask = torch.ones_like(ids)
-        with torch.no_grad():
-            expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS, do_sample=False,
-                                   num_beams=1)[0, 1:].tolist()  # without the decoder start token
+        with torch.no_grad():  # one token more: a forced_eos_token_id (Marian) replaces the last one with EOS
+            expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS + 1,
+                                   do_sample=False, num_beams=1)[0, 1:].tolist()  # without the decoder start token
             mine = c.model.greedy_decode(ids, mask, GREEDY_TOKENS)[0]
+            target = torch.tensor([[c.model.config.decoder_start_token_id, *mine]])  # teacher-forced logits
+            ref = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits[..., keep]
+            got = c.model(ids, mask, target, torch.ones_like(target))[..., keep]
         if expected[: len(mine)] != mine:
             raise parity.ParityError(f"greedy translation differs from transformers' generate on {text!r}: "
                                      f"{mine} vs {expected}")
+        figures = _merge(figures, _logits_figures(ref, got, torch.ones_like(target), "translation"))
         total += len(mine)
-    return {"greedy_tokens_equal": total}
+    return {**figures, "greedy_tokens_equal": total}
 
 
 def _merge(a: dict, b: dict) -> dict:

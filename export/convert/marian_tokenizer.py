@@ -1,0 +1,121 @@
+"""A Marian folder's tokenizer (source.spm, target.spm, vocab.json) as one `tokenizers.Tokenizer`.
+
+What transformers' MarianTokenizer does (the reference, models/marian/tokenization_marian.py):
+- encoding a source: split off special tokens and a leading language code (`>>fr<<`), segment each
+  remaining chunk with source.spm (SentencePiece unigram: its normaliser, a dummy "▁" prefix, the
+  Viterbi path; runs of characters it does not know merge into one unknown piece), map each piece
+  *by its string* through vocab.json (a piece vocab.json lacks -> <unk>), append </s>;
+- decoding ids (vocab shared by both sides): ids -> vocab.json's pieces, special ones dropped
+  (skip_special_tokens: </s>, <pad>, <unk>), source.spm's piece decoder ("▁" -> space, pieces it
+  does not know copied as they are), then `str.strip()`.
+The model directory serves both with one file, so here: source.spm's normaliser and pre-tokenizer
+as transformers' SpmConverter writes them (`build_tokenizer_from_spm_proto`, legacy: every chunk
+between special tokens gets its own dummy prefix, as MarianTokenizer encodes chunks apart); a
+Unigram model whose ids are vocab.json's, each piece with source.spm's score; target-only pieces
+(not in source.spm) renamed with a private-use prefix (`MARK`) that no normalised text contains,
+so encoding never reaches them while decoding still prints them (the decoder drops the prefix);
+special tokens and language codes as added tokens at their vocab.json ids; "$A </s>" appended.
+
+Exact (tests/test_convert_marian.py, and every conversion checks reference.TEXTS against
+MarianTokenizer): ids of sources made of characters source.spm knows, special tokens and a
+leading language code; one unknown character that vocab.json holds (a French "é" that only
+target.spm has) gets its vocab.json id, as MarianTokenizer's string lookup gives it; decoded text.
+Where it can differ: a run of two or more characters unknown to source.spm that target pieces cover
+(MarianTokenizer: one id, vocab.json's entry for the whole run or <unk>; here the target pieces'
+ids); a source.spm piece missing from vocab.json (MarianTokenizer keeps the segmentation and
+writes <unk>; here that piece cannot be chosen, so the text segments differently: counted in
+`figures["source_pieces_not_in_vocab"]`, 0 for OPUS-MT's joint vocabularies); a language code
+later in the text (MarianTokenizer splits it off only at the start); text containing U+E000;
+decoded text ending in whitespace other than spaces that `str.strip()` and the decoder's `\\s`
+judge differently. The vocabulary's strings of target-only pieces carry the prefix
+(`get_vocab`, `id_to_token`); ids and decoded text do not.
+"""
+
+from __future__ import annotations
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, processors
+from tokenizers.models import Unigram
+
+from export.convert.errors import ConversionError, refuse
+from export.convert.folder import HFFolder
+
+MARK = "\ue000"  # private use: prefixes target-only pieces so that encoding cannot produce them
+SPM_MODEL_TYPES = {1: "unigram"}  # source.spm's trainer_spec.model_type -> name (BPE: 2, not converted)
+NORMAL, USER_DEFINED, BYTE = 1, 4, 6  # SentencePiece piece types that segment text
+# transformers' clean_up_tokenization, in its order (when tokenizer_config.json turns it on)
+CLEANUP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+           (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+
+
+def _source_model(folder: HFFolder):
+    from sentencepiece import sentencepiece_model_pb2
+
+    file = folder.path / "source.spm"
+    if not file.is_file():
+        raise ConversionError(f"{file}: missing (a Marian folder has source.spm, target.spm and vocab.json)")
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(file.read_bytes())
+    spec = proto.trainer_spec
+    if spec.model_type not in SPM_MODEL_TYPES:
+        raise refuse(str(file), "trainer_spec.model_type", spec.model_type, list(SPM_MODEL_TYPES))
+    if spec.byte_fallback:
+        raise refuse(str(file), "trainer_spec.byte_fallback", True, [False])
+    return proto
+
+
+def _vocab(folder: HFFolder, specials: list[str]) -> dict[str, int]:
+    vocab = folder.json("vocab.json")
+    if not isinstance(vocab, dict):
+        raise ConversionError(f"{folder.where('vocab.json')}: missing or not a piece -> id object")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise ConversionError(f"{folder.where('vocab.json')}: ids are not 0 .. {len(vocab) - 1}, each once")
+    missing = [t for t in specials if t not in vocab]
+    if missing:
+        raise ConversionError(f"{folder.where('vocab.json')}: special token(s) {missing} missing")
+    return vocab
+
+
+def _decoder(cleanup: bool) -> decoders.Decoder:
+    """MarianTokenizer.decode's text from the kept pieces: "▁" -> space, joined, stripped."""
+    steps = [decoders.Replace(MARK, ""), decoders.Replace("▁", " "), decoders.Fuse(),
+             decoders.Replace(Regex(r"\A\s+|\s+\z"), "")]  # after Fuse: one string, as str.strip()
+    if cleanup:
+        steps += [decoders.Replace(old, new) for old, new in CLEANUP]
+    return decoders.Sequence(steps)
+
+
+def marian_tokenizer(folder: HFFolder, hf_tokenizer) -> tuple[Tokenizer, dict]:
+    """-> (the tokenizer, figures for the manifest). hf_tokenizer: the folder's MarianTokenizer
+    (its special tokens and decode settings, as transformers reads tokenizer_config.json)."""
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    if getattr(hf_tokenizer, "separate_vocabs", False):
+        raise refuse(folder.where("tokenizer_config.json"), "separate_vocabs", True, [False])
+    proto = _source_model(folder)
+    specials = list(hf_tokenizer.all_special_tokens)
+    vocab = _vocab(folder, specials)
+    base = SpmConverter.build_tokenizer_from_spm_proto(proto, [(p.piece, p.score) for p in proto.pieces], legacy=True)
+    scores = {p.piece: p.score for p in proto.pieces if p.type in (NORMAL, USER_DEFINED, BYTE)}
+    known = {piece for piece in scores if len(piece) == 1}  # characters source.spm segments
+    codes = [t for t in vocab if t.startswith(">>") and t.endswith("<<")]
+    kept = set(specials) | set(codes)
+
+    def entry(piece: str) -> tuple[str, float]:
+        if piece in scores:
+            return piece, scores[piece]
+        if piece in kept or not set(piece) & known:  # special, code, or only unknown characters
+            return piece, 0.0
+        return MARK + piece, 0.0
+
+    pieces = sorted(vocab, key=vocab.get)
+    tok = Tokenizer(Unigram([entry(p) for p in pieces], unk_id=vocab[hf_tokenizer.unk_token], byte_fallback=False))
+    tok.normalizer, tok.pre_tokenizer = base.normalizer, base.pre_tokenizer
+    tok.decoder = _decoder(bool(hf_tokenizer.clean_up_tokenization_spaces))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok.add_tokens([AddedToken(c, special=False, normalized=False) for c in codes])
+    eos = hf_tokenizer.eos_token
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
+                                                       special_tokens=[(eos, vocab[eos])])
+    figures = {"vocab": len(vocab), "target_only_pieces": sum(p not in scores and p not in kept for p in pieces),
+               "source_pieces_not_in_vocab": sum(p not in vocab for p in scores), "language_codes": len(codes)}
+    return tok, figures
