@@ -20,7 +20,7 @@ from transformers import (AutoModel, AutoModelForMaskedLM, AutoTokenizer, BertCo
                           PreTrainedTokenizerFast, RobertaConfig, RobertaForMaskedLM, XLMRobertaConfig,
                           XLMRobertaModel, pipeline)
 
-from export.convert import ConversionError, Options, convert
+from export.convert import ConversionError, Options, convert, load
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -209,3 +209,34 @@ def test_unsupported_configs_are_refused_naming_the_field(checkpoints, tmp_path)
             convert(folder, tmp_path / "out" / "bad", name="bad")
         (folder / file).write_text(original)
         assert not (tmp_path / "out" / "bad").exists()
+
+
+@pytest.mark.parametrize("layout", ["sharded-safetensors", "pytorch_model.bin"])
+def test_weights_load_from_every_layout(layout, checkpoints, tmp_path):
+    """A sharded safetensors folder (index + shards) and an old pytorch_model.bin give the same model."""
+    source = checkpoints["bert-mlm"]
+    folder = tmp_path / layout
+    folder.mkdir()
+    for f in source.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    hf = BertForMaskedLM.from_pretrained(source)
+    if layout == "pytorch_model.bin":
+        torch.save(hf.state_dict(), folder / "pytorch_model.bin")
+    else:
+        hf.save_pretrained(folder, max_shard_size="40KB")
+        assert len(list(folder.glob("model-*-of-*.safetensors"))) > 1
+    want = load(source).model.state_dict()
+    got = load(folder).model.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_folder_without_weights_is_refused(checkpoints, tmp_path):
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text((checkpoints["bert-mlm"] / "config.json").read_text())
+    with pytest.raises(ConversionError, match="no weights"):
+        load(folder)
+    with pytest.raises(ConversionError, match="not a folder"):
+        load(tmp_path / "missing")

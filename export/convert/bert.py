@@ -147,7 +147,7 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
     model = MaskedLM(cfg) if head else SentenceEncoder(cfg)
     state = map_weights(folder, folder.state_dict(), head)
     if head:
-        state.update({k: v for k, v in model.state_dict().items() if k.startswith("sop.")})  # training only
+        state.update({k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("sop.")})  # unused
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ConversionError(f"{folder.path}: weights do not fit a {folder.architecture} of this config "
