@@ -8,12 +8,14 @@ Mistral). The four cover: learned positions and a tied head (GPT-2); grouped-que
 with an untied head and llama3 rotary scaling (Llama); one KV head, head_dim 16 != hidden / heads
 and a sliding window shorter than the positions, which caps the context (Mistral); q/k/v biases,
 a tied head and linear rotary scaling (Qwen2). The converted directories are served by a real
-server: Generate's greedy tokens equal transformers' `generate(do_sample=False)` on the same
-folder, and GenerateStream's chunks joined equal the unary text, multi-byte prompts included.
+server: Generate's greedy tokens, for prompts of different lengths sent together (prefilled as
+one right-padded batch), equal transformers' `generate(do_sample=False)` on the same folder, and
+GenerateStream's chunks joined equal the unary text, multi-byte prompts included.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -137,9 +139,9 @@ def transformers_greedy(folder: Path, prompt: str) -> list[int]:
 @pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "qwen2"])
 async def test_generate_matches_transformers_and_streams_the_same_text(name, checkpoints, converted, start_server):
     server = await start_server(converted)
-    for prompt in PROMPTS:
-        request = generate_request(prompt, model=name, max_new_tokens=NEW_TOKENS)
-        unary = await server.generation.Generate(request)
+    requests = [generate_request(prompt, model=name, max_new_tokens=NEW_TOKENS) for prompt in PROMPTS]
+    replies = await asyncio.gather(*(server.generation.Generate(r) for r in requests))  # one right-padded batch
+    for prompt, request, unary in zip(PROMPTS, requests, replies):
         assert list(unary.token_ids) == transformers_greedy(checkpoints[name], prompt), prompt
         chunks = [c.text async for c in server.generation.GenerateStream(request)]
         assert "".join(chunks) == unary.text

@@ -8,7 +8,8 @@ So the context is max_input_tokens + max_output_tokens, each from Options (`--ma
 `--max-output-tokens`) or, when not given, half of DEFAULT_CONTEXT (half of the model's `limit`
 when that is smaller, or what is left of the limit beside the other length). `limit` is the
 positions the checkpoint takes (capped by a sliding window, llama.py); lengths over it are
-refused, naming the limit's field.
+refused, naming the limit's field. The context is at least MIN_CONTEXT when the limit allows (the
+parity gate generates parity.GREEDY_NEW_TOKENS after its prompts), even for shorter lengths.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from export.convert.folder import HFFolder
 from export.decoder import DecoderConfig, GPTDecoder
 
 DEFAULT_CONTEXT = 2048
+MIN_CONTEXT = 128
 REFUSED_FIELDS = ("quantization_config",)  # weights stored in forms our fp32 modules do not take
 
 
@@ -44,7 +46,7 @@ def served_lengths(folder: HFFolder, limit: int, limit_field: str, options) -> t
     if max_in < 1 or max_out < 1:
         raise ConversionError(f"{folder.where()}: max_input_tokens {max_in} and max_output_tokens {max_out} must "
                               f"both be at least 1 within the {limit} positions the model takes ({limit_field})")
-    return max_in + max_out, max_in, max_out
+    return min(limit, max(max_in + max_out, MIN_CONTEXT)), max_in, max_out
 
 
 def _token_id(value) -> int | None:
