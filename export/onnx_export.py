@@ -89,7 +89,7 @@ class _GroupQueryAttention(torch.autograd.Function):
     parity gate."""
 
     @staticmethod
-    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):  # noqa: ARG004
+    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):
         head_size = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
         return qkv[..., : n_heads * head_size].clone(), past_k.clone(), past_v.clone()
 

@@ -60,8 +60,9 @@ def special_tokens(folder: HFFolder, hf_tokenizer, vocab_size: int) -> dict[str,
     """{"bos" (when the model has one), "eos", "pad"}: config.json's ids, else the tokenizer's; pad
     falls back to eos (the service pads batches with it; padded slots are never attended)."""
     cfg = folder.config
-    ids = {name: _token_id(cfg.get(f"{name}_token_id")) for name in ("bos", "eos", "pad")}
-    for name in ids:
+    ids = {}
+    for name in ("bos", "eos", "pad"):
+        ids[name] = _token_id(cfg.get(f"{name}_token_id"))
         if ids[name] is None:
             ids[name] = _token_id(getattr(hf_tokenizer, f"{name}_token_id", None))
     if ids["eos"] is None:

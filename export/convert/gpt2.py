@@ -78,7 +78,8 @@ def linear_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load(folder: HFFolder, kind: str, options) -> Converted:  # noqa: ARG001 (kind: generation only)
+def load(folder: HFFolder, kind: str, options) -> Converted:
+    """The folder as a GPTDecoder (kind: generation, the only one ARCHITECTURES gives GPT-2)."""
     causal_lm.refuse_quantized(folder)
     tokenizer, hf_tokenizer = fast_tokenizer(folder)
     special = causal_lm.special_tokens(folder, hf_tokenizer, int(folder.config["vocab_size"]))

@@ -117,7 +117,8 @@ def read_config(folder: HFFolder, options, special: dict) -> tuple[DecoderConfig
     return cfg, lengths
 
 
-def load(folder: HFFolder, kind: str, options) -> Converted:  # noqa: ARG001 (kind: generation only)
+def load(folder: HFFolder, kind: str, options) -> Converted:
+    """The folder as a GPTDecoder (kind: generation, the only one ARCHITECTURES gives these)."""
     causal_lm.refuse_quantized(folder)
     tokenizer, hf_tokenizer = fast_tokenizer(folder)
     special = causal_lm.special_tokens(folder, hf_tokenizer, int(folder.config["vocab_size"]))
