@@ -92,6 +92,8 @@ def _check_fields(folder: HFFolder, gen: dict, gen_file: str) -> None:
     for name, value in FIXED_FIELDS.items():
         if name in hf and hf[name] != value:
             raise refuse(where, name, hf[name], [value])
+    if (folder.json("tokenizer_config.json") or {}).get("separate_vocabs"):  # a target_vocab.json for the decoder
+        raise refuse(folder.where("tokenizer_config.json"), "separate_vocabs", True, [False])
     for enc, dec in SYMMETRIC:
         if hf.get(enc) != hf.get(dec):
             raise ConversionError(f"{where}: {enc} = {hf.get(enc)} and {dec} = {hf.get(dec)} differ (supported: equal)")

@@ -89,8 +89,6 @@ def marian_tokenizer(folder: HFFolder, hf_tokenizer) -> tuple[Tokenizer, dict]:
     (its special tokens and decode settings, as transformers reads tokenizer_config.json)."""
     from transformers.convert_slow_tokenizer import SpmConverter
 
-    if getattr(hf_tokenizer, "separate_vocabs", False):
-        raise refuse(folder.where("tokenizer_config.json"), "separate_vocabs", True, [False])
     proto = _source_model(folder)
     specials = list(hf_tokenizer.all_special_tokens)
     vocab = _vocab(folder, specials)
