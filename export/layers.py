@@ -175,12 +175,25 @@ def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
     return table
 
 
-class SinusoidalPositions(nn.Module):
-    """Looks positions up in a fixed (non-trained) sinusoidal table."""
+def sines_then_cosines(n_positions: int, d_model: int) -> torch.Tensor:
+    """transformers' MarianSinusoidalPositionalEmbedding, (n_positions, d_model): the frequencies of
+    `sinusoidal_table`, sines in the first half of the dims and cosines in the second, not
+    interleaved; computed in float64 as transformers does (numpy), then cast."""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (n, 1)
+    pairs = torch.div(torch.arange(d_model), 2, rounding_mode="floor").double()  # (d,): 0, 0, 1, 1, ...
+    angle = position / torch.pow(10000.0, 2 * pairs / d_model)  # (n, d)
+    return torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], dim=1).float()
 
-    def __init__(self, n_positions: int, d_model: int):
+
+POSITION_LAYOUTS = {"interleaved": sinusoidal_table, "marian": sines_then_cosines}
+
+
+class SinusoidalPositions(nn.Module):
+    """Looks positions up in a fixed (non-trained) sinusoidal table, of one of `POSITION_LAYOUTS`."""
+
+    def __init__(self, n_positions: int, d_model: int, layout: str = "interleaved"):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(n_positions, d_model), persistent=False)
+        self.register_buffer("table", POSITION_LAYOUTS[layout](n_positions, d_model), persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]  # (B, T, C)

@@ -26,23 +26,13 @@ import torch
 from torch import nn
 
 from export.decoder import _init_weights
-from export.layers import FeedForward, MultiHeadAttention, causal_mask, padding_mask, sinusoidal_table
+from export.layers import (POSITION_LAYOUTS, FeedForward, MultiHeadAttention, SinusoidalPositions, causal_mask,
+                           padding_mask)
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-def sines_then_cosines(n_positions: int, d_model: int) -> torch.Tensor:
-    """transformers' MarianSinusoidalPositionalEmbedding, (n_positions, d_model): the frequencies of
-    `sinusoidal_table`, sines in the first half of the dims and cosines in the second, not
-    interleaved; computed in float64 as transformers does (numpy), then cast."""
-    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (n, 1)
-    pairs = torch.div(torch.arange(d_model), 2, rounding_mode="floor").double()  # (d,): 0, 0, 1, 1, ...
-    angle = position / torch.pow(10000.0, 2 * pairs / d_model)  # (n, d)
-    return torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], dim=1).float()
-
-
 NORM_POSITIONS = ("pre", "post")  # LayerNorm before each sub-layer (ours) | after its residual sum (Marian)
-POSITION_LAYOUTS = {"interleaved": sinusoidal_table, "marian": sines_then_cosines}
 
 
 @dataclass
@@ -126,23 +116,12 @@ class DecoderLayer(_Block):
         return self._out(x, self.ffn(self._in(x, self.ln_ffn)), self.ln_ffn, dropout=False), present
 
 
-class Positions(nn.Module):
-    """Looks positions up in a fixed (non-trained) sinusoidal table of one of POSITION_LAYOUTS."""
-
-    def __init__(self, n_positions: int, d_model: int, layout: str):
-        super().__init__()
-        self.register_buffer("table", POSITION_LAYOUTS[layout](n_positions, d_model), persistent=False)
-
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.table[position_ids]  # (B, T, C)
-
-
 class Translator(nn.Module):
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
-        self.positions = Positions(cfg.max_positions, cfg.d_model, cfg.positions)
+        self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model, cfg.positions)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.final_norms else nn.Identity()

@@ -35,8 +35,8 @@ import torch
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 from export.convert.marian_tokenizer import marian_tokenizer
-from export.layers import ACTIVATIONS
-from export.seq2seq import POSITION_LAYOUTS, Seq2SeqConfig, Translator
+from export.layers import ACTIVATIONS, POSITION_LAYOUTS
+from export.seq2seq import Seq2SeqConfig, Translator
 
 BANNED_LOGIT = -100.0
 # config.json field -> the one value converted (the value transformers computes with, also when absent)
