@@ -35,6 +35,7 @@ import torch
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 from export.convert.marian_tokenizer import marian_tokenizer
+from export.convert.reference import hf_tokenizer
 from export.layers import ACTIVATIONS, POSITION_LAYOUTS
 from export.seq2seq import Seq2SeqConfig, Translator
 
@@ -114,6 +115,7 @@ def banned_tokens(folder: HFFolder, gen: dict, gen_file: str) -> list[int]:
 
 
 def read_config(folder: HFFolder, gen: dict, options) -> Seq2SeqConfig:
+    """Seq2SeqConfig from config.json (absent fields: MarianConfig's defaults) and the generation settings."""
     hf = folder.config
     pad, eos = int(hf["pad_token_id"]), hf.get("eos_token_id", 0)
     if not isinstance(eos, int):
@@ -174,8 +176,6 @@ def mapped_state(folder: HFFolder, cfg: Seq2SeqConfig, banned: list[int]) -> dic
 
 
 def load(folder: HFFolder, kind: str, options) -> Converted:  # noqa: ARG001 (kind: translation only)
-    from export.convert.reference import hf_tokenizer
-
     gen, gen_file = generation_settings(folder)
     _check_fields(folder, gen, gen_file)
     cfg = read_config(folder, gen, options)
