@@ -26,8 +26,14 @@ import torch
 from torch import nn
 
 from export.decoder import _init_weights
-from export.layers import (POSITION_LAYOUTS, FeedForward, MultiHeadAttention, SinusoidalPositions, causal_mask,
-                           padding_mask)
+from export.layers import (
+    POSITION_LAYOUTS,
+    FeedForward,
+    MultiHeadAttention,
+    SinusoidalPositions,
+    causal_mask,
+    padding_mask,
+)
 
 KV = tuple[torch.Tensor, torch.Tensor]
 

@@ -15,6 +15,7 @@ tokenizer gives MarianTokenizer's ids and texts.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import random
 import shutil
@@ -128,7 +129,7 @@ async def test_translate_greedy_matches_transformers_and_beams_run(folder, conve
 def unknown_runs(sp: spm.SentencePieceProcessor, text: str) -> bool:
     """Whether text holds two consecutive characters source.spm does not know (documented to differ)."""
     unknown = [sp.piece_to_id(c) == sp.unk_id() for c in text]
-    return any(a and b for a, b in zip(unknown, unknown[1:]))
+    return any(a and b for a, b in itertools.pairwise(unknown))
 
 
 def test_tokenizer_gives_marian_tokenizers_ids_and_texts(folder, converted):

@@ -175,7 +175,8 @@ def mapped_state(folder: HFFolder, cfg: Seq2SeqConfig, banned: list[int]) -> dic
     return out
 
 
-def load(folder: HFFolder, kind: str, options) -> Converted:  # noqa: ARG001 (kind: translation only)
+def load(folder: HFFolder, kind: str, options) -> Converted:
+    """The folder as a Translator with its tokenizer (kind: always translation, ARCHITECTURES)."""
     gen, gen_file = generation_settings(folder)
     _check_fields(folder, gen, gen_file)
     cfg = read_config(folder, gen, options)
