@@ -3,43 +3,44 @@
 What transformers' MarianTokenizer does (the reference, models/marian/tokenization_marian.py):
 - encoding a source: split off special tokens and a leading language code (`>>fr<<`), segment each
   remaining chunk with source.spm (SentencePiece unigram: its normaliser, a dummy "▁" prefix, the
-  Viterbi path; runs of characters it does not know merge into one unknown piece), map each piece
-  *by its string* through vocab.json (a piece vocab.json lacks -> <unk>), append </s>;
+  Viterbi path; a run of characters it does not know is one unknown piece), map each piece *by
+  its string* through vocab.json (a piece vocab.json lacks -> <unk>), append </s>;
 - decoding ids (vocab shared by both sides): ids -> vocab.json's pieces, special ones dropped
   (skip_special_tokens: </s>, <pad>, <unk>), source.spm's piece decoder ("▁" -> space, pieces it
   does not know copied as they are), then `str.strip()`.
 The model directory serves both with one file, so here: source.spm's normaliser and pre-tokenizer
 as transformers' SpmConverter writes them (`build_tokenizer_from_spm_proto`, legacy: every chunk
-between special tokens gets its own dummy prefix, as MarianTokenizer encodes chunks apart); a
-Unigram model whose ids are vocab.json's, each piece with source.spm's score; target-only pieces
-(not in source.spm) renamed with a private-use prefix (`MARK`) that no normalised text contains,
-so encoding never reaches them while decoding still prints them (the decoder drops the prefix);
-special tokens and language codes as added tokens at their vocab.json ids; "$A </s>" appended.
+between special tokens gets its own dummy prefix, as MarianTokenizer encodes chunks apart), then
+each run of two or more unknown characters replaced by `RUN` (one <unk>); a Unigram model whose
+ids are vocab.json's, each piece with source.spm's score; target-only pieces (not in source.spm)
+renamed with a private-use prefix (`MARK`) that no normalised text contains, so encoding never
+reaches them while decoding still prints them (the decoder drops the prefix), except one-character
+pieces source.spm does not know: a lone unknown character that vocab.json holds (a French "é"
+only target.spm has) gets its vocab.json id, as MarianTokenizer's string lookup gives it; special
+tokens and language codes as added tokens at their vocab.json ids; "$A </s>" appended.
 
-Exact (tests/test_convert_marian.py, and every conversion checks reference.TEXTS against
-MarianTokenizer): ids of sources made of characters source.spm knows, special tokens and a
-leading language code; one unknown character that vocab.json holds (a French "é" that only
-target.spm has) gets its vocab.json id, as MarianTokenizer's string lookup gives it; decoded text.
-Where it can differ: a run of two or more characters unknown to source.spm that target pieces cover
-(MarianTokenizer: one id, vocab.json's entry for the whole run or <unk>; here the target pieces'
-ids); a source.spm piece missing from vocab.json (MarianTokenizer keeps the segmentation and
-writes <unk>; here that piece cannot be chosen, so the text segments differently: counted in
-`figures["source_pieces_not_in_vocab"]`, 0 for OPUS-MT's joint vocabularies); a language code
-later in the text (MarianTokenizer splits it off only at the start); text containing U+E000;
+Exact (tests/test_convert_marian.py, random strings of known and unknown characters included; every
+conversion also checks reference.TEXTS against MarianTokenizer): source ids and decoded text.
+Where it can differ: a run of unknown characters that is itself a vocab.json entry (MarianTokenizer:
+that id; here <unk>); a source.spm piece missing from vocab.json (MarianTokenizer keeps the
+segmentation and writes <unk>; here that piece cannot be chosen, so the text segments differently:
+counted in the figures as `source_pieces_not_in_vocab`); a language code later in the text (MarianTokenizer splits it off only at the start) or a leading `>>...<<` that
+vocab.json lacks (MarianTokenizer: one <unk>); text holding U+E000 or U+E001;
 decoded text ending in whitespace other than spaces that `str.strip()` and the decoder's `\\s`
-judge differently. The vocabulary's strings of target-only pieces carry the prefix
-(`get_vocab`, `id_to_token`); ids and decoded text do not.
+judge differently. The vocabulary's strings of target-only pieces carry the prefix (`get_vocab`,
+`id_to_token`); ids and decoded text do not.
 """
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, processors
 from tokenizers.models import Unigram
 
 from export.convert.errors import ConversionError, refuse
 from export.convert.folder import HFFolder
 
 MARK = "\ue000"  # private use: prefixes target-only pieces so that encoding cannot produce them
+RUN = "\ue001"  # private use: stands for a run of two or more characters source.spm does not know
 SPM_MODEL_TYPES = {1: "unigram"}  # source.spm's trainer_spec.model_type -> name (BPE: 2, not converted)
 NORMAL, USER_DEFINED, BYTE = 1, 4, 6  # SentencePiece piece types that segment text
 # transformers' clean_up_tokenization, in its order (when tokenizer_config.json turns it on)
@@ -75,6 +76,13 @@ def _vocab(folder: HFFolder, specials: list[str]) -> dict[str, int]:
     return vocab
 
 
+def _unknown_runs(known: set[str]) -> normalizers.Normalizer:
+    """Each run of two or more characters source.spm does not know -> RUN, which no piece matches:
+    one <unk>, as MarianTokenizer's one unknown piece for the run (not in vocab.json) gives."""
+    chars = "".join(f"\\x{{{ord(c):x}}}" for c in sorted(known))
+    return normalizers.Replace(Regex(f"[^{chars}]{{2,}}"), RUN)
+
+
 def _decoder(cleanup: bool) -> decoders.Decoder:
     """MarianTokenizer.decode's text from the kept pieces: "▁" -> space, joined, stripped."""
     steps = [decoders.Replace(MARK, ""), decoders.Replace("▁", " "), decoders.Fuse(),
@@ -101,13 +109,14 @@ def marian_tokenizer(folder: HFFolder, hf_tokenizer) -> tuple[Tokenizer, dict]:
     def entry(piece: str) -> tuple[str, float]:
         if piece in scores:
             return piece, scores[piece]
-        if piece in kept or not set(piece) & known:  # special, code, or only unknown characters
+        if piece in kept or (len(piece) == 1 and piece not in known):  # special, code, a one-character run
             return piece, 0.0
         return MARK + piece, 0.0
 
     pieces = sorted(vocab, key=vocab.get)
     tok = Tokenizer(Unigram([entry(p) for p in pieces], unk_id=vocab[hf_tokenizer.unk_token], byte_fallback=False))
-    tok.normalizer, tok.pre_tokenizer = base.normalizer, base.pre_tokenizer
+    tok.normalizer = normalizers.Sequence([base.normalizer, _unknown_runs(known)])
+    tok.pre_tokenizer = base.pre_tokenizer
     tok.decoder = _decoder(bool(hf_tokenizer.clean_up_tokenization_spaces))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok.add_tokens([AddedToken(c, special=False, normalized=False) for c in codes])
