@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 from export import onnx_export as ox
 from export import gpu_gate, parity
 from export import fill_mask as fm
+from export import packed
 from export.attention import attention_graph
 from export.modeldir import GraphFile, publish, staging_dir, write_manifest
 from service.manifest import ModelDir
@@ -120,17 +121,24 @@ def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
             figures.update(parity.encoder_quality(model, paths["encoder"], sample, sample_name, cfg.pad_token_id))
         if variant == "fp16" and device == "cuda":
             figures["cuda"] = gpu_gate.encoder_figures(model, paths["encoder"], batches, cfg.pad_token_id)
+        figures["packed"] = packed.embedding_parity(model, paths["packed"], batches, cfg.pad_token_id, variant)
+        if not _exact(variant):
+            judged = packed.embedding_quality(model, paths["packed"], sample, sample_name, cfg.pad_token_id)
+            figures["packed"].update(judged)
+            figures["quality_ok"] = figures["quality_ok"] and judged["quality_ok"]
         return figures
 
     def body(staging: Path) -> dict:
         started = time.perf_counter()
-        fp32 = staging / "encoder.onnx"
-        ox.export_encoder(model, fp32)
-        figures = parity.encoder_parity(model, fp32, batches, cfg.pad_token_id)
+        fp32 = {"encoder": staging / "encoder.onnx", "packed": staging / packed.FILE}
+        ox.export_encoder(model, fp32["encoder"])
+        packed.export_packed(model, fp32["packed"])
+        figures = parity.encoder_parity(model, fp32["encoder"], batches, cfg.pad_token_id)
+        figures["packed"] = packed.embedding_parity(model, fp32["packed"], batches, cfg.pad_token_id)
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
-        graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
-        graphs += _derive_variants(
-            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
+        graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
+        graphs += _derive_variants(variants, fp32, staging, dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model)),
+                                   False, measure)
         attention_graphs, attention = attention_graph(model, staging, batches)
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
@@ -284,17 +292,24 @@ def build_fill_mask(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
         figures = fm.fill_mask_parity(model, paths["encoder"], batches, pad, variant)
         if not _exact(variant):
             figures.update(fm.fill_mask_quality(model, paths["encoder"], sample, description, pad))
+        figures["packed"] = packed.fill_mask_parity(model, paths["packed"], batches, pad, variant)
+        if not _exact(variant):
+            judged = packed.fill_mask_quality(model, paths["packed"], sample, description, pad)
+            figures["packed"].update(judged)
+            figures["quality_ok"] = figures["quality_ok"] and judged["quality_ok"]
         return figures
 
     def body(staging: Path) -> dict:
         started = time.perf_counter()
-        fp32 = staging / "encoder.onnx"
-        fm.export_fill_mask(model, fp32)
-        figures = fm.fill_mask_parity(model, fp32, batches, pad)
+        fp32 = {"encoder": staging / "encoder.onnx", "packed": staging / packed.FILE}
+        fm.export_fill_mask(model, fp32["encoder"])
+        packed.export_packed(model, fp32["packed"])
+        figures = fm.fill_mask_parity(model, fp32["encoder"], batches, pad)
+        figures["packed"] = packed.fill_mask_parity(model, fp32["packed"], batches, pad)
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
-        graphs = [GraphFile("encoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
-        graphs += _derive_variants(
-            variants, {"encoder": fp32}, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure)
+        graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
+        graphs += _derive_variants(variants, fp32, staging, dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model)),
+                                   False, measure)
         attention_graphs, attention = attention_graph(model.encoder, staging, batches)
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))

@@ -46,9 +46,11 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.offset = cfg.position_offset  # right-padded rows: RoBERTa's cumsum positions are this + arange
 
-    def forward(self, input_ids, token_type_ids):
+    def forward(self, input_ids, token_type_ids, position_ids=None):
+        """position_ids (B, T): each token's position counted from 0 (packed rows, export/packed.py);
+        None: 0..T-1 for every row."""
         T = input_ids.shape[1]
-        positions = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+        positions = torch.arange(T, device=input_ids.device)[None, :] if position_ids is None else position_ids
         if self.offset:  # traced as a constant: offset 0 leaves BERT's graph (and its fusions) as it was
             positions = positions + self.offset
         x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)

@@ -4,7 +4,10 @@ A model directory holds `model.json` (this module's `Manifest`), one or more ONN
 `tokenizer.json`. `load_model_dir` reads and verifies one without torch or onnxruntime: every
 file named in the manifest must exist and match its sha256, and the manifest must be complete.
 A directory that does not match is refused with `ModelDirError`, whose message names the file
-and the cause. The format is documented in docs/model-directory.md.
+and the cause. Every file a manifest names must lie inside its directory: a relative path that,
+resolved (symbolic links followed), stays there; an absolute path, a `..` that climbs out or a
+link that points out is refused (a tokenizer path of "../../../../etc/passwd" was read). The
+format is documented in docs/model-directory.md.
 
 Graph roles by kind:
 - embedding:   "encoder" (input_ids, attention_mask[, token_type_ids]) -> sentence_embedding (B, C)
@@ -41,6 +44,8 @@ ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": (
          "fill-mask": ("encoder",)}
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
+PACKED_ROLE = "packed"  # optional: several inputs per row (export/packed.py); older directories lack it
+OPTIONAL_ROLES = {"embedding": (PACKED_ROLE,), "fill-mask": (PACKED_ROLE,)}
 
 
 class ModelDirError(ValueError):
@@ -140,12 +145,14 @@ def load_model_dir(path: str | Path, verify_hashes: bool = True) -> ModelDir:
         raise ModelDirError(f"{manifest_path}: missing (not a model directory)")
     try:
         manifest = Manifest.from_dict(json.loads(manifest_path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # ValueError: bad JSON or UTF-8
         raise ModelDirError(f"{manifest_path}: malformed manifest ({type(e).__name__}: {e})") from e
+    except OSError as e:
+        raise ModelDirError(f"{manifest_path}: unreadable ({e})") from e
     _check_manifest(manifest, manifest_path)
     files = [(g.file, g.sha256) for g in manifest.graphs] + [(manifest.tokenizer["file"], manifest.tokenizer["sha256"])]
     for name, expected in files:
-        f = path / name
+        f = inside(path, name, manifest_path)
         if not f.is_file():
             raise ModelDirError(f"{f}: missing (named in {MANIFEST_FILE})")
         if verify_hashes:
@@ -156,6 +163,18 @@ def load_model_dir(path: str | Path, verify_hashes: bool = True) -> ModelDir:
                     "the file was modified or the manifest is stale: re-export the model"
                 )
     return ModelDir(path=path, manifest=manifest)
+
+
+def inside(directory: Path, name: str, where: Path) -> Path:
+    """directory / name, refused (ModelDirError) unless it resolves to a path inside directory."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        raise ModelDirError(f"{where}: file {name!r} must be a path relative to the model directory")
+    root = directory.resolve()
+    target = (root / name).resolve()
+    if not target.is_relative_to(root):
+        raise ModelDirError(f"{where}: file {name!r} resolves to {target}, outside the model directory {root} "
+                            "(a '..' or a symbolic link leads out); a model directory holds its own files")
+    return directory / name
 
 
 def _check_manifest(m: Manifest, where: Path) -> None:
@@ -171,7 +190,7 @@ def _check_manifest(m: Manifest, where: Path) -> None:
     for g in m.graphs:
         if g.role == ATTENTION_ROLE and g.variant != "fp32":
             raise ModelDirError(f"{where}: graph {g.file}: the attention graph comes only as fp32")
-        if g.variant not in VARIANTS or g.role not in (*ROLES[m.kind], ATTENTION_ROLE):
+        if g.variant not in VARIANTS or g.role not in (*ROLES[m.kind], *OPTIONAL_ROLES.get(m.kind, ()), ATTENTION_ROLE):
             raise ModelDirError(f"{where}: graph {g.file}: unknown role/variant {g.role}/{g.variant}")
         if Path(g.file).name != g.file:
             raise ModelDirError(f"{where}: graph file {g.file!r} must be a plain file name inside the directory")

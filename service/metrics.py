@@ -25,6 +25,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 # Rows per batch.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Tokens per batch, padding counted (rows x longest row).
+PADDING_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 # Calls of both doors: protocol "grpc" or "http" (an HTTP route is counted as the RPC it mirrors,
@@ -47,8 +48,12 @@ QUEUE_CAPACITY = Gauge(
 )
 BATCH_SIZE = Histogram("ts_batch_size", "rows per model forward pass", ["model"], buckets=BATCH_SIZE_BUCKETS)
 BATCH_TOKENS = Histogram(
-    "ts_batch_tokens", "tokens per forward pass, padding counted (rows x longest row)", ["model"],
-    buckets=TOKEN_BUCKETS,
+    "ts_batch_tokens", "tokens per forward pass, padding counted (rows x longest row; a packed encoder batch: "
+    "rows x row length)", ["model"], buckets=TOKEN_BUCKETS,
+)
+PADDING_RATIO = Histogram(
+    "ts_batch_padding_ratio", "tokens an encoder forward pass computes per real input token (1 = no padding)",
+    ["model"], buckets=PADDING_BUCKETS,
 )
 TOKENS = Counter("ts_tokens", "tokens read (input) and generated (output)", ["model", "direction"])
 MODEL_INFO = Gauge(

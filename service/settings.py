@@ -39,6 +39,11 @@ class Settings:
     metrics_port: int = _f(9464, "Prometheus metrics HTTP port; 0 picks a free one; -1 disables it")
     http_host: str = _f("", "HTTP (OpenAI-compatible) listen address; empty = same as --host")
     http_port: int = _f(8080, "HTTP (OpenAI-compatible) port; 0 picks a free one (logged); -1 turns HTTP off")
+    http_header_timeout_s: float = _f(10.0, "seconds an HTTP client has to send a request's headers, from the "
+                                      "connection's opening or its previous response; then the connection is closed")
+    http_body_timeout_s: float = _f(60.0, "seconds an HTTP client has to send a request's whole body once the route "
+                                    "reads it; then 408 and the connection is closed")
+    http_max_connections: int = _f(1024, "open HTTP connections per process; one more gets 503 and is closed")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
@@ -69,12 +74,15 @@ class Settings:
     default_translation_model: str = _f("", "translation model used when a request names none")
     default_fill_mask_model: str = _f("", "fill-mask model used when a request names none")
     # Embeddings
-    embed_max_batch_tokens: int = _f(0, "token budget of one embedding batch (rows x longest, padding counted); "
-                                     "0 = by device (CPU 2048, CUDA 16384)")
+    embed_max_batch_tokens: int = _f(0, "token budget of one encoder batch (padded: rows x longest, padding "
+                                     "counted; packed: real tokens); 0 = by device (CPU 2048, CUDA 16384)")
     embed_max_batch_size: int = _f(0, "most inputs in one embedding batch; 0 = by device (CPU 32, CUDA 256)")
     embed_max_wait_ms: float = _f(2.0, "how long a batch waits for more inputs before it closes")
     embed_max_queue: int = _f(2048, "queued inputs per embedding model; beyond it RESOURCE_EXHAUSTED")
     embed_max_inputs: int = _f(256, "most inputs in one Embed request")
+    embed_pack_row_tokens: int = _f(128, "encoder batches (embedding, fill-mask) run packed, several inputs per row "
+                                    "of this many tokens, where the model directory has a packed graph; 0 = padded "
+                                    "(docs/design/packing.md)")
     # Generation and translation
     gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
     gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
@@ -102,10 +110,11 @@ class Settings:
                 out.append(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
         positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_queue", "embed_max_inputs",
                     "gen_max_batch", "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch",
-                    "translate_max_beam")
+                    "translate_max_beam", "http_header_timeout_s", "http_body_timeout_s", "http_max_connections")
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
         non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
-                        "embed_max_batch_tokens", "embed_max_batch_size", "gen_kv_cache_bytes")
+                        "embed_max_batch_tokens", "embed_max_batch_size", "gen_kv_cache_bytes",
+                        "embed_pack_row_tokens")
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
         if bool(self.tls_cert) != bool(self.tls_key):
             out.append("tls_cert and tls_key go together: give both or neither")

@@ -34,7 +34,10 @@ def test_edited_graph_is_refused(embed_copy):
 
 
 def test_wrong_hash_in_manifest_is_refused(embed_copy):
-    _edit_manifest(embed_copy, lambda m: m["graphs"][1].update(sha256="0" * 64))
+    def zero_optimized(m):
+        next(g for g in m["graphs"] if g["file"] == "encoder.optimized.onnx").update(sha256="0" * 64)
+
+    _edit_manifest(embed_copy, zero_optimized)
     with pytest.raises(ModelDirError, match=r"encoder\.optimized\.onnx: sha256 mismatch"):
         load_model_dir(embed_copy)
 

@@ -4,7 +4,9 @@ A call's inputs become queue items sharing one `Request` (one future). The queue
 free compute slot (`workers` batches run at once), lets a batch fill for at most `max_wait_s`
 after its oldest item arrived, then takes the run of length-sorted items around the oldest one
 that fits the token budget (rows x longest row: padding counted) and the row limit. Sorting by
-token count cuts padding; always including the oldest item means long inputs never starve.
+token count cuts padding; always including the oldest item means long inputs never starve. A
+packed engine (`BatchLimits.packed`: several inputs per row, packing.py) pads almost nothing, so
+its budget counts real tokens and the batch takes the oldest items first.
 Rows come back into each request by input index; the future resolves when every row has arrived,
 so large calls split over several batches merge back in order. `forward` returns one row per
 input (for embeddings a (B, C) array); `gather` joins a call's rows in input order (default
@@ -52,6 +54,7 @@ class BatchLimits:
     max_wait_s: float
     max_queue: int
     workers: int
+    packed: bool = False  # the engine packs inputs into rows: the budget counts real tokens
 
 
 @dataclass(eq=False)
@@ -110,7 +113,6 @@ class Batcher:
         self._depth = metrics.QUEUE_DEPTH.labels(model)
         self._queue_duration = metrics.QUEUE_DURATION.labels(model)
         self._batch_size = metrics.BATCH_SIZE.labels(model)
-        self._batch_tokens = metrics.BATCH_TOKENS.labels(model)
         self._inference = metrics.INFERENCE_DURATION.labels(model)
         self._input_tokens = metrics.TOKENS.labels(model, "input")
         metrics.QUEUE_CAPACITY.labels(model).set(limits.max_queue)
@@ -195,8 +197,18 @@ class Batcher:
         return len(self._queue) >= self.limits.max_batch_size or tokens >= self.limits.max_batch_tokens
 
     def _take(self) -> list[Item]:
-        """The run of length-sorted queued items around the oldest that fits the budget (padding counted)."""
+        """The run of length-sorted queued items around the oldest that fits the budget (padding counted);
+        for a packed engine, the oldest items whose real tokens fit."""
         q = self._queue
+        if self.limits.packed:
+            count, tokens = 1, q[0].tokens
+            while (count < min(len(q), self.limits.max_batch_size)
+                   and tokens + q[count].tokens <= self.limits.max_batch_tokens):
+                tokens += q[count].tokens
+                count += 1
+            self._queue = q[count:]
+            self._depth.set(len(self._queue))
+            return q[:count]
         order = sorted(range(len(q)), key=lambda i: (q[i].tokens, i))
         lo = hi = order.index(0)  # the oldest item is always in the batch
 
@@ -271,9 +283,7 @@ class Batcher:
         return live, out, time.perf_counter() - start
 
     def _record(self, live: list[Item], seconds: float) -> None:
-        width = max(it.tokens for it in live)
         self._batch_size.observe(len(live))
-        self._batch_tokens.observe(len(live) * width)
         self._inference.observe(seconds)
         self._input_tokens.inc(sum(it.tokens for it in live))
 

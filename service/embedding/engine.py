@@ -1,9 +1,13 @@
-"""The embedding engine: one onnxruntime encoder session, per-batch padding, numpy post-processing.
+"""The embedding engines: one onnxruntime encoder session each, numpy post-processing.
 
-The session is introspected once at load: which of input_ids / attention_mask / token_type_ids it
-takes and with which integer dtype, and its output (sentence_embedding, (B, C), pooled and not
-normalised: export/encoder.py). `forward` is blocking and runs in the runtime's compute executor;
-it never sees protobuf. `postprocess` keeps the first `dimensions` values and L2-normalises
+`EmbeddingEngine` runs the padded graph (role `encoder`): the session is introspected once at
+load (which of input_ids / attention_mask / token_type_ids it takes, with which integer dtype; its
+output sentence_embedding (B, C), pooled and not normalised: export/encoder.py) and each batch is
+padded to its longest row. `PackedEmbeddingEngine` runs the packed graph (role `packed`,
+export/packed.py): inputs side by side in rows of `row_tokens` (packing.py), pooled per input here.
+Both count the tokens they compute and the padding among them (`ts_batch_tokens`,
+`ts_batch_padding_ratio`). `forward` is blocking and runs in the runtime's compute executor; it
+never sees protobuf. `postprocess` keeps the first `dimensions` values and L2-normalises
 (Matryoshka-style truncation, then re-normalisation).
 """
 
@@ -12,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from service import metrics
+from service.embedding.packing import Packed, pack, pool
 from service.embedding.tokenization import Encoded
 
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -19,9 +25,13 @@ _ORT_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
 class EmbeddingEngine:
-    def __init__(self, session: ort.InferenceSession, pad_id: int):
+    packed = False
+
+    def __init__(self, session: ort.InferenceSession, pad_id: int, model: str = ""):
         self.session = session
         self.pad_id = pad_id
+        self._computed = metrics.BATCH_TOKENS.labels(model)
+        self._padding = metrics.PADDING_RATIO.labels(model)
         self.input_types = {}
         for node in session.get_inputs():
             if node.name not in _KNOWN_INPUTS or node.type not in _ORT_INT_TYPES:
@@ -45,12 +55,54 @@ class EmbeddingEngine:
             types[r, : len(e)] = e.type_ids
             mask[r, : len(e)] = 1
         arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        self.count(ids.size, int(mask.sum()))
         return {name: arrays[name].astype(dtype, copy=False) for name, dtype in self.input_types.items()}
 
     def forward(self, batch: list[Encoded]) -> np.ndarray:
         """(B, C) float32 pooled embeddings, not normalised. Blocking: run it in the executor."""
         (out,) = self.session.run([self.output], self.feeds(batch))
         return np.asarray(out, dtype=np.float32)
+
+
+    def count(self, computed: int, real: int) -> None:
+        """Tokens one forward pass computes, and how many of them are padding (computed / real)."""
+        self._computed.observe(computed)
+        self._padding.observe(computed / max(real, 1))
+
+
+class PackedEmbeddingEngine(EmbeddingEngine):
+    """The packed graph: (input_ids, position_ids, segment_ids) (rows, length) -> token_embeddings
+    (rows, length, C), pooled here per input (`pooling`: mean, cls or max, the manifest's)."""
+
+    packed = True
+    INPUTS = ("input_ids", "position_ids", "segment_ids")
+
+    def __init__(self, session: ort.InferenceSession, pad_id: int, row_tokens: int, pooling: str = "mean",
+                 model: str = ""):
+        self.session, self.pad_id, self.row_tokens, self.pooling = session, pad_id, row_tokens, pooling
+        self._computed = metrics.BATCH_TOKENS.labels(model)
+        self._padding = metrics.PADDING_RATIO.labels(model)
+        names = [i.name for i in session.get_inputs()]
+        if not set(self.INPUTS) <= set(names):
+            raise ValueError(f"packed graph inputs {', '.join(names)} lack {', '.join(set(self.INPUTS) - set(names))}")
+        self.output = session.get_outputs()[0].name
+        self.provider = session.get_providers()[0]
+
+    def pack(self, batch: list[Encoded]) -> Packed:
+        """Rows of row_tokens (an input longer than that gets a row of its own length)."""
+        width = max(self.row_tokens, max(len(e) for e in batch))
+        packed = pack([e.ids for e in batch], width, self.pad_id)
+        self.count(packed.computed_tokens, int(packed.length.sum()))
+        return packed
+
+    def feeds(self, packed: Packed) -> dict[str, np.ndarray]:
+        return {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "segment_ids": packed.segment_ids}
+
+    def forward(self, batch: list[Encoded]) -> np.ndarray:
+        """(B, C) float32 pooled embeddings, not normalised, in batch order. Blocking."""
+        packed = self.pack(batch)
+        (hidden,) = self.session.run([self.output], self.feeds(packed))  # (R, L, C)
+        return pool(np.asarray(hidden), packed, self.pooling)
 
 
 def postprocess(embeddings: np.ndarray, normalize: bool, dimensions: int) -> np.ndarray:

@@ -2,13 +2,13 @@
 
 `embed()` takes plain Python values (the servicer converts protobuf) and returns an
 `EmbedResult`: take queue places (admission, refused at once when full: batcher.reserve), tokenize
-(inline for small calls, in a thread for large ones: encode_batch releases the GIL), queue through
+(inline for small calls, in a thread for large ones: encode_batch releases the GIL; an untruncated
+input too long to hold is refused before), queue through
 the batcher, then truncate dimensions / normalise in numpy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -17,39 +17,46 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.embedding.batcher import Batcher, BatchLimits
-from service.embedding.engine import EmbeddingEngine, postprocess
+from service.embedding.engine import EmbeddingEngine, PackedEmbeddingEngine, postprocess
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
-from service.manifest import Manifest, ModelDir
+from service.manifest import PACKED_ROLE, Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-INLINE_TOKENIZE_CHARS = 8192  # below this many characters a call is tokenized on the event loop (µs), text by text
 
-
-def queue_limits(settings: Settings, runtime: Runtime) -> BatchLimits:
+def queue_limits(settings: Settings, runtime: Runtime, packed: bool = False) -> BatchLimits:
     """The embedding queue's limits (settings `embed_*`, batch sizes by device): every encoder kind's."""
     max_tokens, max_rows = runtime.embed_batch_limits()
     return BatchLimits(max_batch_tokens=max_tokens, max_batch_size=max_rows,
                        max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
-                       workers=settings.compute_workers)
+                       workers=settings.compute_workers, packed=packed)
+
+
+def encoder_graph(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, str, object]:
+    """(variant, "packed" | "padded", session) of an encoder kind: the packed graph of the chosen
+    variant when the directory has one and settings `embed_pack_row_tokens` is not 0, else the padded."""
+    m = model_dir.manifest
+    variant = runtime.choose_variant(m, "encoder")
+    packed = bool(settings.embed_pack_row_tokens) and variant in m.variants(PACKED_ROLE)
+    graph = m.graph(PACKED_ROLE if packed else "encoder", variant)
+    return variant, "packed" if packed else "padded", runtime.create_session(model_dir.file(graph.file))
 
 
 async def admit_and_encode(batcher: Batcher, tokenizer: EmbeddingTokenizer, texts: list[str], truncate: bool,
                            check: Callable[[list[Encoded]], None] | None = None) -> tuple[list[Encoded], float]:
-    """Takes the call's queue places (refused at once when full), then tokenizes it (inline when
-    small, else in a thread) and runs `check` on the result; gives the places back on any failure.
-    -> (encodings, seconds spent tokenizing)."""
+    """Takes the call's queue places (refused at once when full), refuses untruncated inputs too long
+    to tokenize, then tokenizes the call (inline when small, else in a thread) and runs `check` on
+    the result; gives the places back on any failure. -> (encodings, seconds spent tokenizing)."""
     batcher.reserve(len(texts))
     start = time.perf_counter()
     try:
-        if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
-            encoded = tokenizer.encode(texts, truncate, parallel=False)
-        else:
-            encoded = await asyncio.to_thread(tokenizer.encode, texts, truncate)
+        if not truncate:
+            tokenizer.check_chars(texts, batcher.model)
+        encoded = await tokenizer.encode_async(texts, truncate)
         if check is not None:
             check(encoded)
     except BaseException:
@@ -81,13 +88,15 @@ class EmbeddingModel:
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "EmbeddingModel":
         m = model_dir.manifest
-        variant = runtime.choose_variant(m, "encoder")
-        session = runtime.create_session(model_dir.file(m.graph("encoder", variant).file))
-        engine = EmbeddingEngine(session, pad_id=int(m.special_tokens.get("pad", 0)))
+        variant, execution, session = encoder_graph(model_dir, settings, runtime)
+        pad = int(m.special_tokens.get("pad", 0))
+        if execution == "packed":
+            engine = PackedEmbeddingEngine(session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name)
+        else:
+            engine = EmbeddingEngine(session, pad, m.name)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
-        max_tokens, max_rows = runtime.embed_batch_limits()  # by device where the settings leave them 0
-        limits = queue_limits(settings, runtime)
-        return cls(m, tokenizer, engine, runtime, limits, variant)
+        log.info("embedding model %s: %s %s graph", m.name, variant, execution)
+        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
 
     async def start(self) -> None:
         self.batcher.start()
@@ -102,7 +111,9 @@ class EmbeddingModel:
         await self.batcher.stop()
 
     def info(self) -> dict:
-        return model_info(self, vocab_size=self.tokenizer.vocab_size)
+        info = model_info(self, vocab_size=self.tokenizer.vocab_size)
+        info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        return info
 
     async def embed(self, texts: list[str], normalize: bool = True, truncate: bool = True, dimensions: int = 0,
                     deadline: float | None = None) -> EmbedResult:

@@ -14,20 +14,24 @@ masks x top_k summed over the inputs <= MAX_CANDIDATES (bounds the response).
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from service import tokenizing
 from service.embedding.batcher import Batcher, BatchLimits
-from service.embedding.model import admit_and_encode, queue_limits
+from service.embedding.model import admit_and_encode, encoder_graph, queue_limits
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
-from service.fillmask.engine import FillMaskEngine, MaskRows
+from service.fillmask.engine import FillMaskEngine, MaskRows, PackedFillMaskEngine
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 5  # top_k 0 (Hugging Face's pipeline default too)
 MAX_TOP_K = 100
@@ -75,13 +79,18 @@ class FillMaskModel:
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "FillMaskModel":
         m = model_dir.manifest
-        variant = runtime.choose_variant(m, "encoder")
-        session = runtime.create_session(model_dir.file(m.graph("encoder", variant).file))
+        variant, execution, session = encoder_graph(model_dir, settings, runtime)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens, TOO_LONG)
-        decoder = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
+        decoder = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         keep = min(MAX_TOP_K, tokenizer.vocab_size)
-        engine = FillMaskEngine(session, int(m.special_tokens["pad"]), int(m.special_tokens["mask"]), keep)
-        return cls(m, tokenizer, decoder, engine, runtime, queue_limits(settings, runtime), variant)  # as Embed's
+        pad, mask = int(m.special_tokens["pad"]), int(m.special_tokens["mask"])
+        if execution == "packed":
+            engine = PackedFillMaskEngine(session, pad, mask, keep, settings.embed_pack_row_tokens, m.name)
+        else:
+            engine = FillMaskEngine(session, pad, mask, keep, m.name)
+        log.info("fill-mask model %s: %s %s graph", m.name, variant, execution)
+        limits = queue_limits(settings, runtime, engine.packed)  # as Embed's
+        return cls(m, tokenizer, decoder, engine, runtime, limits, variant)
 
     async def start(self) -> None:
         self.batcher.start()
@@ -97,7 +106,9 @@ class FillMaskModel:
         await self.batcher.stop()
 
     def info(self) -> dict:
-        return model_info(self, vocab_size=self.tokenizer.vocab_size)
+        info = model_info(self, vocab_size=self.tokenizer.vocab_size)
+        info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        return info
 
     async def fill(self, texts: list[str], top_k: int = 0, deadline: float | None = None) -> FillResult:
         """Candidates for every mask of every text; `deadline`: time.monotonic() after which queued work is dropped."""

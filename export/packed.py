@@ -1,0 +1,222 @@
+"""Packed encoder graphs (role `packed`): several inputs per row, attention confined to each input.
+
+The padded encoder graph computes every input at the batch's longest length; the packed graph
+takes rows built by `service.embedding.packing.pack` (inputs side by side, longest first) with
+per-token `position_ids` (each input from 0) and `segment_ids` (1, 2, ... per input of a row, 0 for
+the padded tail), and builds a block-diagonal attention mask from the segments, so a token sees
+only its own input's tokens (docs/design/packing.md). The blocks, weights and positions are the
+model's own:
+- embedding: (input_ids, position_ids, segment_ids) (rows, length) -> `token_embeddings`
+  (rows, length, C); the service pools per input (`packing.pool`: mean, CLS or max);
+- fill-mask: + `gather_positions` (M,) flat indices into rows x length -> `logits` (M, V): the MLM
+  head runs only at the positions asked for (the service asks for the [MASK]s).
+
+The gate (`embedding_parity`, `fill_mask_parity`) packs the gate's batches as the service does and
+compares every input with PyTorch's padded forward (embedding cosine, logits at every real
+position), and each input packed alone with the same input packed among others (`alone_max_abs_diff`
+<= parity.LOGITS_MAX_ABS: a row's result must not depend on its neighbours). Reduced-precision
+variants are judged on the quality sample like the padded graphs (`embedding_quality`,
+`fill_mask_quality`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from export import onnx_export as ox
+from export import parity
+from export.encoder import SentenceEncoder
+from export.mlm import MaskedLM
+from service.embedding.packing import Packed, pack, pool
+from service.manifest import TensorSpec
+
+FILE = "packed.onnx"
+GATE_ROW_TOKENS = (64, 0)  # rows of 64 tokens (several inputs each), and of the longest input (0)
+
+
+def segment_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(R, L) segment ids -> additive (R, 1, L, L): 0 where both tokens belong to the same input."""
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)  # (R, L, L)
+    return (1.0 - same[:, None].to(dtype)) * torch.finfo(dtype).min  # (R, 1, L, L)
+
+
+def _encode(encoder: SentenceEncoder, input_ids, position_ids, segment_ids) -> torch.Tensor:
+    x = encoder.embeddings(input_ids, torch.zeros_like(input_ids), position_ids)  # (R, L, C)
+    mask = segment_mask(segment_ids, x.dtype)
+    for block in encoder.blocks:
+        x = block(x, mask)
+    return x  # (R, L, C)
+
+
+class PackedEncoderGraph(nn.Module):
+    def __init__(self, model: SentenceEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, segment_ids):
+        return _encode(self.model, input_ids, position_ids, segment_ids)
+
+
+class PackedMaskedLMGraph(nn.Module):
+    def __init__(self, model: MaskedLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, segment_ids, gather_positions):
+        enc = self.model.encoder
+        x = _encode(enc, input_ids, position_ids, segment_ids)
+        picked = x.reshape(-1, x.shape[-1])[gather_positions]  # (M, C)
+        return self.model.head(picked, enc.embeddings.word.weight)  # (M, V)
+
+
+def specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    cfg = model.config
+    inputs = [TensorSpec(n, "int64", ["rows", "length"]) for n in ("input_ids", "position_ids", "segment_ids")]
+    if isinstance(model, MaskedLM):
+        inputs.append(TensorSpec("gather_positions", "int64", ["positions"]))
+        return inputs, [TensorSpec("logits", "float32", ["positions", cfg.vocab_size])]
+    return inputs, [TensorSpec("token_embeddings", "float32", ["rows", "length", cfg.d_model])]
+
+
+def export_packed(model: nn.Module, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Traced on two rows of distinct segments and lengths (no axis frozen to an example size)."""
+    inputs, outputs = specs(model)
+    example = pack([list(range(3, 8)), list(range(3, 6)), list(range(3, 10))], 9, model.config.pad_token_id)
+    args = [torch.from_numpy(a) for a in (example.input_ids, example.position_ids, example.segment_ids)]
+    if isinstance(model, MaskedLM):
+        args.append(torch.tensor([0, 4, 10], dtype=torch.int64))
+        ox._export(PackedMaskedLMGraph(model), tuple(args), path, inputs, outputs)
+    else:
+        ox._export(PackedEncoderGraph(model), tuple(args), path, inputs, outputs)
+    return inputs, outputs
+
+
+def _feeds(packed: Packed) -> dict[str, np.ndarray]:
+    return {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "segment_ids": packed.segment_ids}
+
+
+def _packs(seqs: Sequence[Sequence[int]], pad_id: int) -> list[Packed]:
+    longest = max(len(s) for s in seqs)
+    return [pack(seqs, rows or longest, pad_id) for rows in GATE_ROW_TOKENS]
+
+
+# ---- embedding ----------------------------------------------------------------------------------
+
+def embed(sess, seqs: Sequence[Sequence[int]], pad_id: int, pooling: str, row_tokens: int) -> np.ndarray:
+    """(N, C) pooled embeddings of seqs through a packed graph, packed as the service packs them."""
+    packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id)
+    (hidden,) = sess.run(["token_embeddings"], _feeds(packed))
+    return pool(hidden, packed, pooling)
+
+
+def _reference(model: SentenceEncoder, seqs, pad_id: int) -> np.ndarray:
+    ids, mask = parity.pad_batch(seqs, pad_id, left=False)
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+
+def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+    """Packed embeddings vs PyTorch (cosine per input) and alone vs among others (module doc)."""
+    sess, pooling = parity.session(graph), model.config.pooling
+    cos, alone_diff, n = [], 0.0, 0
+    for batch in batches:
+        ref = _reference(model, batch, pad_id)
+        for row_tokens in GATE_ROW_TOKENS:
+            got = embed(sess, batch, pad_id, pooling, row_tokens)
+            cos.append(parity._cos(ref, got))
+            alone = np.concatenate([embed(sess, [s], pad_id, pooling, row_tokens) for s in batch])
+            alone_diff = max(alone_diff, float(np.abs(alone - got).max()))
+        n += len(batch)
+    cos_min = float(np.concatenate(cos).min())
+    figures = {"cos_min": cos_min, "alone_max_abs_diff": alone_diff, "inputs": n,
+               "row_tokens": list(GATE_ROW_TOKENS)}
+    if cos_min < parity.VARIANT_LIMITS[variant][0]:
+        parity._fail(f"{variant} packed encoder cosine vs PyTorch (min over {n} inputs)", cos_min,
+                     parity.VARIANT_LIMITS[variant][0])
+    if parity.VARIANT_LIMITS[variant][2] and alone_diff > parity.LOGITS_MAX_ABS:
+        parity._fail(f"{variant} packed encoder: an input alone vs packed with others (max abs diff)", alone_diff,
+                     parity.LOGITS_MAX_ABS)
+    return figures
+
+
+def embedding_quality(model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int,
+                      chunk: int = 32) -> dict:
+    """A reduced-precision packed graph on the quality sample, as parity.encoder_quality judges padded ones."""
+    sess, pooling = parity.session(graph), model.config.pooling
+    ref = np.concatenate([_reference(model, sample[i : i + chunk], pad_id) for i in range(0, len(sample), chunk)])
+    got = np.concatenate([embed(sess, sample[i : i + chunk], pad_id, pooling, GATE_ROW_TOKENS[0])
+                          for i in range(0, len(sample), chunk)])
+    alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0]) for s in sample[:chunk]])
+    cos, limits = parity._cos(ref, got), parity.EMBEDDING_QUALITY_LIMITS
+    diff = float(np.abs(alone - got[: len(alone)]).max())
+    figures = {"sample": sample_name, "texts": len(sample), "cos_min": round(float(cos.min()), 5),
+               "cos_mean": round(float(cos.mean()), 5),
+               "similarity_spearman": round(parity._spearman(parity._pair_similarities(ref),
+                                                             parity._pair_similarities(got)), 5),
+               "batch_max_abs_diff": float(f"{diff:.3g}"), "limits": limits}
+    ok = (figures["cos_min"] >= limits["cos_min"] and figures["cos_mean"] >= limits["cos_mean"]
+          and figures["similarity_spearman"] >= limits["similarity_spearman_min"]
+          and diff <= limits["batch_max_abs_diff"])
+    return {"quality": figures, "quality_ok": ok}
+
+
+# ---- fill-mask ----------------------------------------------------------------------------------
+
+def mask_logits(sess, seqs: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], pad_id: int,
+                row_tokens: int) -> list[np.ndarray]:
+    """Logits (len(positions[i]), V) at the given token positions of each input, through a packed graph."""
+    packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id)
+    inputs = np.repeat(np.arange(len(seqs)), [len(p) for p in positions])
+    offsets = np.concatenate([np.asarray(p, np.int64) for p in positions])
+    (logits,) = sess.run(["logits"], {**_feeds(packed), "gather_positions": packed.flat_positions(offsets, inputs)})
+    return np.split(np.asarray(logits, np.float32), np.cumsum([len(p) for p in positions])[:-1])
+
+
+def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+    """Packed logits at every real position vs PyTorch's padded forward, and alone vs among others."""
+    sess = parity.session(graph)
+    diff, alone_diff, same, total = 0.0, 0.0, 0, 0
+    for batch in batches:
+        ids, mask = parity.pad_batch(batch, pad_id, left=False)
+        with torch.no_grad():
+            ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()  # (B, T, V)
+        everywhere = [range(len(s)) for s in batch]
+        for row_tokens in GATE_ROW_TOKENS:
+            got = mask_logits(sess, batch, everywhere, pad_id, row_tokens)
+            alone = [mask_logits(sess, [s], [range(len(s))], pad_id, row_tokens)[0] for s in batch]
+            for i, g in enumerate(got):
+                r = ref[i, : len(batch[i])]
+                diff = max(diff, float(np.abs(r - g).max()))
+                alone_diff = max(alone_diff, float(np.abs(alone[i] - g).max()))
+                same += int((r.argmax(-1) == g.argmax(-1)).sum())
+                total += len(g)
+    figures = {"logits_max_abs_diff": diff, "top1_agreement": same / total, "alone_max_abs_diff": alone_diff,
+               "positions": total, "row_tokens": list(GATE_ROW_TOKENS)}
+    limit = parity.VARIANT_LIMITS[variant][1]
+    if limit is not None and diff > limit:
+        parity._fail(f"{variant} packed fill-mask logits max abs diff vs PyTorch ({total} positions)", diff, limit)
+    if parity.VARIANT_LIMITS[variant][2] and alone_diff > parity.LOGITS_MAX_ABS:
+        parity._fail(f"{variant} packed fill-mask: an input alone vs packed with others (max abs diff)", alone_diff,
+                     parity.LOGITS_MAX_ABS)
+    return figures
+
+
+def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int) -> dict:
+    """A reduced-precision packed graph at the sample's masked positions (parity.quality_figures)."""
+    sess = parity.session(graph)
+    seqs = [ids.tolist() for ids, _, _ in sample]
+    got = mask_logits(sess, seqs, [p for _, p, _ in sample], pad_id, GATE_ROW_TOKENS[0])
+    rows = []
+    for (ids, positions, targets), g in zip(sample, got):
+        with torch.no_grad():
+            ref = model(torch.from_numpy(ids[None, :]), torch.ones((1, len(ids)), dtype=torch.int64))[0].numpy()
+        rows.append((ref[positions], g, targets))
+    head = seqs[: parity.BATCH_ROWS]
+    alone = [mask_logits(sess, [s], [p], pad_id, GATE_ROW_TOKENS[0])[0] for s, (_, p, _) in zip(head, sample)]
+    diff = max(float(np.abs(a - g).max()) for a, g in zip(alone, got))
+    return parity.quality_figures(rows, description, diff)

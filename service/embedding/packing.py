@@ -1,0 +1,96 @@
+"""Packed encoder batches: the tokens of several inputs share a row, attention stays within each input.
+
+A padded batch pads every input to the batch's longest; with 16 mixed-length sentences about half
+of what the encoder computes is padding. A packed batch (`pack`) places inputs into rows of at most
+`row_tokens` tokens, longest first, each into the first row with room (first-fit decreasing), and
+gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ... per
+input within its row, 0 for the row's padded tail). The packed graph (export/packed.py) lets a token
+attend only to tokens of its own segment, so an input's result does not depend on its neighbours;
+only the rows' tails are padding. An input longer than `row_tokens` gets a row of its own.
+
+`pool` turns the graph's token states (rows, length, C) into one vector per input (mean, CLS or max
+over its tokens), as the padded graph pools inside. The export's gate and the service both pack
+through this module, so what the gate measured is what is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Graph inputs (rows, length) int64 and where each input landed: `row`, `start`, `length` (N,)."""
+
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    segment_ids: np.ndarray
+    row: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens the graph computes, padded tails included."""
+        return int(self.input_ids.size)
+
+    def flat_positions(self, offsets: Sequence[int] | np.ndarray, inputs: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Indices into the flattened (rows * length) tokens of token `offsets[k]` of input `inputs[k]`."""
+        inputs = np.asarray(inputs, dtype=np.int64)
+        return self.row[inputs] * self.input_ids.shape[1] + self.start[inputs] + np.asarray(offsets, dtype=np.int64)
+
+
+def pack(seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int) -> Packed:
+    """First-fit decreasing placement of token sequences into rows of at most row_tokens (module doc)."""
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    fill: list[int] = []  # tokens used per row
+    row = np.zeros(len(seqs), np.int64)
+    start = np.zeros(len(seqs), np.int64)
+    for i in order:
+        n = len(seqs[i])
+        r = next((r for r, used in enumerate(fill) if used + n <= row_tokens), len(fill))
+        if r == len(fill):
+            fill.append(0)
+        row[i], start[i] = r, fill[r]
+        fill[r] += n
+    width = max(fill)
+    ids = np.full((len(fill), width), pad_id, np.int64)  # (R, L)
+    positions = np.zeros((len(fill), width), np.int64)  # (R, L)
+    segments = np.zeros((len(fill), width), np.int64)  # (R, L)
+    segment_of_row = [0] * len(fill)
+    for i in sorted(range(len(seqs)), key=lambda i: (row[i], start[i])):
+        r, a, n = row[i], start[i], len(seqs[i])
+        segment_of_row[r] += 1
+        ids[r, a : a + n] = seqs[i]
+        positions[r, a : a + n] = np.arange(n)
+        segments[r, a : a + n] = segment_of_row[r]
+    length = np.array([len(s) for s in seqs], np.int64)
+    return Packed(ids, positions, segments, row, start, length)
+
+
+def pool(hidden: np.ndarray, packed: Packed, mode: str) -> np.ndarray:
+    """Token states (R, L, C) -> (N, C) float32: each input's mean, first token (cls) or max."""
+    flat = hidden.reshape(-1, hidden.shape[-1])  # (R*L, C)
+    first = packed.row * hidden.shape[1] + packed.start  # (N,)
+    if mode == "cls":
+        return np.asarray(flat[first], dtype=np.float32)
+    order = np.argsort(first)  # reduceat wants ascending, contiguous segments
+    index = np.repeat(first[order], packed.length[order]) + _ranges(packed.length[order])  # every real token
+    starts = np.concatenate([[0], np.cumsum(packed.length[order])[:-1]])
+    tokens = flat[index].astype(np.float32)  # (sum of lengths, C)
+    if mode == "max":
+        pooled = np.maximum.reduceat(tokens, starts, axis=0)
+    else:
+        pooled = np.add.reduceat(tokens, starts, axis=0) / packed.length[order][:, None]
+    out = np.empty_like(pooled)
+    out[order] = pooled
+    return out
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """[3, 2] -> [0, 1, 2, 0, 1]."""
+    ends = np.cumsum(lengths)
+    return np.arange(ends[-1]) - np.repeat(ends - lengths, lengths)
