@@ -1,4 +1,7 @@
-"""Command line of the batch embedding client: `python -m service.batch INPUT --output OUT ...`.
+"""Command line of the batch embedding job: `ts-embed-batch INPUT --output OUT ...` (= `python -m service.batch`).
+
+`--engine grpc` (the default, this module): through a running service's EmbedStream.
+`--engine ray`: Ray Data and an actor pool running the model in-process (service/batch/ray_cli.py).
 
 Also reachable as `python -m service.client [--address A] batch ...` through
 `add_batch_parser(subparsers)` (there the client's global --address is used). pyarrow and tqdm
@@ -35,6 +38,7 @@ log = logging.getLogger("service.batch")
 OUTPUT_SUFFIXES = (".parquet", ".npy")
 DTYPE_CHOICES = ("float16", "float32")  # service.batch.store.DTYPES
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+ENGINES = ("grpc", "ray")
 
 
 def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None:
@@ -84,9 +88,12 @@ def client_handler(args: argparse.Namespace, client: object) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m service.batch",
+    parser = argparse.ArgumentParser(prog="ts-embed-batch",
                                      description="Embed a large file through the service's EmbedStream "
                                                  "(resumable, sharded); see docs/deploy.md.")
+    parser.add_argument("--engine", choices=ENGINES, default="grpc",
+                        help="grpc: through a running service (these flags); ray: on a Ray cluster, no server "
+                             "(ts-embed-batch --engine ray --help)")
     add_arguments(parser)
     return parser
 
@@ -154,4 +161,12 @@ def main_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`ts-embed-batch` and `python -m service.batch`: the engine chosen by --engine."""
+    argv = sys.argv[1:] if argv is None else argv
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--engine", choices=ENGINES, default="grpc")
+    if engine.parse_known_args(argv)[0].engine == "ray":
+        from service.batch import ray_cli
+
+        return ray_cli.main(argv)
     return main_args(build_parser().parse_args(argv))

@@ -149,20 +149,27 @@ def _jsonl_items(spec: SourceSpec) -> Iterator[Item]:
 
 
 def _jsonl_item(line: str, number: int, spec: SourceSpec) -> Item:
-    fallback_id = f"line:{number + 1}"
+    item_id, text, error = jsonl_record(line, spec)
+    if error:
+        return Item(item_id or f"line:{number + 1}", None, f"line {number + 1}: {error}")
+    return Item(item_id, text)
+
+
+def jsonl_record(line: str, spec: SourceSpec) -> tuple[str | None, str | None, str]:
+    """One JSONL line -> (id, text, "") or, when the line is bad, (id or None, None, why)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        return Item(fallback_id, None, f"line {number + 1}: not JSON ({e.msg})")
+        return None, None, f"not JSON ({e.msg})"
     if not isinstance(record, dict):
-        return Item(fallback_id, None, f"line {number + 1}: expected a JSON object")
+        return None, None, "expected a JSON object"
     raw_id = record.get(spec.id_field)
     if raw_id is None or isinstance(raw_id, (bool, dict, list)):
-        return Item(fallback_id, None, f"line {number + 1}: field {spec.id_field!r} missing or not a string/number")
+        return None, None, f"field {spec.id_field!r} missing or not a string/number"
     text = record.get(spec.text_field)
     if not isinstance(text, str):
-        return Item(str(raw_id), None, f"line {number + 1}: field {spec.text_field!r} missing or not a string")
-    return Item(str(raw_id), text)
+        return str(raw_id), None, f"field {spec.text_field!r} missing or not a string"
+    return str(raw_id), text, ""
 
 
 def _parquet_items(spec: SourceSpec) -> Iterator[Item]:
