@@ -66,7 +66,8 @@ def conditions() -> dict:
 class ServiceProcess:
     """`python -m service` on free ports (gRPC, HTTP, and metrics unless disabled), until `stop()`."""
 
-    def __init__(self, models: Path, flags: list[str], metrics: bool = False):
+    def __init__(self, models: Path, flags: list[str], metrics: bool = False, keep_log: bool = False):
+        """keep_log: go on collecting the server's log lines in `log` after the start (else dropped)."""
         cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0",
                "--metrics-port", "0" if metrics else "-1", "--http-port", "0", *flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -80,9 +81,14 @@ class ServiceProcess:
             if m := re.search(r"HTTP listening on (http://\S+)", line):
                 self.http_url = m.group(1)
             if "model(s) on" in line:
-                threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # keep the pipe drained
+                drain = self._collect if keep_log else self.proc.stderr.read  # keep the pipe drained
+                threading.Thread(target=drain, daemon=True).start()
                 return
         raise RuntimeError("service did not start:\n" + "\n".join(self.log))
+
+    def _collect(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

@@ -8,8 +8,10 @@ accepted, else the reason it is not ("missing", "malformed", "invalid"), which i
 early exit), so neither the position nor the prefix of a match leaks through timing.
 
     tokens = Tokens.from_settings(settings)       # disabled (accepts all) when none are configured
-    message = authenticate(tokens, request.headers.get("authorization"), protocol="http")
+    message = authenticate_one(tokens, request.headers.getlist("authorization"), protocol="http")
     if message is not None: return 401 with message   # counted; the message never quotes the token
+
+Two authorization values (HTTP headers or gRPC metadata entries) are refused as malformed on both doors.
 
 gRPC: `AuthInterceptor(tokens)` is a grpc.aio server interceptor; it rejects a call with
 UNAUTHENTICATED before any handler runs (unary and streaming alike), except the health and
@@ -111,6 +113,15 @@ def authenticate(tokens: Tokens, header_value: str | bytes | None, protocol: str
     return MESSAGES[reason]
 
 
+def authenticate_one(tokens: Tokens, values: list[str] | list[bytes], protocol: str = "grpc") -> str | None:
+    """authenticate for a call that carried `values` as its authorization header(s) or metadata:
+    more than one is refused as malformed on both doors (which one would count is ambiguous)."""
+    if len(values) > 1 and tokens.enabled:
+        count_failure("malformed", protocol)
+        return MESSAGES["malformed"]
+    return authenticate(tokens, values[0] if values else None, protocol)
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses calls without an accepted bearer token (UNAUTHENTICATED) before their handler runs.
 
@@ -125,11 +136,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler_call_details.method.startswith(OPEN_SERVICES):
             return handler
         values = [v for k, v in handler_call_details.invocation_metadata or () if k == "authorization"]
-        if len(values) > 1:  # which one would count is ambiguous: refuse
-            count_failure("malformed")
-            message = MESSAGES["malformed"]
-        else:
-            message = authenticate(self.tokens, values[0] if values else None)
+        message = authenticate_one(self.tokens, values)
         if message is None:
             return handler
         log.debug("refused %s: %s", handler_call_details.method, message)

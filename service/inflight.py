@@ -9,8 +9,10 @@ can miss both the refusal and the listener, and was seen waiting for its whole d
 
 `TrackCalls` counts gRPC calls from their handler's start to its end. Health and reflection are not
 counted: a load balancer's health Watch stream never ends on its own and must not hold the drain.
-The handler wrapping is built once per method and cached, so a call pays one dict lookup and the
-wrapper's own frame.
+Being the one interceptor every call passes, it also gives every method, health and reflection
+included, a deserializer that refuses undecodable request bytes with INVALID_ARGUMENT
+(service/undecodable.py). The handler wrapping is built once per method and cached, so a call pays
+one dict lookup and the wrappers' own frames.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import asyncio
 import inspect
 
 import grpc
+
+from service import undecodable
 
 UNCOUNTED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 
@@ -59,11 +63,13 @@ class TrackCalls(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
         handler = await continuation(handler_call_details)
-        if handler is None or method.startswith(UNCOUNTED_PREFIXES):
+        if handler is None:
             return handler
         wrapped = self._wrapped.get(method)
         if wrapped is None:
-            wrapped = self._wrapped[method] = self._wrap(handler)
+            guarded = undecodable.guard(handler, method)
+            wrapped = guarded if method.startswith(UNCOUNTED_PREFIXES) else self._wrap(guarded)
+            self._wrapped[method] = wrapped
         return wrapped
 
     def _wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -22,8 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from service import metrics
 from service.errors import InvalidArgument, NotFound, Unavailable, quote
-from service.manifest import KINDS, Manifest, ModelDir, discover, load_model_dir
-from service.runtime import Runtime
+from service.manifest import KINDS, Manifest, ModelDir, ModelDirError, discover, load_model_dir
+from service.runtime import ProviderError, Runtime
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -129,12 +129,19 @@ class ModelRegistry:
 
     @staticmethod
     def _load_one(path: Path, settings: Settings, runtime: Runtime) -> Backend:
+        """One directory's backend; every failure names the directory, or the file when it is known."""
         model_dir = load_model_dir(path, verify_hashes=settings.verify_hashes)
         kind = model_dir.manifest.kind
         try:
             return backend_class(kind).load(model_dir, settings, runtime)
         except ImportError as e:
             raise ModelLoadError(f"{path}: no backend for kind {kind!r} ({e})") from e
+        except (ModelDirError, ModelLoadError, ProviderError):
+            raise  # their messages name the file already
+        except Exception as e:  # a file that loads but cannot be served (bad names, bad UTF-8...)
+            files = ", ".join(sorted({g.file for g in model_dir.manifest.graphs} | {model_dir.manifest.tokenizer["file"]}))
+            raise ModelDirError(f"{path}: cannot serve this model directory ({type(e).__name__}: {e}); its files: "
+                                f"{files}") from e
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(sorted(self._by_name.values(), key=lambda b: b.name))

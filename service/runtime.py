@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import onnxruntime as ort
 
-from service.manifest import Manifest
+from service.manifest import Manifest, ModelDirError
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,16 @@ class Runtime:
         return opts
 
     def create_session(self, path: str | Path) -> ort.InferenceSession:
-        """An InferenceSession on the chosen provider; raises ProviderError on a strict fallback."""
+        """An InferenceSession on the chosen provider; raises ProviderError on a strict fallback and
+        ModelDirError naming the file when onnxruntime cannot load it."""
         providers: list[Any] = [CPU]
         if self.requested_provider == CUDA and self._cuda_offered:
             providers = [(CUDA, CUDA_OPTIONS), CPU]
-        session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=providers)
+        try:
+            session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=providers)
+        except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail...) share no base
+            raise ModelDirError(f"{path}: onnxruntime cannot load this graph ({e}); re-export the model, or check "
+                                "it against its manifest's sha256 (--verify-hashes)") from e
         used = session.get_providers()[0]
         if used != self.requested_provider:
             self._fallback(f"{Path(path).name}: asked for {self.requested_provider}, onnxruntime runs {used} "

@@ -22,6 +22,9 @@ call but health and reflection without one, before its handler runs; SIGHUP re-r
 HTTP (service/http/: OpenAI-compatible routes over the same registry) binds with gRPC, answers
 /health from the same state, and drains with it; `http_port` -1 turns it off. It takes the same
 TLS settings and the same bearer tokens (service/http/security.py; /health stays open).
+
+While it serves, a task gives memory freed after large requests back to the system
+(service/memory.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from service.inflight import Inflight, TrackCalls
 from service.inspection.servicer import InspectionServicer
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
+from service.memory import MemoryTrimmer
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.registry import ModelLoadError, ModelRegistry
@@ -87,6 +91,8 @@ class Server:
         self.metrics_port: int | None = None
         self._metrics_server = None
         self._stopping: asyncio.Task | None = None
+        self.memory = MemoryTrimmer()
+        self._trimming: asyncio.Task | None = None
         self.stopped = asyncio.Event()
 
     @property
@@ -115,6 +121,7 @@ class Server:
             await server.shutdown(grace=0)
             raise
         await server._set_health(health_pb2.HealthCheckResponse.SERVING)
+        server._trimming = asyncio.create_task(server.memory.run(), name="memory-trim")
         log.info("serving %d model(s) on %s", len(list(registry)), server.address)
         return server
 
@@ -150,7 +157,9 @@ class Server:
             app = build_app(self.registry, self.settings, lambda: self.serving, middleware=guard,
                             worker_calls=self._worker_calls)
             self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
-                                               reuse_port=self.worker is not None, ssl=ssl_options(self.settings))
+                                               reuse_port=self.worker is not None, ssl=ssl_options(self.settings),
+                                               header_timeout=self.settings.http_header_timeout_s,
+                                               max_connections=self.settings.http_max_connections)
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
                 self.settings.metrics_address, self.settings.metrics_port)
@@ -181,6 +190,8 @@ class Server:
     async def _shutdown(self, grace: float) -> None:
         log.info("shutting down: NOT_SERVING, refusing new calls, %.1fs grace for in-flight calls", grace)
         self.registry.draining = True
+        if self._trimming is not None:
+            self._trimming.cancel()
         await self.health.enter_graceful_shutdown()
         await asyncio.gather(self._stop_grpc(grace), *([self.http.stop(grace)] if self.http else []))
         await self.registry.stop()

@@ -19,7 +19,6 @@ Starlette middleware in front of every route, answering with `errors.error_respo
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -32,9 +31,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service import converters
-from service.errors import InvalidArgument, label_model
+from service.errors import label_model
 from service.fillmask.servicer import FillMaskServicer
 from service.http import schemas
+from service.http.body import read_json
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 from service.registry import ModelRegistry
@@ -55,20 +55,8 @@ class Routes:
         self.fill_masks = FillMaskServicer(registry, settings)
 
     async def _json(self, request: Request) -> dict:
-        limit, parts, size = self.settings.max_message_bytes, [], 0
-        async for part in request.stream():  # refused once past the limit, not after reading it all
-            size += len(part)
-            if size > limit:
-                raise InvalidArgument(f"request body over {limit} bytes (--max-message-bytes); send less per call")
-            parts.append(part)
-        body = b"".join(parts)
-        try:
-            value = json.loads(body)
-        except ValueError as e:
-            raise InvalidArgument(f"the body is not JSON ({e})") from e
-        if not isinstance(value, dict):
-            raise InvalidArgument("the body must be a JSON object")
-        return value
+        """The body as a JSON object, bounded in size, time and nesting (service/http/body.py)."""
+        return await read_json(request, self.settings.max_message_bytes, self.settings.http_body_timeout_s)
 
     @route("EmbeddingService", "Embed")
     async def embeddings(self, request: Request, call: HttpCall) -> Response:
@@ -82,7 +70,7 @@ class Routes:
         pb_request, stream = schemas.generate_request(await self._json(request))
         if stream:
             call.method = "GenerateStream"
-        model, handle = self.generation.submit(pb_request)  # refusals come here, before any 200
+        model, handle = await self.generation.submit(pb_request)  # refusals come here, before any 200
         completion = schemas.Completion(model.name)
         if stream:
             return call.stream(self._chunks(handle, completion, call.deadline), on_close=handle.cancel)

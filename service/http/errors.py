@@ -53,6 +53,13 @@ STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
 CODE_OF_STATUS = {405: _S.UNIMPLEMENTED, 404: _S.NOT_FOUND}  # Starlette's own (unknown path, wrong method)
 
 
+class SlowBody(ServiceError):
+    """The client did not send a request's body in time (service/http/body.py): 408 with the
+    connection closed, counted DEADLINE_EXCEEDED (504 is for the server's own deadline)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 def error_body(code: grpc.StatusCode, message: str) -> dict:
     _status, kind = STATUS.get(code, (500, "server_error"))
     return {"error": {"message": bounded(message), "type": kind, "code": code.name}}
@@ -111,7 +118,11 @@ class HttpCall:
 
     def fail(self, exc: BaseException) -> JSONResponse:
         self.record.code, message = status_of(exc)
-        return error_response(self.record.code, message)
+        response = error_response(self.record.code, message)
+        if isinstance(exc, SlowBody):  # the rest of the body may still come: the connection cannot go on
+            response.status_code = 408
+            response.headers["connection"] = "close"
+        return response
 
     def finish(self) -> None:
         if not self._finished:

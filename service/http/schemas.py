@@ -3,7 +3,9 @@ FillMaskRequest.
 
 Requests become the same protobuf messages the gRPC servicers take, so both doors share one
 validation (service/servicers.py, service/textgen/servicers.py); what is checked here is only what
-JSON adds: types, and the OpenAI fields this server does not implement (refused, not ignored).
+JSON adds: types, numbers a proto `float` cannot hold (a nonzero one it would read as 0 is refused:
+temperature 1e-50 is out of range, not greedy), and the OpenAI fields this server does not
+implement (refused, not ignored).
 Responses are built from the servicers' protobuf replies. `usage` is in every response.
 """
 
@@ -16,7 +18,9 @@ import uuid
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 
+from service.converters import float32
 from service.errors import InvalidArgument
 from service.proto import inference_pb2 as pb
 from service.textgen.sequence import EOS, LENGTH, STOP, Chunk
@@ -45,7 +49,7 @@ def field(body: dict, name: str, kind: type, default: Any = None, minimum: float
     low = -math.inf if minimum is None else minimum
     if not low <= value <= maximum:  # NaN fails too
         raise InvalidArgument(f"{name}={value} is out of range [{minimum}, {maximum}]")
-    return float(value) if kind is float else value
+    return float32(name, float(value)) if kind is float else value
 
 
 def text(name: str, value: str) -> str:
@@ -154,6 +158,11 @@ def fill_mask_request(body: dict) -> pb.FillMaskRequest:
 
 
 def _parse(body: dict, message):
+    for f in message.DESCRIPTOR.fields:  # numbers a 32-bit float would turn into 0
+        if f.cpp_type == FieldDescriptor.CPPTYPE_FLOAT and not f.is_repeated:
+            for name in {f.name, f.json_name}:
+                if isinstance(body.get(name), float):
+                    float32(name, body[name])
     try:
         return json_format.ParseDict(body, message)
     except (json_format.ParseError, ValueError) as e:  # ValueError: text UTF-8 cannot carry

@@ -3,7 +3,7 @@
 `BearerAuth` is a pure ASGI middleware: when tokens are configured (service/auth.py, the very
 `Tokens` object the gRPC interceptor uses, so SIGHUP reloads both doors) every route but
 `/health` needs `Authorization: Bearer <token>` (the openai SDK's `api_key`); a missing or wrong
-one gets 401 in OpenAI's error shape with `WWW-Authenticate: Bearer`, counted in
+one, or two `Authorization` headers (gRPC refuses two values too), gets 401 in OpenAI's error shape with `WWW-Authenticate: Bearer`, counted in
 `ts_auth_failures_total{protocol="http"}`, before the route runs. `ssl_options(settings)` gives
 uvicorn the certificate, key and, for mTLS, the client CA that gRPC uses.
 """
@@ -14,7 +14,7 @@ import ssl
 
 import grpc
 
-from service.auth import Tokens, authenticate
+from service.auth import Tokens, authenticate_one
 from service.http.errors import error_response
 from service.settings import Settings
 
@@ -29,8 +29,8 @@ class BearerAuth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        message = authenticate(self.tokens, header, protocol="http")
+        values = [v for k, v in scope["headers"] if k == b"authorization"]
+        message = authenticate_one(self.tokens, values, protocol="http")
         if message is None:
             await self.app(scope, receive, send)
             return

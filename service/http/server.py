@@ -1,6 +1,7 @@
 """uvicorn inside the service's event loop: bind, serve as a task, drain with the gRPC server.
 
-The socket is bound here, not by uvicorn, so that a taken port fails the start with a clear
+uvicorn speaks HTTP/1.1 through service/http/protocol.py's h11 protocol, which adds a header
+timeout and a connection cap. The socket is bound here, not by uvicorn, so that a taken port fails the start with a clear
 OSError, port 0's choice is known (and logged) at once, and worker processes can share one port
 with SO_REUSEPORT (service/supervisor.py reserves it, each worker binds it). uvicorn's own signal
 handling is off: service/server.py owns SIGTERM and calls `stop(grace)`, which
@@ -19,6 +20,7 @@ import socket
 
 import uvicorn
 
+from service.http.protocol import guarded
 from service.inflight import Inflight
 
 log = logging.getLogger(__name__)
@@ -52,19 +54,23 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
 class HttpServer:
     """A started uvicorn server; `port` is the one bound."""
 
-    def __init__(self, app, sock: socket.socket, inflight: Inflight, ssl: dict | None = None):
+    def __init__(self, app, sock: socket.socket, inflight: Inflight, ssl: dict | None = None,
+                 header_timeout: float = 10.0, max_connections: int = 1024):
         self.port = sock.getsockname()[1]
         self._inflight = inflight
         self.scheme = "https" if ssl else "http"
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=LAST_SECONDS, **(ssl or {}))
+                                timeout_graceful_shutdown=LAST_SECONDS, http=guarded(header_timeout, max_connections),
+                                **(ssl or {}))
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
 
     @classmethod
-    async def start(cls, app, host: str, port: int, reuse_port: bool = False, ssl: dict | None = None) -> "HttpServer":
-        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext."""
-        server = cls(app, bind(host, port, reuse_port), app.state.inflight, ssl)
+    async def start(cls, app, host: str, port: int, reuse_port: bool = False, ssl: dict | None = None,
+                    header_timeout: float = 10.0, max_connections: int = 1024) -> "HttpServer":
+        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext; header_timeout
+        and max_connections: the door's limits (service/http/protocol.py)."""
+        server = cls(app, bind(host, port, reuse_port), app.state.inflight, ssl, header_timeout, max_connections)
         while not server._server.started:  # startup is one create_server call: a few loop turns
             if server._task.done():
                 server._task.result()  # raises what stopped it

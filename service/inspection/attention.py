@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
+from service import tokenizing
 from service.errors import FailedPrecondition, InvalidArgument
 from service.inspection.stats import head_stats
 from service.manifest import ATTENTION_ROLE, ModelDir
@@ -72,9 +72,11 @@ class AttentionInspector:
         self.n_layers = 1 + max((layer for _, layer, _ in self.outputs), default=-1)
         self.n_heads = int(self.spec.outputs[0].shape[1]) if self.spec else 0
         self.special = np.asarray(sorted({int(v) for v in m.special_tokens.values()}), np.int64)
-        self.tokenizer = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
+        self.tokenizer = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
+        self.text_encoder = tokenizing.Encoder(self.tokenizer)
+        self.chars_per_token = tokenizing.chars_per_token(self.tokenizer)
         self._session = None
         self._opening = asyncio.Lock()
 
@@ -102,7 +104,7 @@ class AttentionInspector:
     async def inspect(self, query: AttentionQuery) -> AttentionResult:
         self.check(query)
         start = time.perf_counter()
-        source = self._encode(query.text, "text", self.max_input_tokens)
+        source = await self._encode(query.text, "text", self.max_input_tokens)
         target, decoder_ids, generated = query.target, [], 0
         if self.kind == "translation":
             target, decoder_ids, generated = await self._target(query.text, query.target)
@@ -117,8 +119,11 @@ class AttentionInspector:
         return AttentionResult(self._tokens(source), self._tokens(decoder_ids), target, maps,
                                len(source) + len(decoder_ids), generated, tokenize_s, inference_s)
 
-    def _encode(self, text: str, field: str, limit: int) -> list[int]:
-        ids = self.tokenizer.encode(text).ids
+    async def _encode(self, text: str, field: str, limit: int) -> list[int]:
+        tokenizing.check_chars(text, tokenizing.max_chars(limit, self.chars_per_token), field, self.name, limit,
+                               "shorten it")
+        (encoding,) = await self.text_encoder.encode([text])
+        ids = encoding.ids
         if len(ids) > limit:
             raise InvalidArgument(f"{field} is {len(ids)} tokens long, over model {self.name!r}'s limit of {limit} "
                                   "tokens; shorten it")
@@ -131,7 +136,7 @@ class AttentionInspector:
         model = self.backend
         generated = 0
         if target.strip():
-            ids = self._encode(target, "target", model.max_length)
+            ids = await self._encode(target, "target", model.max_length)
         else:
             translation = (await model.translate([text], TranslateOptions())).translations[0]
             target, ids, generated = translation.text, translation.token_ids, len(translation.token_ids)

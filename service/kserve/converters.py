@@ -26,6 +26,7 @@ import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from service.converters import float32
 from service.errors import InvalidArgument, quote
 from service.proto import inference_pb2 as pb
 from service.proto import open_inference_grpc_pb2 as oip
@@ -146,6 +147,8 @@ def fill(message: Message, values: dict[str, Any]) -> Message:
             if field.is_repeated:  # stop: one sequence per request parameter
                 getattr(message, name).append(value)
             else:
+                if field.cpp_type == FieldDescriptor.CPPTYPE_FLOAT:  # a double parameter may not fit
+                    value = float32(name, float(value))
                 setattr(message, name, float(value) if kind == "number" else value)
         except (TypeError, ValueError) as e:  # ValueError: out of the field's range (a negative count)
             expected = "non-negative integer" if kind == "integer" else kind

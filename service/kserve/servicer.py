@@ -102,7 +102,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         try:
             for text in texts:
                 request = converters.generate_request(text, model.name, values)
-                handles.append(model.submit(text, textgen_converters.sampling_params(request)))
+                handles.append(await model.submit_async(text, textgen_converters.sampling_params(request)))
             results = await asyncio.gather(*(_chunks(handle) for handle in handles))
         finally:
             for handle in handles:  # frees the rows of every sequence when one fails or the call ends

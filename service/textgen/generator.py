@@ -1,9 +1,12 @@
 """`GenerationModel`: the registry backend for kind "generation" (a GPT-style decoder with KV cache).
 
-`submit(prompt, params)` checks the queue has room (RESOURCE_EXHAUSTED at once, before any work),
-tokenizes the prompt, checks its length, resolves max_new_tokens and
-hands a `Sequence` to the model's continuous-batching `Scheduler`; the returned handle yields
-`Chunk`s as tokens are generated. Limits (documented in docs/api.md):
+`submit(prompt, params)` checks the parameters and that the queue has room (RESOURCE_EXHAUSTED at
+once, before any work), refuses a prompt with more characters than its token limit can hold
+(service/tokenizing.py: known without tokenizing it), tokenizes the prompt, checks its length,
+resolves max_new_tokens and hands a `Sequence` to the model's continuous-batching `Scheduler`; the
+returned handle yields `Chunk`s as tokens are generated. `submit_async` is the same for callers on
+the event loop (the servicers, HTTP, KServe): a long prompt is tokenized in a thread while its queue
+place is held. Limits (documented in docs/api.md):
 - a prompt may hold at most `max_input_tokens` tokens (manifest) and at most the served context
   minus one, else INVALID_ARGUMENT (ModelInfo's max_input_tokens is that limit);
 - max_new_tokens 0 means `gen_default_max_new_tokens` (settings); any value is *capped* so that
@@ -24,7 +27,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from service import metrics
+from service import metrics, tokenizing
 from service.errors import InvalidArgument
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
@@ -57,6 +60,8 @@ class GenerationModel:
         self.model_context = int(manifest.architecture.get("max_positions") or manifest.max_input_tokens)
         self.context = min(self.model_context, settings.gen_max_context or self.model_context)
         self.max_prompt = min(int(manifest.max_input_tokens), self.context - 1)
+        self.max_prompt_chars = tokenizing.max_chars(self.max_prompt, tokenizing.chars_per_token(tokenizer))
+        self.text_encoder = tokenizing.Encoder(tokenizer)
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         if not self.io.buffer_kv:
             raise ValueError(f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
@@ -82,7 +87,7 @@ class GenerationModel:
         variant = runtime.choose_variant(m, "decoder")
         path = model_dir.file(m.graph("decoder", variant).file)
         session = runtime.create_session(path)
-        tokenizer = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
+        tokenizer = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
@@ -96,13 +101,32 @@ class GenerationModel:
         return model
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
-        """Queues one generation; raises InvalidArgument / ResourceExhausted / Unavailable."""
+        """Queues one generation, the prompt tokenized in the calling thread (warm-up, tests; the
+        doors use submit_async); raises InvalidArgument / ResourceExhausted / Unavailable."""
+        self._admit(prompt, params)  # nothing awaits until the scheduler's submit
+        return self._queue(self.tokenizer.encode(prompt).ids, params)
+
+    async def submit_async(self, prompt: str, params: SamplingParams) -> GenerationHandle:
+        """submit, with a long prompt tokenized off the event loop while its queue place is held."""
+        self._admit(prompt, params)
+        self.scheduler.reserve()
+        try:
+            (encoding,) = await self.text_encoder.encode([prompt])
+        finally:
+            self.scheduler.release()
+        return self._queue(encoding.ids, params)
+
+    def _admit(self, prompt: str, params: SamplingParams) -> None:
+        """Every check that comes before tokenizing: parameters, queue room, the prompt's characters."""
         try:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
-        self.scheduler.check_admission()  # before the prompt is tokenized; nothing awaits until submit
-        ids = self.tokenizer.encode(prompt).ids
+        self.scheduler.check_admission()
+        tokenizing.check_chars(prompt, self.max_prompt_chars, "prompt", self.name, self.max_prompt,
+                               "shorten the prompt")
+
+    def _queue(self, ids: list[int], params: SamplingParams) -> GenerationHandle:
         if not ids:
             if self.bos_id is None:
                 raise InvalidArgument("prompt is empty and the model has no start token; send some text")

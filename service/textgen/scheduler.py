@@ -58,6 +58,7 @@ class Scheduler:
         self.cache = SlotCache(session, io, capacity=max_batch, max_length=context, device=device)
         self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
         self.waiting: deque[Sequence] = deque()
+        self.reserved = 0  # queue places of calls whose prompt is being tokenized off the event loop
         self.wake = asyncio.Event()
         self.closing = False
         self._task: asyncio.Task | None = None
@@ -78,9 +79,18 @@ class Scheduler:
         tokenizing; `submit` asks again, so the bound holds whatever ran in between."""
         if self.closing:
             raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        if len(self.waiting) >= self.max_queue:
+        if len(self.waiting) + self.reserved >= self.max_queue:
             raise ResourceExhausted(f"generation queue of model {self.name!r} is full ({self.max_queue} waiting); "
                                     "retry with backoff")
+
+    def reserve(self) -> None:
+        """Takes a queue place for a call whose prompt is tokenized off the event loop (or refuses it)."""
+        self.check_admission()
+        self.reserved += 1
+
+    def release(self) -> None:
+        """Gives the place back; `submit` then takes one of its own (checking again)."""
+        self.reserved -= 1
 
     def submit(self, seq: Sequence) -> GenerationHandle:
         self.check_admission()

@@ -31,17 +31,17 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, registry: ModelRegistry):
         self.registry = registry
 
-    def submit(self, request: pb.GenerateRequest):
+    async def submit(self, request: pb.GenerateRequest):
         """Admits and queues the generation: (model, handle); raises before any work (HTTP runs this too)."""
         self.registry.admit()
         model = self.registry.get("generation", request.model)
         label_model(model.name)
         converters.stream_interval(request)  # checked for both RPCs, before any work
-        return model, model.submit(request.prompt, converters.sampling_params(request))
+        return model, await model.submit_async(request.prompt, converters.sampling_params(request))
 
     @grpc_errors("GenerationService")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        model, handle = self.submit(request)
+        model, handle = await self.submit(request)
         try:
             chunks = await handle.collect()
         finally:
@@ -52,7 +52,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         interval = converters.stream_interval(request)
-        model, handle = self.submit(request)
+        model, handle = await self.submit(request)
         try:
             sent = None
             async for chunk in handle:

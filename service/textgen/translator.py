@@ -1,6 +1,7 @@
 """`TranslationModel`: the registry backend for kind "translation" (encoder-decoder, greedy / beam).
 
-`translate(inputs, options)` validates the call, takes its places in the queue (or gets
+`translate(inputs, options)` validates the call (an input with more characters than its token limit
+can hold is refused untokenized: service/tokenizing.py), takes its places in the queue (or gets
 RESOURCE_EXHAUSTED) from its input count before any work, tokenizes (off the event loop when the
 call is large), checks lengths and queues one item per source, each with its own options. The
 model's Seq2SeqScheduler (service/textgen/seq2seq_scheduler.py) batches sources of all calls
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from service import metrics
+from service import metrics, tokenizing
 from service.errors import InvalidArgument, ServiceError
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUED_SOURCES = 4096  # beyond it RESOURCE_EXHAUSTED
 MAX_INPUTS = 256  # sources in one call
-INLINE_TOKENIZE_CHARS = 4096  # larger calls tokenize in a thread (256 short sentences took ~15 ms here)
 
 
 class RowFailed(ServiceError):
@@ -77,6 +77,8 @@ class TranslationModel:
         self.encoder, self.decoder, self.tokenizer = encoder, decoder, tokenizer
         self.settings, self.runtime = settings, runtime
         self.provider = decoder.get_providers()[0]
+        self.text_encoder = tokenizing.Encoder(tokenizer)
+        self.max_input_chars = tokenizing.max_chars(manifest.max_input_tokens, tokenizing.chars_per_token(tokenizer))
         self.io = GraphIO.inspect(decoder, manifest.architecture)
         special = manifest.special_tokens
         self.pad_id, self.eos_id = int(special.get("pad", 0)), int(special["eos"])
@@ -98,7 +100,7 @@ class TranslationModel:
         enc_variant = variant if variant in m.variants("encoder") else "fp32"
         encoder = runtime.create_session(model_dir.file(m.graph("encoder", enc_variant).file))
         decoder = runtime.create_session(model_dir.file(m.graph("decoder", variant).file))
-        tokenizer = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
+        tokenizer = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         tokenizer.no_padding()
         tokenizer.no_truncation()
         return cls(m, encoder, decoder, tokenizer, settings, runtime, variant)
@@ -138,10 +140,7 @@ class TranslationModel:
 
     async def _tokenize(self, inputs: list[str]) -> list[list[int]]:
         """Token ids per input; a large call tokenizes in a thread so the event loop stays free."""
-        if sum(map(len, inputs)) <= INLINE_TOKENIZE_CHARS:
-            encoded = [self.tokenizer.encode(text).ids for text in inputs]
-        else:
-            encoded = await asyncio.to_thread(lambda: [self.tokenizer.encode(text).ids for text in inputs])
+        encoded = [e.ids for e in await self.text_encoder.encode(inputs)]
         for i, ids in enumerate(encoded):
             if len(ids) > self.manifest.max_input_tokens:
                 raise InvalidArgument(f"inputs[{i}] is {len(ids)} tokens; model {self.name!r} accepts at most "
@@ -176,6 +175,8 @@ class TranslationModel:
         if len(inputs) > MAX_INPUTS:
             raise InvalidArgument(f"{len(inputs)} inputs in one call; the limit is {MAX_INPUTS}: split the call")
         for i, text in enumerate(inputs):
+            tokenizing.check_chars(text, self.max_input_chars, f"inputs[{i}]", self.name,
+                                   self.manifest.max_input_tokens, "split the sentence")
             if not text.strip():
                 raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
         if not 1 <= options.beam_size <= self.settings.translate_max_beam:

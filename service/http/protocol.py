@@ -1,0 +1,97 @@
+"""uvicorn's h11 protocol with what uvicorn lacks at the door: a header timeout and a connection cap.
+
+uvicorn (0.54) closes a kept-alive connection left idle after a response (`timeout_keep_alive`,
+5 s), but sets no limit on how long a client takes to send a request's headers: 200 connections
+that never finished their headers stayed open past 60 s, a file descriptor each, no token needed
+(issue 24: slowloris). Its `limit_concurrency` answers 503 to requests over a count but accepts
+and keeps every connection. `guarded(header_timeout, max_connections)` is the protocol class given
+to `uvicorn.Config(http=...)`:
+
+- header timeout: a timer starts when a connection opens and again when a response is complete;
+  unless the next request's headers are all in before it fires (h11 produced a Request), the
+  connection is closed. A request's body has its own limit where the route reads it
+  (service/http/body.py, `http_body_timeout_s`).
+- connection cap: a connection beyond `max_connections` open ones gets a 503 in the service's
+  error shape and is closed at once, before a byte of it is read.
+Both are counted in `ts_http_connections_closed_total{reason}` ("header_timeout",
+"connection_limit"). With TLS the timer starts after the handshake (asyncio bounds the handshake
+itself: 60 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+from prometheus_client import Counter
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from service.http.errors import error_body
+
+CLOSED = Counter("ts_http_connections_closed", "HTTP connections the server closed to protect itself", ["reason"])
+
+
+def guarded(header_timeout: float, max_connections: int) -> type[H11Protocol]:
+    """The protocol class for uvicorn.Config(http=...) with these limits."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,),
+                {"header_timeout": header_timeout, "max_connections": max_connections})
+
+
+class GuardedH11Protocol(H11Protocol):
+    header_timeout = 10.0
+    max_connections = 1024
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections:
+            self._refused = True
+            CLOSED.labels("connection_limit").inc()
+            transport.write(_over_limit(self.max_connections))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if not self._refused:  # a refused connection never set up uvicorn's state
+            super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers are in
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._arm()  # first: a pipelined request that super() handles disarms it
+        super().on_response_complete()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            CLOSED.labels("header_timeout").inc()
+            self.transport.close()
+
+
+def _over_limit(limit: int) -> bytes:
+    message = (f"this server already holds {limit} HTTP connections (http_max_connections); retry later, or reuse "
+               "a kept-alive connection")
+    body = json.dumps(error_body(grpc.StatusCode.UNAVAILABLE, message)).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n")
+    return head.encode("ascii") + body
