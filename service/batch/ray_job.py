@@ -143,7 +143,7 @@ def run_ray_job(cfg: RayJobConfig) -> Summary:
     log.info("%s: %d lines in %d chunks, %d already done; model %s from %s", cfg.input, plan.rows, plan.chunks,
              len(done & set(range(plan.chunks))), model_dir.manifest.name, model_dir.path)
     if todo:
-        _run(cfg, plan, todo, ActorJob(str(model_dir.path), options, str(cfg.output), cfg.dtype, plan))
+        _run(cfg, plan, todo, ActorJob(str(model_dir.path), options, str(cfg.output), cfg.dtype, plan.light()))
     summary = folder.finish(plan.chunks)
     log.info("%s: %d embeddings in %d parts; %d bad lines skipped", summary.output, summary.rows, summary.chunks,
              summary.bad_lines)

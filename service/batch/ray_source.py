@@ -17,7 +17,7 @@ number), as in service/batch/sources.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,10 @@ class Plan:
     def chunk_rows(self, chunk: int) -> int:
         return min(self.chunk_size, self.rows - chunk * self.chunk_size)
 
+    def light(self) -> Plan:
+        """The plan without the offsets (what tasks and actors need: sizes, not positions)."""
+        return replace(self, offsets=())
+
     def schema(self) -> pa.Schema:
         return pa.schema([("chunk", pa.int64()), ("line", pa.int64()), ("id", self.id_type),
                           ("text", pa.string()), ("error", pa.string())])
@@ -74,13 +78,14 @@ def make_plan(spec: SourceSpec, chunk_size: int) -> Plan:
     return Plan(spec, chunk_size, rows, tuple(offsets), id_type(spec))
 
 
-def read_chunk(plan: Plan, chunk: int, skip_bad: bool) -> pa.Table:
-    """The block of one chunk (see the module docstring); raises BadInput unless skip_bad."""
+def read_chunk(plan: Plan, chunk: int, offset: int, skip_bad: bool) -> pa.Table:
+    """The block of one chunk, whose first line starts at byte `offset` (see the module docstring);
+    raises BadInput unless skip_bad."""
     first, count = chunk * plan.chunk_size, plan.chunk_rows(chunk)
     if plan.spec.format == "parquet":
         rows = _parquet_rows(plan, first, count)
     else:
-        rows = _line_rows(plan, chunk, first, count)
+        rows = _line_rows(plan, offset, first, count)
     if not skip_bad:
         bad = next((r for r in rows if r[3]), None)
         if bad is not None:
@@ -94,10 +99,10 @@ def read_chunk(plan: Plan, chunk: int, skip_bad: bool) -> pa.Table:
 Row = tuple[int, Any, "str | None", "str | None"]  # line, id, text, error
 
 
-def _line_rows(plan: Plan, chunk: int, first: int, count: int) -> list[Row]:
+def _line_rows(plan: Plan, offset: int, first: int, count: int) -> list[Row]:
     spec, rows = plan.spec, []
     with open(spec.path, "rb") as f:
-        f.seek(plan.offsets[chunk])
+        f.seek(offset)
         for number in range(first, first + count):
             raw = f.readline()
             if not raw:
@@ -162,14 +167,16 @@ class ChunkSource(Datasource):
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
         tasks = max(1, min(parallelism, len(self.todo)))
-        groups = [self.todo[i::tasks] for i in range(tasks)]
-        return [ReadTask(partial(_read_group, self.plan, group, self.skip_bad),
-                         BlockMetadata(num_rows=sum(self.plan.chunk_rows(c) for c in group), size_bytes=None,
-                                       input_files=[str(self.plan.spec.path)], exec_stats=None),
-                         schema=self.plan.schema())
+        light = self.plan.light()  # a task carries its own chunks' offsets, not the whole file's
+        offsets = self.plan.offsets or (0,) * self.plan.chunks
+        groups = [[(c, offsets[c]) for c in self.todo[i::tasks]] for i in range(tasks)]
+        return [ReadTask(partial(_read_group, light, group, self.skip_bad),
+                         BlockMetadata(num_rows=sum(light.chunk_rows(c) for c, _ in group), size_bytes=None,
+                                       input_files=[str(light.spec.path)], exec_stats=None),
+                         schema=light.schema())
                 for group in groups if group]
 
 
-def _read_group(plan: Plan, chunks: list[int], skip_bad: bool):
-    for chunk in chunks:
-        yield read_chunk(plan, chunk, skip_bad)
+def _read_group(plan: Plan, chunks: list[tuple[int, int]], skip_bad: bool):
+    for chunk, offset in chunks:
+        yield read_chunk(plan, chunk, offset, skip_bad)
