@@ -249,7 +249,8 @@ def _start_once(models: Path, flags: list[str], timeout: float) -> str:
             proc.wait()
     traceback = any(line.startswith("Traceback") for line in lines)
     last = next((line for line in reversed(lines) if line.strip()), "")
-    return f"refused (exit {proc.returncode}{', traceback' if traceback else ''}): {last[-110:]}"
+    reason = last.split("cannot start: ", 1)[1] if "cannot start: " in last else last
+    return f"refused (exit {proc.returncode}{', traceback' if traceback else ''}): {reason[:160]}"
 
 
 def errors_logged(lines: list[str]) -> int:
