@@ -26,6 +26,9 @@ class Exploding:
         self.calls += 1
         raise self.error
 
+    async def encode_async(self, *args, **kwargs):  # the embedding tokenizer's, from the event loop
+        return self.encode(*args, **kwargs)
+
 
 @pytest.fixture
 async def srv(start_server, embed_models_root):
@@ -36,7 +39,7 @@ async def test_full_queue_refuses_before_tokenizing(srv, monkeypatch):
     model = srv.server.registry.get("embedding")
     async with queued_behind_block(srv, 4) as (first, waiting):
         exploding = Exploding(RuntimeError("tokenized a call that should have been refused"))
-        monkeypatch.setattr(model.tokenizer, "encode", exploding.encode)
+        monkeypatch.setattr(model.tokenizer, "encode_async", exploding.encode_async)
         for inputs in (["short"], ["long " * 4000]):  # inline and thread tokenization paths
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await srv.embedding.Embed(embed_request(inputs))
@@ -54,7 +57,7 @@ async def test_full_queue_refuses_before_tokenizing(srv, monkeypatch):
 async def test_failed_tokenization_gives_its_places_back(srv, monkeypatch):
     model = srv.server.registry.get("embedding")
     exploding = Exploding(InvalidArgument("refused by the tokenizer"))
-    monkeypatch.setattr(model.tokenizer, "encode", exploding.encode)
+    monkeypatch.setattr(model.tokenizer, "encode_async", exploding.encode_async)
     for _ in range(3):  # each call reserves the whole queue; a leaked reservation would refuse the next
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await srv.embedding.Embed(embed_request(["a", "b", "c", "d"]))

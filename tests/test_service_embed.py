@@ -123,7 +123,9 @@ BAD_REQUESTS = [
     (pb.EmbedRequest(), grpc.StatusCode.INVALID_ARGUMENT, "inputs is empty"),
     (embed_request(["ok", ""]), grpc.StatusCode.INVALID_ARGUMENT, "inputs[1] is empty"),
     (embed_request(["x"] * 9), grpc.StatusCode.INVALID_ARGUMENT, "the limit is 8"),
-    (embed_request(["word " * 100], truncate=False), grpc.StatusCode.INVALID_ARGUMENT, "inputs[0] is 502 tokens"),
+    (embed_request(["word " * 40], truncate=False), grpc.StatusCode.INVALID_ARGUMENT, "inputs[0] is 202 tokens"),
+    (embed_request(["word " * 100], truncate=False), grpc.StatusCode.INVALID_ARGUMENT,
+     "inputs[0] is 500 characters, more than 48 tokens can hold"),  # refused before tokenizing
     (embed_request(["a"], dimensions=33), grpc.StatusCode.INVALID_ARGUMENT, "dimensions=33"),
     (embed_request(["a"], model="nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
     (embed_request(["a"], model="tiny-gpt"), grpc.StatusCode.INVALID_ARGUMENT, "is a generation model"),
