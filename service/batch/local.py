@@ -3,13 +3,14 @@
     embedder = LocalEmbedder(load_model_dir("models/all-minilm-l6-v2"), LocalOptions(threads=1))
     vectors = embedder.embed(["hello world", "good morning"])      # (2, 384) float32
 
-The pieces are EmbeddingModel's (service/embedding/model.py): the variant the service would serve
-(`Runtime.choose_variant`, or the one named), the session from `Runtime.create_session` (strict:
-a CUDA request that onnxruntime would silently run on the CPU is refused), `EmbeddingTokenizer`
-(truncation to the manifest's limit, no padding), `EmbeddingEngine.forward` and `postprocess`
-(dimensions, then L2 normalisation). So the vectors equal the service's Embed with the same options.
-The service's queue is left out: `embed` tokenizes every text, sorts them by token count, runs
-batches of `batch_size` rows (little padding: /work/shared/FACTS.md) and puts them back in order.
+The pieces are EmbeddingModel's (service/embedding/model.py): `load_engine` (the variant the
+service would serve, `Runtime.choose_variant`, or the one named; its packed or padded graph as the
+service picks; the session from `Runtime.create_session`, strict: a CUDA request that onnxruntime
+would silently run on the CPU is refused), `EmbeddingTokenizer` (truncation to the manifest's limit)
+and `postprocess` (dimensions, then L2 normalisation). So the vectors equal the service's Embed with
+the same options. The service's queue is left out: `embed` tokenizes every text, sorts them by token
+count, runs batches of `batch_size` texts (little padding: /work/shared/FACTS.md) and puts them back
+in order.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from service.embedding.engine import EmbeddingEngine, postprocess
+from service.embedding.engine import postprocess
+from service.embedding.model import load_engine
 from service.embedding.tokenization import EmbeddingTokenizer
 from service.manifest import Manifest, ModelDir
 from service.runtime import CUDA, ProviderError, Runtime
@@ -64,12 +66,10 @@ class LocalEmbedder:
                                      intra_op_threads=options.threads, compute_workers=1)
         runtime = Runtime(settings)
         try:
-            self.variant = runtime.choose_variant(m, "encoder")
-            session = runtime.create_session(model_dir.file(m.graph("encoder", self.variant).file))
+            self.variant, self.engine = load_engine(model_dir, settings, runtime)
         finally:
             runtime.close()
         self.name, self.options, self.provider = m.name, options, runtime.provider
-        self.engine = EmbeddingEngine(session, pad_id=int(m.special_tokens.get("pad", 0)))
         self.tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
         self.width = int(m.embedding_dim)  # C: the graph's pooled output
         self.dimension = options.dimensions or self.width

@@ -46,6 +46,20 @@ def encoder_graph(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> 
     return variant, "packed" if packed else "padded", runtime.create_session(model_dir.file(graph.file))
 
 
+def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, EmbeddingEngine]:
+    """(variant, engine) of an embedding model: the graph `encoder_graph` picks, packed or padded.
+    Also the engine of the batch job's Ray actors (service/batch/local.py), so both compute alike."""
+    m = model_dir.manifest
+    variant, execution, session = encoder_graph(model_dir, settings, runtime)
+    pad = int(m.special_tokens.get("pad", 0))
+    if execution == "packed":
+        engine = PackedEmbeddingEngine(session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name)
+    else:
+        engine = EmbeddingEngine(session, pad, m.name)
+    log.info("embedding model %s: %s %s graph", m.name, variant, execution)
+    return variant, engine
+
+
 async def admit_and_encode(batcher: Batcher, tokenizer: EmbeddingTokenizer, texts: list[str], truncate: bool,
                            check: Callable[[list[Encoded]], None] | None = None) -> tuple[list[Encoded], float]:
     """Takes the call's queue places (refused at once when full), refuses untruncated inputs too long
@@ -88,14 +102,8 @@ class EmbeddingModel:
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "EmbeddingModel":
         m = model_dir.manifest
-        variant, execution, session = encoder_graph(model_dir, settings, runtime)
-        pad = int(m.special_tokens.get("pad", 0))
-        if execution == "packed":
-            engine = PackedEmbeddingEngine(session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name)
-        else:
-            engine = EmbeddingEngine(session, pad, m.name)
+        variant, engine = load_engine(model_dir, settings, runtime)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
-        log.info("embedding model %s: %s %s graph", m.name, variant, execution)
         return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
 
     async def start(self) -> None:
