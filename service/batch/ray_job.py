@@ -175,10 +175,13 @@ def _run(cfg: RayJobConfig, plan: Plan, todo: list[int], job: ActorJob) -> None:
                         compute=ray.data.ActorPoolStrategy(size=actors), **resources)
     log.info("%d chunks to do on %d actors (%s each), batches of %d rows", len(todo), actors,
              "1 GPU" if cfg.device == "cuda" else f"{cfg.threads} CPU", cfg.batch_size)
-    shown = 0
+    shown, engines = 0, set()
     try:
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             for row in batch.to_pylist():
+                if (row["variant"], row["provider"]) not in engines:
+                    engines.add((row["variant"], row["provider"]))
+                    log.info("an actor runs the %s graph on %s", row["variant"], row["provider"])
                 if row["bad_lines"] and shown < SHOWN_BAD_LINES:
                     shown += 1
                     log.warning("skipped %d bad lines in chunk %d, the first: %s", row["bad_lines"], row["chunk"],
