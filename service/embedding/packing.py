@@ -2,8 +2,9 @@
 
 A padded batch pads every input to the batch's longest; with 16 mixed-length sentences about half
 of what the encoder computes is padding. A packed batch (`pack`) places inputs into rows of at most
-`row_tokens` tokens, longest first, each into the first row with room (first-fit decreasing), and
-gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ... per
+`row_tokens` tokens: as many rows as first-fit decreasing needs, then the inputs longest first each
+into the emptiest row, so the rows end nearly level and the padded tails stay short (a row may pass
+row_tokens by a little). It gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ... per
 input within its row, 0 for the row's padded tail). The packed graph (export/packed.py) lets a token
 attend only to tokens of its own segment, so an input's result does not depend on its neighbours;
 only the rows' tails are padding. An input longer than `row_tokens` gets a row of its own.
@@ -44,18 +45,22 @@ class Packed:
 
 
 def pack(seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int) -> Packed:
-    """First-fit decreasing placement of token sequences into rows of at most row_tokens (module doc)."""
+    """Inputs into as few rows as first-fit decreasing needs at row_tokens, then balanced (module doc)."""
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-    fill: list[int] = []  # tokens used per row
-    row = np.zeros(len(seqs), np.int64)
-    start = np.zeros(len(seqs), np.int64)
+    fill: list[int] = []  # first-fit decreasing: how many rows
     for i in order:
         n = len(seqs[i])
         r = next((r for r, used in enumerate(fill) if used + n <= row_tokens), len(fill))
         if r == len(fill):
             fill.append(0)
-        row[i], start[i] = r, fill[r]
         fill[r] += n
+    fill = [0] * len(fill)  # then longest first into the emptiest row: the rows end level, little tail
+    row = np.zeros(len(seqs), np.int64)
+    start = np.zeros(len(seqs), np.int64)
+    for i in order:
+        r = min(range(len(fill)), key=fill.__getitem__)
+        row[i], start[i] = r, fill[r]
+        fill[r] += len(seqs[i])
     width = max(fill)
     ids = np.full((len(fill), width), pad_id, np.int64)  # (R, L)
     positions = np.zeros((len(fill), width), np.int64)  # (R, L)
