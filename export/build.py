@@ -123,7 +123,7 @@ def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
             figures["cuda"] = gpu_gate.encoder_figures(model, paths["encoder"], batches, cfg.pad_token_id)
         figures["packed"] = packed.embedding_parity(model, paths["packed"], batches, cfg.pad_token_id, variant)
         if not _exact(variant):
-            judged = packed.embedding_quality(model, paths["packed"], sample, sample_name, cfg.pad_token_id)
+            judged = packed.embedding_quality(model, paths["packed"], sample, sample_name, cfg.pad_token_id, variant)
             figures["packed"].update(judged)
             figures["quality_ok"] = figures["quality_ok"] and judged["quality_ok"]
         return figures
@@ -294,7 +294,7 @@ def build_fill_mask(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
             figures.update(fm.fill_mask_quality(model, paths["encoder"], sample, description, pad))
         figures["packed"] = packed.fill_mask_parity(model, paths["packed"], batches, pad, variant)
         if not _exact(variant):
-            judged = packed.fill_mask_quality(model, paths["packed"], sample, description, pad)
+            judged = packed.fill_mask_quality(model, paths["packed"], sample, description, pad, variant)
             figures["packed"].update(judged)
             figures["quality_ok"] = figures["quality_ok"] and judged["quality_ok"]
         return figures

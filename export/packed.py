@@ -32,7 +32,7 @@ from export import onnx_export as ox
 from export import parity
 from export.encoder import SentenceEncoder
 from export.mlm import MaskedLM
-from service.embedding.packing import Packed, pack, pool
+from service.embedding.packing import Packed, alignment, pack, pool
 from service.manifest import TensorSpec
 
 FILE = "packed.onnx"
@@ -100,16 +100,12 @@ def _feeds(packed: Packed) -> dict[str, np.ndarray]:
     return {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "segment_ids": packed.segment_ids}
 
 
-def _packs(seqs: Sequence[Sequence[int]], pad_id: int) -> list[Packed]:
-    longest = max(len(s) for s in seqs)
-    return [pack(seqs, rows or longest, pad_id) for rows in GATE_ROW_TOKENS]
-
-
 # ---- embedding ----------------------------------------------------------------------------------
 
-def embed(sess, seqs: Sequence[Sequence[int]], pad_id: int, pooling: str, row_tokens: int) -> np.ndarray:
+def embed(sess, seqs: Sequence[Sequence[int]], pad_id: int, pooling: str, row_tokens: int,
+          align: int = 1) -> np.ndarray:
     """(N, C) pooled embeddings of seqs through a packed graph, packed as the service packs them."""
-    packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id)
+    packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id, align)
     (hidden,) = sess.run(["token_embeddings"], _feeds(packed))
     return pool(hidden, packed, pooling)
 
@@ -127,9 +123,9 @@ def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, 
     for batch in batches:
         ref = _reference(model, batch, pad_id)
         for row_tokens in GATE_ROW_TOKENS:
-            got = embed(sess, batch, pad_id, pooling, row_tokens)
+            got = embed(sess, batch, pad_id, pooling, row_tokens, alignment(variant))
             cos.append(parity._cos(ref, got))
-            alone = np.concatenate([embed(sess, [s], pad_id, pooling, row_tokens) for s in batch])
+            alone = np.concatenate([embed(sess, [s], pad_id, pooling, row_tokens, alignment(variant)) for s in batch])
             alone_diff = max(alone_diff, float(np.abs(alone - got).max()))
         n += len(batch)
     cos_min = float(np.concatenate(cos).min())
@@ -144,14 +140,14 @@ def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, 
     return figures
 
 
-def embedding_quality(model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int,
+def embedding_quality(model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str,
                       chunk: int = 32) -> dict:
     """A reduced-precision packed graph on the quality sample, as parity.encoder_quality judges padded ones."""
-    sess, pooling = parity.session(graph), model.config.pooling
+    sess, pooling, align = parity.session(graph), model.config.pooling, alignment(variant)
     ref = np.concatenate([_reference(model, sample[i : i + chunk], pad_id) for i in range(0, len(sample), chunk)])
-    got = np.concatenate([embed(sess, sample[i : i + chunk], pad_id, pooling, GATE_ROW_TOKENS[0])
+    got = np.concatenate([embed(sess, sample[i : i + chunk], pad_id, pooling, GATE_ROW_TOKENS[0], align)
                           for i in range(0, len(sample), chunk)])
-    alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0]) for s in sample[:chunk]])
+    alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0], align) for s in sample[:chunk]])
     cos, limits = parity._cos(ref, got), parity.EMBEDDING_QUALITY_LIMITS
     diff = float(np.abs(alone - got[: len(alone)]).max())
     figures = {"sample": sample_name, "texts": len(sample), "cos_min": round(float(cos.min()), 5),
@@ -168,9 +164,9 @@ def embedding_quality(model: SentenceEncoder, graph: Path, sample, sample_name: 
 # ---- fill-mask ----------------------------------------------------------------------------------
 
 def mask_logits(sess, seqs: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], pad_id: int,
-                row_tokens: int) -> list[np.ndarray]:
+                row_tokens: int, align: int = 1) -> list[np.ndarray]:
     """Logits (len(positions[i]), V) at the given token positions of each input, through a packed graph."""
-    packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id)
+    packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id, align)
     inputs = np.repeat(np.arange(len(seqs)), [len(p) for p in positions])
     offsets = np.concatenate([np.asarray(p, np.int64) for p in positions])
     (logits,) = sess.run(["logits"], {**_feeds(packed), "gather_positions": packed.flat_positions(offsets, inputs)})
@@ -186,9 +182,10 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant
         with torch.no_grad():
             ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()  # (B, T, V)
         everywhere = [range(len(s)) for s in batch]
+        align = alignment(variant)
         for row_tokens in GATE_ROW_TOKENS:
-            got = mask_logits(sess, batch, everywhere, pad_id, row_tokens)
-            alone = [mask_logits(sess, [s], [range(len(s))], pad_id, row_tokens)[0] for s in batch]
+            got = mask_logits(sess, batch, everywhere, pad_id, row_tokens, align)
+            alone = [mask_logits(sess, [s], [range(len(s))], pad_id, row_tokens, align)[0] for s in batch]
             for i, g in enumerate(got):
                 r = ref[i, : len(batch[i])]
                 diff = max(diff, float(np.abs(r - g).max()))
@@ -206,17 +203,18 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant
     return figures
 
 
-def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int) -> dict:
+def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int,
+                      variant: str) -> dict:
     """A reduced-precision packed graph at the sample's masked positions (parity.quality_figures)."""
-    sess = parity.session(graph)
+    sess, align = parity.session(graph), alignment(variant)
     seqs = [ids.tolist() for ids, _, _ in sample]
-    got = mask_logits(sess, seqs, [p for _, p, _ in sample], pad_id, GATE_ROW_TOKENS[0])
+    got = mask_logits(sess, seqs, [p for _, p, _ in sample], pad_id, GATE_ROW_TOKENS[0], align)
     rows = []
     for (ids, positions, targets), g in zip(sample, got):
         with torch.no_grad():
             ref = model(torch.from_numpy(ids[None, :]), torch.ones((1, len(ids)), dtype=torch.int64))[0].numpy()
         rows.append((ref[positions], g, targets))
     head = seqs[: parity.BATCH_ROWS]
-    alone = [mask_logits(sess, [s], [p], pad_id, GATE_ROW_TOKENS[0])[0] for s, (_, p, _) in zip(head, sample)]
+    alone = [mask_logits(sess, [s], [p], pad_id, GATE_ROW_TOKENS[0], align)[0] for s, (_, p, _) in zip(head, sample)]
     diff = max(float(np.abs(a - g).max()) for a, g in zip(alone, got))
     return parity.quality_figures(rows, description, diff)

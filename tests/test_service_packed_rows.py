@@ -109,3 +109,24 @@ def test_the_manifest_records_the_packed_gate(embed_models_root):
     graph = next(g for g in manifest["graphs"] if g["role"] == "packed" and g["variant"] == "fp32")
     figures = graph["parity"]["packed"]
     assert figures["cos_min"] >= parity.ENCODER_MIN_COS and figures["alone_max_abs_diff"] <= parity.LOGITS_MAX_ABS
+
+
+def test_an_int8_graph_packed_among_others_computes_what_it_computes_alone(embed_models_root):
+    """int8 rounding amplifies the SIMD grouping of a row's softmax sums unless inputs start aligned."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from service.embedding.packing import alignment
+
+    d = Path(embed_models_root) / "tiny-embed"
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.enable_truncation(48)
+    words = ["ka", "lomi", "ter", "anso", "veri", "pu", "denol", "ish"]
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, size=rng.integers(3, 20))) for _ in range(256)]
+    seqs = [e.ids for e in tok.encode_batch(texts)]
+    sess = ort.InferenceSession(str(d / "packed.int8.onnx"), providers=["CPUExecutionProvider"])
+    together = np.concatenate([packed.embed(sess, seqs[i : i + 32], 0, "mean", 128, alignment("int8"))
+                               for i in range(0, len(seqs), 32)])
+    alone = np.concatenate([packed.embed(sess, [s], 0, "mean", 128, alignment("int8")) for s in seqs])
+    assert np.abs(together - alone).max() == 0.0

@@ -78,8 +78,9 @@ class PackedEmbeddingEngine(EmbeddingEngine):
     INPUTS = ("input_ids", "position_ids", "segment_ids")
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, row_tokens: int, pooling: str = "mean",
-                 model: str = ""):
+                 model: str = "", align: int = 1):
         self.session, self.pad_id, self.row_tokens, self.pooling = session, pad_id, row_tokens, pooling
+        self.align = align  # packing.alignment(variant)
         self._computed = metrics.BATCH_TOKENS.labels(model)
         self._padding = metrics.PADDING_RATIO.labels(model)
         names = [i.name for i in session.get_inputs()]
@@ -91,7 +92,7 @@ class PackedEmbeddingEngine(EmbeddingEngine):
     def pack(self, batch: list[Encoded]) -> Packed:
         """Rows of row_tokens (an input longer than that gets a row of its own length)."""
         width = max(self.row_tokens, max(len(e) for e in batch))
-        packed = pack([e.ids for e in batch], width, self.pad_id)
+        packed = pack([e.ids for e in batch], width, self.pad_id, self.align)
         self.count(packed.computed_tokens, int(packed.length.sum()))
         return packed
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from service.embedding.batcher import Batcher, BatchLimits
 from service.embedding.engine import EmbeddingEngine, PackedEmbeddingEngine, postprocess
+from service.embedding.packing import alignment
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
 from service.manifest import PACKED_ROLE, Manifest, ModelDir
@@ -53,7 +54,8 @@ def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tu
     variant, execution, session = encoder_graph(model_dir, settings, runtime)
     pad = int(m.special_tokens.get("pad", 0))
     if execution == "packed":
-        engine = PackedEmbeddingEngine(session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name)
+        engine = PackedEmbeddingEngine(session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name,
+                                       alignment(variant))
     else:
         engine = EmbeddingEngine(session, pad, m.name)
     log.info("embedding model %s: %s %s graph", m.name, variant, execution)

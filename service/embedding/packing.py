@@ -4,8 +4,9 @@ A padded batch pads every input to the batch's longest; with 16 mixed-length sen
 of what the encoder computes is padding. A packed batch (`pack`) places inputs into rows of at most
 `row_tokens` tokens: as many rows as first-fit decreasing needs, then the inputs longest first each
 into the emptiest row, so the rows end nearly level and the padded tails stay short (a row may pass
-row_tokens by a little). It gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ... per
-input within its row, 0 for the row's padded tail). The packed graph (export/packed.py) lets a token
+row_tokens by a little); int8 graphs start each input at a multiple of 16 tokens (`alignment`).
+It gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ...
+per input within its row, 0 for padding). The packed graph (export/packed.py) lets a token
 attend only to tokens of its own segment, so an input's result does not depend on its neighbours;
 only the rows' tails are padding. An input longer than `row_tokens` gets a row of its own.
 
@@ -20,6 +21,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# onnxruntime's vectorised reductions (softmax's sum over a row) group elements by their index
+# modulo the SIMD width (8 floats with AVX2, 16 with AVX-512): an input starting elsewhere in a row
+# sums its (same) values in other groups, about 1e-7 apart. fp32 graphs keep that (float rounding);
+# an int8 graph's activation rounding can turn it into 2e-4, so there every input starts at a
+# multiple of 16 tokens and computes exactly what it computes alone (measured on the tiny model:
+# 2.0e-4 unaligned, 0.0 aligned; tests/test_service_packed_rows.py), at the cost of padded tails.
+ALIGNED_VARIANTS = {"int8": 16}
+
+
+def alignment(variant: str) -> int:
+    """Where an input of a packed graph of this variant may start: any token (1), or a multiple of 16."""
+    return ALIGNED_VARIANTS.get(variant, 1)
 
 
 @dataclass(frozen=True)
@@ -44,23 +58,24 @@ class Packed:
         return self.row[inputs] * self.input_ids.shape[1] + self.start[inputs] + np.asarray(offsets, dtype=np.int64)
 
 
-def pack(seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int) -> Packed:
-    """Inputs into as few rows as first-fit decreasing needs at row_tokens, then balanced (module doc)."""
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+def pack(seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int, align: int = 1) -> Packed:
+    """Inputs into as few rows as first-fit decreasing needs at row_tokens, then balanced (module doc).
+    Every input starts at a multiple of `align` tokens."""
+    slots = [-(-len(s) // align) * align for s in seqs]  # tokens an input occupies, its tail padded
+    order = sorted(range(len(seqs)), key=lambda i: -slots[i])
     fill: list[int] = []  # first-fit decreasing: how many rows
     for i in order:
-        n = len(seqs[i])
-        r = next((r for r, used in enumerate(fill) if used + n <= row_tokens), len(fill))
+        r = next((r for r, used in enumerate(fill) if used + slots[i] <= row_tokens), len(fill))
         if r == len(fill):
             fill.append(0)
-        fill[r] += n
+        fill[r] += slots[i]
     fill = [0] * len(fill)  # then longest first into the emptiest row: the rows end level, little tail
     row = np.zeros(len(seqs), np.int64)
     start = np.zeros(len(seqs), np.int64)
     for i in order:
         r = min(range(len(fill)), key=fill.__getitem__)
         row[i], start[i] = r, fill[r]
-        fill[r] += len(seqs[i])
+        fill[r] += slots[i]
     width = max(fill)
     ids = np.full((len(fill), width), pad_id, np.int64)  # (R, L)
     positions = np.zeros((len(fill), width), np.int64)  # (R, L)

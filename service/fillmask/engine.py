@@ -78,8 +78,8 @@ class PackedFillMaskEngine(PackedEmbeddingEngine):
     (the MLM head runs nowhere else)."""
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, mask_id: int, keep: int, row_tokens: int,
-                 model: str = ""):
-        super().__init__(session, pad_id, row_tokens, model=model)
+                 model: str = "", align: int = 1):
+        super().__init__(session, pad_id, row_tokens, model=model, align=align)
         if "gather_positions" not in [i.name for i in session.get_inputs()]:
             raise ValueError("packed fill-mask graph has no gather_positions input")
         self.output, self.mask_id, self.keep = OUTPUT, mask_id, keep

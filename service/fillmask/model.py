@@ -25,6 +25,7 @@ from service.embedding.batcher import Batcher, BatchLimits
 from service.embedding.model import admit_and_encode, encoder_graph, queue_limits
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
+from service.embedding.packing import alignment
 from service.fillmask.engine import FillMaskEngine, MaskRows, PackedFillMaskEngine
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
@@ -85,7 +86,8 @@ class FillMaskModel:
         keep = min(MAX_TOP_K, tokenizer.vocab_size)
         pad, mask = int(m.special_tokens["pad"]), int(m.special_tokens["mask"])
         if execution == "packed":
-            engine = PackedFillMaskEngine(session, pad, mask, keep, settings.embed_pack_row_tokens, m.name)
+            engine = PackedFillMaskEngine(session, pad, mask, keep, settings.embed_pack_row_tokens, m.name,
+                                          alignment(variant))
         else:
             engine = FillMaskEngine(session, pad, mask, keep, m.name)
         log.info("fill-mask model %s: %s %s graph", m.name, variant, execution)
