@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from service.batch.store import changed_parameters
+
 log = logging.getLogger(__name__)
 
 JOB_FILE = "_job.json"
@@ -107,11 +109,8 @@ class PartsFolder:
         return self.done()
 
     def _check(self, old: dict[str, Any]) -> None:
-        keys = (set(old) | set(self.header)) - set(_INFORMATIONAL)
-        diff = sorted(k for k in keys if old.get(k) != self.header.get(k))
-        if diff:
-            details = "; ".join(f"{k}: was {old.get(k)!r}, now {self.header.get(k)!r}" for k in diff)
-            raise JobMismatch(f"{self.root} holds a job with other parameters ({details}); rerun with the same "
+        if changed := changed_parameters(old, self.header, _INFORMATIONAL):
+            raise JobMismatch(f"{self.root} holds a job with other parameters ({changed}); rerun with the same "
                               "parameters to resume, or pass --restart to start over")
 
     def done(self) -> set[int]:

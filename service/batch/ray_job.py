@@ -128,7 +128,8 @@ def find_model(models: Path, name: str) -> ModelDir:
 
 def run_ray_job(cfg: RayJobConfig) -> Summary:
     """Runs (or resumes) the job; returns the totals of the finished folder."""
-    cfg = replace(cfg, input=cfg.input.resolve(), output=cfg.output.resolve(), models=cfg.models.resolve())  # actors' cwd differs
+    # Absolute paths: the actors' working directory differs from the driver's.
+    cfg = replace(cfg, input=cfg.input.resolve(), output=cfg.output.resolve(), models=cfg.models.resolve())
     spec = sources.SourceSpec(cfg.input, sources.detect_format(cfg.input, cfg.format), cfg.id_field, cfg.text_field)
     model_dir = find_model(cfg.models, cfg.model)
     options = LocalOptions(device=cfg.device, variant=cfg.variant, threads=cfg.threads, batch_size=cfg.batch_size,

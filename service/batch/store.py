@@ -90,11 +90,8 @@ class JobStore:
         return next((r for r in records if r.get("complete")), None)
 
     def _check_header(self, old: dict[str, Any]) -> None:
-        keys = (set(old) | set(self.header)) - set(_INFORMATIONAL)
-        diff = sorted(k for k in keys if old.get(k) != self.header.get(k))
-        if diff:
-            details = "; ".join(f"{k}: was {old.get(k)!r}, now {self.header.get(k)!r}" for k in diff)
-            raise LedgerMismatch(f"{self.work} holds a job with other parameters ({details}); "
+        if changed := changed_parameters(old, self.header, _INFORMATIONAL):
+            raise LedgerMismatch(f"{self.work} holds a job with other parameters ({changed}); "
                                  "rerun with the same parameters to resume, or pass --restart to start over")
 
     def rows_done(self) -> int:
@@ -146,6 +143,12 @@ class JobStore:
                     failed += 1
         os.replace(tmp, self.failures_file)
         return failed
+
+
+def changed_parameters(old: dict[str, Any], new: dict[str, Any], informational: tuple[str, ...]) -> str:
+    """'key: was X, now Y; ...' for every job parameter that differs (informational keys aside), or ''."""
+    keys = sorted((set(old) | set(new)) - set(informational))
+    return "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
 
 
 def _part_name(chunk: int) -> str:

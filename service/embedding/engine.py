@@ -24,14 +24,26 @@ _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _ORT_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
-class EmbeddingEngine:
+class EncoderEngine:
+    """What both encoder engines share: the session, the pad id, the provider, the token counts."""
+
     packed = False
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, model: str = ""):
-        self.session = session
-        self.pad_id = pad_id
+        self.session, self.pad_id = session, pad_id
+        self.provider = session.get_providers()[0]
         self._computed = metrics.BATCH_TOKENS.labels(model)
         self._padding = metrics.PADDING_RATIO.labels(model)
+
+    def count(self, computed: int, real: int) -> None:
+        """Tokens one forward pass computes, and how many of them are padding (computed / real)."""
+        self._computed.observe(computed)
+        self._padding.observe(computed / max(real, 1))
+
+
+class EmbeddingEngine(EncoderEngine):
+    def __init__(self, session: ort.InferenceSession, pad_id: int, model: str = ""):
+        super().__init__(session, pad_id, model)
         self.input_types = {}
         for node in session.get_inputs():
             if node.name not in _KNOWN_INPUTS or node.type not in _ORT_INT_TYPES:
@@ -42,7 +54,6 @@ class EmbeddingEngine:
             raise ValueError("encoder graph has no input_ids input")
         outputs = [o.name for o in session.get_outputs()]
         self.output = "sentence_embedding" if "sentence_embedding" in outputs else outputs[0]
-        self.provider = session.get_providers()[0]
 
     def feeds(self, batch: list[Encoded]) -> dict[str, np.ndarray]:
         """Pads the batch to its longest row: input_ids / attention_mask / token_type_ids, (B, T)."""
@@ -64,13 +75,7 @@ class EmbeddingEngine:
         return np.asarray(out, dtype=np.float32)
 
 
-    def count(self, computed: int, real: int) -> None:
-        """Tokens one forward pass computes, and how many of them are padding (computed / real)."""
-        self._computed.observe(computed)
-        self._padding.observe(computed / max(real, 1))
-
-
-class PackedEmbeddingEngine(EmbeddingEngine):
+class PackedEmbeddingEngine(EncoderEngine):
     """The packed graph: (input_ids, position_ids, segment_ids) (rows, length) -> token_embeddings
     (rows, length, C), pooled here per input (`pooling`: mean, cls or max, the manifest's)."""
 
@@ -79,18 +84,16 @@ class PackedEmbeddingEngine(EmbeddingEngine):
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, row_tokens: int, pooling: str = "mean",
                  model: str = "", align: int = 1):
-        self.session, self.pad_id, self.row_tokens, self.pooling = session, pad_id, row_tokens, pooling
+        super().__init__(session, pad_id, model)
+        self.row_tokens, self.pooling = row_tokens, pooling
         self.align = align  # packing.alignment(variant)
-        self._computed = metrics.BATCH_TOKENS.labels(model)
-        self._padding = metrics.PADDING_RATIO.labels(model)
         names = [i.name for i in session.get_inputs()]
         if not set(self.INPUTS) <= set(names):
             raise ValueError(f"packed graph inputs {', '.join(names)} lack {', '.join(set(self.INPUTS) - set(names))}")
         self.output = session.get_outputs()[0].name
-        self.provider = session.get_providers()[0]
 
     def pack(self, batch: list[Encoded]) -> Packed:
-        """Rows of row_tokens (an input longer than that gets a row of its own length)."""
+        """Rows of row_tokens, widened to the batch's longest input (as the export's gate packs)."""
         width = max(self.row_tokens, max(len(e) for e in batch))
         packed = pack([e.ids for e in batch], width, self.pad_id, self.align)
         self.count(packed.computed_tokens, int(packed.length.sum()))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.embedding.batcher import Batcher, BatchLimits
-from service.embedding.engine import EmbeddingEngine, PackedEmbeddingEngine, postprocess
+from service.embedding.engine import EmbeddingEngine, EncoderEngine, PackedEmbeddingEngine, postprocess
 from service.embedding.packing import alignment
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
@@ -47,7 +47,7 @@ def encoder_graph(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> 
     return variant, "packed" if packed else "padded", runtime.create_session(model_dir.file(graph.file))
 
 
-def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, EmbeddingEngine]:
+def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, EncoderEngine]:
     """(variant, engine) of an embedding model: the graph `encoder_graph` picks, packed or padded.
     Also the engine of the batch job's Ray actors (service/batch/local.py), so both compute alike."""
     m = model_dir.manifest
@@ -93,7 +93,7 @@ class EmbedResult:
 class EmbeddingModel:
     kind = "embedding"
 
-    def __init__(self, manifest: Manifest, tokenizer: EmbeddingTokenizer, engine: EmbeddingEngine,
+    def __init__(self, manifest: Manifest, tokenizer: EmbeddingTokenizer, engine: EncoderEngine,
                  runtime: Runtime, limits: BatchLimits, variant: str):
         self.name, self.manifest, self.variant = manifest.name, manifest, variant
         self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime

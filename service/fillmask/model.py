@@ -23,9 +23,9 @@ from tokenizers import Tokenizer
 from service import tokenizing
 from service.embedding.batcher import Batcher, BatchLimits
 from service.embedding.model import admit_and_encode, encoder_graph, queue_limits
+from service.embedding.packing import alignment
 from service.embedding.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
-from service.embedding.packing import alignment
 from service.fillmask.engine import FillMaskEngine, MaskRows, PackedFillMaskEngine
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
