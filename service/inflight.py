@@ -78,7 +78,7 @@ class TrackCalls(grpc.aio.ServerInterceptor):
         behaviour = getattr(handler, kind)
         inflight, accepted = self.inflight, self.accepted
         if inspect.isasyncgenfunction(behaviour):
-            async def counted(request, context):
+            async def streamed(request, context):
                 if accepted is not None:
                     accepted.inc()
                 inflight.enter()
@@ -87,13 +87,14 @@ class TrackCalls(grpc.aio.ServerInterceptor):
                         yield response
                 finally:
                     inflight.leave()
-        else:
-            async def counted(request, context):
-                if accepted is not None:
-                    accepted.inc()
-                inflight.enter()
-                try:
-                    return await behaviour(request, context)
-                finally:
-                    inflight.leave()
+            return handler._replace(**{kind: streamed})
+
+        async def counted(request, context):
+            if accepted is not None:
+                accepted.inc()
+            inflight.enter()
+            try:
+                return await behaviour(request, context)
+            finally:
+                inflight.leave()
         return handler._replace(**{kind: counted})

@@ -56,6 +56,7 @@ class MemoryTrimmer:
         self.trims = 0
 
     def _free_bytes(self) -> int:
+        assert self._libc is not None  # run() returns at once without glibc
         return self._libc.mallinfo2().fordblks
 
     def due(self) -> bool:
@@ -65,6 +66,7 @@ class MemoryTrimmer:
 
     def trim(self) -> None:
         before = resident_bytes()
+        assert self._libc is not None
         self._libc.malloc_trim(0)
         self._resident, self._free = resident_bytes(), self._free_bytes()
         self.trims += 1

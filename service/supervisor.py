@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.process
 import os
 import shutil
 import signal
@@ -75,7 +76,7 @@ def reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
 @dataclasses.dataclass
 class Worker:
     index: int
-    process: multiprocessing.Process
+    process: multiprocessing.process.BaseProcess
     conn: Connection  # the supervisor's end of the worker's pipe
     ready: bool = False
 
@@ -144,7 +145,8 @@ class Supervisor:
                 self._step(wake_r)
         finally:
             signal.set_wakeup_fd(-1)
-            os.close(wake_r), os.close(wake_w)
+            os.close(wake_r)
+            os.close(wake_w)
             hold.close()
             if http_hold is not None:
                 http_hold.close()
@@ -207,8 +209,8 @@ class Supervisor:
             self._hangup = False
             log.info("received SIGHUP; passing it to %d worker(s)", len(self.workers))
             for worker in self.workers.values():
-                if worker.ready:  # one still starting reads the file anyway; SIGHUP would kill it
-                    os.kill(worker.process.pid, signal.SIGHUP)
+                if worker.ready and worker.process.pid is not None:  # one still starting reads the file anyway
+                    os.kill(worker.process.pid, signal.SIGHUP)  # (SIGHUP would kill it)
         if self._signal is not None:
             log.info("received %s; draining %d worker(s)", signal.Signals(self._signal).name, len(self.workers))
             self._signal = None

@@ -43,7 +43,7 @@ def ssl_options(settings: Settings) -> dict:
     """uvicorn.Config keyword arguments for TLS (mTLS with a client CA); {} when TLS is off."""
     if not settings.tls_cert:
         return {}
-    options = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+    options: dict[str, object] = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
     if settings.tls_client_ca:
         options.update(ssl_ca_certs=settings.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     return options

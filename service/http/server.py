@@ -25,7 +25,7 @@ from service.inflight import Inflight
 
 log = logging.getLogger(__name__)
 
-LAST_SECONDS = 1.0  # after the grace: what uvicorn still gives connections before it cancels them
+LAST_SECONDS = 1  # after the grace: what uvicorn still gives connections before it cancels them
 
 
 class _Uvicorn(uvicorn.Server):

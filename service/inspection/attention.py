@@ -105,7 +105,8 @@ class AttentionInspector:
         self.check(query)
         start = time.perf_counter()
         source = await self._encode(query.text, "text", self.max_input_tokens)
-        target, decoder_ids, generated = query.target, [], 0
+        decoder_ids: list[int] = []
+        target, generated = query.target, 0
         if self.kind == "translation":
             target, decoder_ids, generated = await self._target(query.text, query.target)
         tokenize_s = time.perf_counter() - start
@@ -131,7 +132,7 @@ class AttentionInspector:
 
     async def _target(self, text: str, target: str) -> tuple[str, list[int], int]:
         """-> (target text, decoder input ids, tokens generated): the given target, else the greedy translation."""
-        from service.textgen.translator import TranslateOptions
+        from service.translation.model import TranslateOptions
 
         model = self.backend
         generated = 0
