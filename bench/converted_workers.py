@@ -168,7 +168,7 @@ def ort_embed_side(args: argparse.Namespace) -> dict:
 
     from service.embedding.engine import postprocess
     from service.embedding.model import load_engine
-    from service.embedding.tokenization import Encoded
+    from service.engine.tokenization import Encoded
     from service.manifest import load_model_dir
     from service.runtime import Runtime
     from service.settings import Settings

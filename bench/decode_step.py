@@ -18,11 +18,11 @@ import statistics
 import time
 from pathlib import Path
 
+from service.generation.decoding import SamplingParams
+from service.generation.model import GenerationModel
 from service.manifest import load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
 
 PROMPTS = ["Once upon a time", "The cat sat", "Tom and Sue went to the park", "Hi"]
 

@@ -114,7 +114,7 @@ def ort_side(args) -> dict:
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from service.embedding.packing import pack
+    from service.engine.packing import pack
     from service.manifest import load_model_dir
 
     model_dir = load_model_dir(args.model_dir)

@@ -56,11 +56,11 @@ def torch_side(args: argparse.Namespace) -> dict:
 
 
 async def engine_side(args: argparse.Namespace) -> dict:
+    from service.generation.decoding import SamplingParams
+    from service.generation.model import GenerationModel
     from service.manifest import load_model_dir
     from service.runtime import Runtime
     from service.settings import Settings
-    from service.textgen.decoding import SamplingParams
-    from service.textgen.generator import GenerationModel
 
     settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
                                  intra_op_threads=args.threads, variant=args.variant)

@@ -59,7 +59,7 @@ async def translation_scores(model_dir, variant: str, beams: list[int], max_leng
     from export.evaluate import translation_scores as score
     from service.runtime import Runtime
     from service.settings import Settings
-    from service.textgen.translator import TranslateOptions, TranslationModel
+    from service.translation.model import TranslateOptions, TranslationModel
 
     m = model_dir.manifest
     meta = m.extra.get("training", {})

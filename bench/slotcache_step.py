@@ -20,18 +20,18 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT, conditions
+from service.engine.graphio import GraphIO
+from service.generation import cache as batchcache
 from service.manifest import load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen import batchcache
-from service.textgen.kvcache import GraphIO
 
 PROMPT = [0, 431, 12, 99, 7, 250, 31, 18]
 
 
 def _baseline(ref: str):
     """batchcache.py as of git revision ref, imported as a module of its own."""
-    source = subprocess.run(["git", "show", f"{ref}:service/textgen/batchcache.py"], cwd=ROOT, check=True,
+    source = subprocess.run(["git", "show", f"{ref}:service/generation/cache.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "baseline_batchcache.py"
     path.write_text(source)

@@ -27,7 +27,7 @@ from pathlib import Path
 from service.manifest import load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen.translator import TranslateOptions, TranslationModel
+from service.translation.model import TranslateOptions, TranslationModel
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "tatoeba-en-fr-160.txt"
 

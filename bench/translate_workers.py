@@ -88,7 +88,7 @@ async def engine_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     from service.manifest import load_model_dir
     from service.runtime import Runtime
     from service.settings import Settings
-    from service.textgen.translator import TranslateOptions, TranslationModel
+    from service.translation.model import TranslateOptions, TranslationModel
 
     settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
                                  intra_op_threads=args.threads, translate_max_batch=args.batch,

@@ -1,7 +1,7 @@
 """Prometheus metrics of the service, in one place, with the histogram buckets defined once.
 
 The names are public (dashboards and alerts in deploy/ use them). Series shared by every model
-kind live here; generation-only series live in service/textgen/metrics.py and reuse the buckets.
+kind live here; generation-only series live in service/generation/metrics.py and reuse the buckets.
 All metrics are registered on prometheus_client's default registry, served over HTTP on their own
 port by `start_metrics_server` (port 0 picks a free port; the port actually bound is returned).
 

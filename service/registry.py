@@ -3,8 +3,8 @@
 `ModelRegistry.load` reads every model directory under the models root (verified by
 `service.manifest.load_model_dir`) and builds one backend per directory, chosen by manifest kind:
     embedding   -> service.embedding.EmbeddingModel
-    generation  -> service.textgen.generator.GenerationModel
-    translation -> service.textgen.translator.TranslationModel
+    generation  -> service.generation.model.GenerationModel
+    translation -> service.translation.model.TranslationModel
     fill-mask   -> service.fillmask.FillMaskModel
 (imported lazily, so a kind's code loads only when a model of that kind is served). One model per
 kind is the default: the settings' `default_<kind>_model` (fill-mask: `default_fill_mask_model`), else
@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 BACKENDS = {
     "embedding": "service.embedding:EmbeddingModel",
-    "generation": "service.textgen.generator:GenerationModel",
-    "translation": "service.textgen.translator:TranslationModel",
+    "generation": "service.generation.model:GenerationModel",
+    "translation": "service.translation.model:TranslationModel",
     "fill-mask": "service.fillmask:FillMaskModel",
 }
 

@@ -12,7 +12,7 @@
 - `create_graph_session(path)`: a second CUDA session with `enable_cuda_graph` for generation decode
   steps (settings `cuda_graph`), or None and the reason (not CUDA, or onnxruntime refused).
 - `embed_batch_limits()`: the embedding batch limits, by device where the settings leave them 0.
-- `kv_budget`: the process's KV-cache budget, shared by its generation models (service/textgen/kvbudget.py).
+- `kv_budget`: the process's KV-cache budget, shared by its generation models (service/generation/kvbudget.py).
 
 CUDA provider options (onnxruntime's CUDA EP documentation, docs/design/gpu.md): the memory arena
 grows by what is asked (`kSameAsRequested`; the default doubles, reserving up to twice the peak of
@@ -65,7 +65,7 @@ class Runtime:
         self._cuda_offered = CUDA in available
         self._executor = ThreadPoolExecutor(settings.compute_workers, thread_name_prefix="ts-compute")
         self._closed = False
-        self.kv_budget = None  # the generation caches' budget, made at the first load (service/textgen/kvbudget.py)
+        self.kv_budget = None  # the generation caches' budget, made at the first load (service/generation/kvbudget.py)
 
     @property
     def is_cuda(self) -> bool:

@@ -41,22 +41,24 @@ from starlette.middleware import Middleware
 
 from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
-from service.fillmask import servicer as fillmask_servicer
+from service.embedding.grpc import EmbeddingServicer
+from service.fillmask import grpc as fillmask_grpc
+from service.generation import grpc as generation_grpc
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
 from service.http.server import LAST_SECONDS, HttpServer
 from service.inflight import Inflight, TrackCalls
-from service.inspection.servicer import InspectionServicer
+from service.inspection.grpc import InspectionServicer
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.memory import MemoryTrimmer
+from service.modelservice import ModelServicer
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.registry import ModelLoadError, ModelRegistry
 from service.runtime import ProviderError, Runtime
-from service.servicers import EmbeddingServicer, ModelServicer
 from service.settings import Settings
-from service.textgen import servicers as textgen_servicers
+from service.translation import grpc as translation_grpc
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +130,9 @@ class Server:
     async def _bind(self, status: int = health_pb2.HealthCheckResponse.NOT_SERVING) -> None:
         pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
         pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
-        textgen_servicers.add_to_server(self.grpc, self.registry, self.settings)  # Generation + Translation
-        fillmask_servicer.add_to_server(self.grpc, self.registry, self.settings)
+        generation_grpc.add_to_server(self.grpc, self.registry, self.settings)
+        translation_grpc.add_to_server(self.grpc, self.registry, self.settings)
+        fillmask_grpc.add_to_server(self.grpc, self.registry, self.settings)
         kserve.add_to_server(self.grpc, self.registry, self.settings)
         pb_grpc.add_InspectionServiceServicer_to_server(InspectionServicer(self.registry, self.settings, self.runtime),
                                                         self.grpc)

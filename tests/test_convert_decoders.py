@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from service.textgen.client import generate_request
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
@@ -38,8 +39,7 @@ from transformers import (
 )
 
 from export.convert import ConversionError, Options, convert
-from service.textgen.client import generate_request
-from service.textgen.decoding import REPLACEMENT_CHAR
+from service.generation.decoding import REPLACEMENT_CHAR
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["Once upon a time", "Le café était très bon, n'est-ce pas ?", "東京 is far away 🙂👍🏽 é", "Hi"]

@@ -1,4 +1,4 @@
-"""The device-resident decode path (service/textgen/batchcache.py), run on the CPU.
+"""The device-resident decode path (service/generation/cache.py), run on the CPU.
 
 The GPU runs the same code with "cuda" OrtValues: step inputs at fixed addresses refilled with
 `update_inplace`, KV rows moved device to device, CUDA-graph steps padded to a bucket. Here the
@@ -18,14 +18,14 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
+from service.engine.graphio import GraphIO
+from service.engine.rowcopy import RowCopier, blocks
+from service.generation.cache import SlotCache
+from service.generation.decoding import SamplingParams
+from service.generation.model import GenerationModel
 from service.manifest import ModelDir, load_model_dir
 from service.runtime import CUDA, Runtime
 from service.settings import Settings
-from service.textgen.batchcache import SlotCache
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
-from service.textgen.kvcache import GraphIO
-from service.textgen.rowcopy import RowCopier, blocks
 from tests.fixtures.models import cached_build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ async def test_cuda_graph_setting_falls_back_on_cpu(tiny_models_root, caplog):
     tokens = {}
     for graphs in (False, True):
         rt = Runtime(Settings.from_env(env={}, device="cpu", variant="fp32", cuda_graph=graphs))
-        with caplog.at_level(logging.INFO, logger="service.textgen.generator"):
+        with caplog.at_level(logging.INFO, logger="service.generation.model"):
             model = GenerationModel.load(load_model_dir(tiny_models_root / "tiny-gpt"), rt.settings, rt)
         await model.start()
         handle = model.submit("Once upon a time", SamplingParams(max_new_tokens=24))

@@ -1,4 +1,4 @@
-"""The generation KV-cache budget and context cap (service/textgen/kvbudget.py) on real servers over tiny-gpt.
+"""The generation KV-cache budget and context cap (service/generation/kvbudget.py) on real servers over tiny-gpt.
 
 tiny-gpt's cache row: 2 layers x key and value x 4 heads x 160 positions x 8 x float32 = 81,920 bytes.
 - a budget of 3 rows serves 3 rows instead of gen_max_batch (a WARNING, ModelInfo says so) and
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from service.textgen.client import generate_request
 
+from service.generation.kvbudget import cpu_free_bytes
 from service.proto import inference_pb2 as pb
 from service.registry import ModelLoadError
 from service.server import run
-from service.textgen.client import generate_request
-from service.textgen.kvbudget import cpu_free_bytes
 from tests.fixtures.server import server_settings
 
 ROW = 2 * 2 * 4 * 160 * 8 * 4
@@ -38,7 +38,7 @@ async def info(server) -> pb.ModelInfo:
 
 
 async def test_default_budget_serves_every_row_and_says_so(start_server, gpt_root, caplog):
-    caplog.set_level(logging.INFO, logger="service.textgen.kvbudget")
+    caplog.set_level(logging.INFO, logger="service.generation.kvbudget")
     server = await start_server(gpt_root, gen_max_batch=4)
     got = await info(server)
     assert got.manifest["serving.kv_rows"] == "4" and got.manifest["serving.context"] == "160"
@@ -48,7 +48,7 @@ async def test_default_budget_serves_every_row_and_says_so(start_server, gpt_roo
 
 
 async def test_a_short_budget_serves_fewer_rows(start_server, gpt_root, caplog):
-    caplog.set_level(logging.INFO, logger="service.textgen.kvbudget")
+    caplog.set_level(logging.INFO, logger="service.generation.kvbudget")
     server = await start_server(gpt_root, gen_max_batch=16, gen_kv_cache_bytes=3 * ROW + 100)
     got = await info(server)
     assert got.manifest["serving.kv_rows"] == "3" and got.manifest["serving.kv_cache_bytes"] == str(3 * ROW)

@@ -13,8 +13,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.embedding.batcher import Batcher, BatchLimits
-from service.embedding.tokenization import Encoded
+from service.engine.batcher import Batcher, BatchLimits
+from service.engine.tokenization import Encoded
 
 
 def encoded(call: int, lengths: list[int]) -> list[Encoded]:

@@ -17,7 +17,7 @@ import torch
 
 from export import packed, parity
 from export.tiny import build_tiny
-from service.embedding.packing import pack, pool
+from service.engine.packing import pack, pool
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.server import metric
@@ -116,7 +116,7 @@ def test_an_int8_graph_packed_among_others_computes_what_it_computes_alone(embed
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from service.embedding.packing import alignment
+    from service.engine.packing import alignment
 
     d = Path(embed_models_root) / "tiny-embed"
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from service.textgen.decoding import (
+from service.generation.decoding import (
     IncrementalDetokenizer,
     ParamError,
     SamplingParams,

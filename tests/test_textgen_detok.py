@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from service.textgen.decoding import REPLACEMENT_CHAR, IncrementalDetokenizer
+from service.generation.decoding import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 CORPUS = ["Hello world, the cat sat on the mat.", "Once upon a time there was a tiny model.",
           "café naïve résumé über straße déjà vu", "Ask me: what is 2 + 2? Four!"] * 8

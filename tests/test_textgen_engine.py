@@ -16,14 +16,14 @@ import torch
 
 from export.tiny import tiny_model
 from service.errors import Unavailable
+from service.generation.decoding import SamplingParams
+from service.generation.model import GenerationModel
 from service.manifest import load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
-from service.textgen.search import SourceSearch, log_softmax
-from service.textgen.seq2seq import Seq2SeqBatch
-from service.textgen.translator import TranslateOptions, TranslationModel
+from service.translation.engine import Seq2SeqBatch
+from service.translation.model import TranslateOptions, TranslationModel
+from service.translation.search import SourceSearch, log_softmax
 
 PROMPTS = ["Once upon a time", "The cat", "A longer prompt of many byte tokens, é ü!", "Hi", "", "Tom and Sue"]
 SOURCES = ["Hello world.", "The cat sleeps on the mat.", "Yes", "Where is the train station, please?"]

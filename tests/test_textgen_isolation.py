@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from service.errors import ServiceError
+from service.generation.decoding import SamplingParams
+from service.generation.model import GenerationModel
+from service.generation.sequence import Sequence
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
-from service.textgen.sequence import Sequence
 from tests.test_textgen_engine import PROMPTS, generate, load
 
 LENGTHS = [12, 30, 9, 25, 16, 20]

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.textgen.decoding import SamplingParams, make_rng, next_token
-from service.textgen.sampler import Row, choose_tokens
+from service.generation.decoding import SamplingParams, make_rng, next_token
+from service.generation.sampler import Row, choose_tokens
 
 
 @st.composite

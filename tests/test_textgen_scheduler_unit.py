@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
-from service.textgen.stepseries import observe_many
+from service.generation.decoding import SamplingParams
+from service.generation.model import GenerationModel
+from service.generation.stepseries import observe_many
 from tests.test_textgen_engine import _sessions, generate, load, load_model_dir, runtime  # noqa: F401 - fixture
 
 

@@ -11,12 +11,12 @@ import asyncio
 
 import grpc
 import pytest
-
-from service.proto import inference_pb2 as pb
 from service.textgen.client import generate_request
-from service.textgen.decoding import SamplingParams
-from service.textgen.generator import GenerationModel
-from service.textgen.sequence import GenerationHandle
+
+from service.generation.decoding import SamplingParams
+from service.generation.model import GenerationModel
+from service.generation.sequence import GenerationHandle
+from service.proto import inference_pb2 as pb
 from tests.test_textgen_engine import load, runtime  # noqa: F401 - the fixture
 
 

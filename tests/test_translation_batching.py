@@ -17,9 +17,9 @@ from service.errors import InvalidArgument, ResourceExhausted, ServiceError
 from service.manifest import load_model_dir
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen import search
-from service.textgen.seq2seq import Seq2SeqBatch
-from service.textgen.translator import TranslateOptions, TranslationModel
+from service.translation import search
+from service.translation.engine import Seq2SeqBatch
+from service.translation.model import TranslateOptions, TranslationModel
 
 TRAINED = Path(__file__).resolve().parents[1] / "models" / "tatoeba-en-fr"
 SENTENCES = ["We should leave before it starts raining.", "Yes.", "I think that he is right.", "Where is the station?"]

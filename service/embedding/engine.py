@@ -17,8 +17,8 @@ import numpy as np
 import onnxruntime as ort
 
 from service import metrics
-from service.embedding.packing import Packed, pack, pool
-from service.embedding.tokenization import Encoded
+from service.engine.packing import Packed, pack, pool
+from service.engine.tokenization import Encoded
 
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _ORT_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}

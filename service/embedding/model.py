@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.embedding.batcher import Batcher, BatchLimits
 from service.embedding.engine import EmbeddingEngine, EncoderEngine, PackedEmbeddingEngine, postprocess
-from service.embedding.packing import alignment
-from service.embedding.tokenization import EmbeddingTokenizer, Encoded
+from service.engine.batcher import Batcher, BatchLimits
+from service.engine.packing import alignment
+from service.engine.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
 from service.manifest import PACKED_ROLE, Manifest, ModelDir
 from service.registry import model_info

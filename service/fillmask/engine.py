@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.embedding.engine import EmbeddingEngine, PackedEmbeddingEngine
-from service.embedding.tokenization import Encoded
+from service.engine.tokenization import Encoded
 
 OUTPUT = "logits"
 

@@ -21,10 +21,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from service import tokenizing
-from service.embedding.batcher import Batcher, BatchLimits
 from service.embedding.model import admit_and_encode, encoder_graph, queue_limits
-from service.embedding.packing import alignment
-from service.embedding.tokenization import EmbeddingTokenizer, Encoded
+from service.engine.batcher import Batcher, BatchLimits
+from service.engine.packing import alignment
+from service.engine.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
 from service.fillmask.engine import FillMaskEngine, MaskRows, PackedFillMaskEngine
 from service.manifest import Manifest, ModelDir

@@ -31,17 +31,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service import converters
+from service.embedding.grpc import EmbeddingServicer
 from service.errors import label_model
-from service.fillmask.servicer import FillMaskServicer
+from service.fillmask.grpc import FillMaskServicer
+from service.generation import converters as generation_converters
+from service.generation.grpc import GenerationServicer
 from service.http import schemas
 from service.http.body import read_json
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 from service.registry import ModelRegistry
-from service.servicers import EmbeddingServicer
 from service.settings import Settings
-from service.textgen import converters as textgen_converters
-from service.textgen.servicers import GenerationServicer, TranslationServicer
+from service.translation.grpc import TranslationServicer
 
 
 class Routes:
@@ -78,7 +79,7 @@ class Routes:
             chunks = await call.unless_gone(request, _collect(handle))
         finally:
             handle.cancel()
-        return JSONResponse(completion.response(textgen_converters.generate_response(chunks, model.name)))
+        return JSONResponse(completion.response(generation_converters.generate_response(chunks, model.name)))
 
     @staticmethod
     async def _chunks(handle, completion: schemas.Completion, deadline: float | None):
@@ -90,7 +91,7 @@ class Routes:
             if chunk is None:
                 return
             # Chunks that queued up while the previous event was written go out as one.
-            yield completion.chunk(textgen_converters.join_chunks([chunk, *handle.ready()]))
+            yield completion.chunk(generation_converters.join_chunks([chunk, *handle.ready()]))
 
     @route("ModelService", "ListModels")
     async def list_models(self, request: Request, call: HttpCall) -> Response:

@@ -2,7 +2,7 @@
 FillMaskRequest.
 
 Requests become the same protobuf messages the gRPC servicers take, so both doors share one
-validation (service/servicers.py, service/textgen/servicers.py); what is checked here is only what
+validation (service/embedding/grpc.py, service/generation/grpc.py); what is checked here is only what
 JSON adds: types, numbers a proto `float` cannot hold (a nonzero one it would read as 0 is refused:
 temperature 1e-50 is out of range, not greedy), and the OpenAI fields this server does not
 implement (refused, not ignored).
@@ -22,8 +22,8 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from service.converters import float32
 from service.errors import InvalidArgument
+from service.generation.sequence import EOS, LENGTH, STOP, Chunk
 from service.proto import inference_pb2 as pb
-from service.textgen.sequence import EOS, LENGTH, STOP, Chunk
 
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason

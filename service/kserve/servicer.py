@@ -17,14 +17,15 @@ from google.protobuf.descriptor import FileDescriptor
 
 from service import packing
 from service.converters import usage
+from service.embedding.grpc import EmbeddingServicer, deadline_of
 from service.errors import InvalidArgument, NotFound, grpc_errors, label_model, quote
+from service.generation import converters as generation_converters
 from service.kserve import converters
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 from service.registry import Backend, ModelRegistry
-from service.servicers import EmbeddingServicer, deadline_of
 from service.settings import Settings
-from service.textgen import converters as textgen_converters
+from service.translation import converters as translation_converters
 
 SERVICE = "GRPCInferenceService"
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name[SERVICE].full_name  # inference.GRPCInferenceService
@@ -102,18 +103,18 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         try:
             for text in texts:
                 request = converters.generate_request(text, model.name, values)
-                handles.append(await model.submit_async(text, textgen_converters.sampling_params(request)))
+                handles.append(await model.submit_async(text, generation_converters.sampling_params(request)))
             results = await asyncio.gather(*(_chunks(handle) for handle in handles))
         finally:
             for handle in handles:  # frees the rows of every sequence when one fails or the call ends
                 handle.cancel()
-        done = [textgen_converters.generate_response(chunks, model.name) for chunks in results]
+        done = [generation_converters.generate_response(chunks, model.name) for chunks in results]
         counts = usage(sum(r.usage.input_tokens for r in done), sum(r.usage.output_tokens for r in done))
         return [converters.text_output("text_output", [r.text for r in done])], counts
 
     async def _translate(self, model: Backend, texts: list[str], values: dict, context) -> tuple:
         request = converters.translate_request(texts, model.name, values)
-        result = await model.translate(list(request.inputs), textgen_converters.translate_options(request))
+        result = await model.translate(list(request.inputs), translation_converters.translate_options(request))
         outputs = [converters.text_output("translation", [t.text for t in result.translations]),
                    converters.scores_output([t.score for t in result.translations])]
         return outputs, usage(result.input_tokens, result.output_tokens)

@@ -88,10 +88,11 @@ def test_compose_mounts_existing_files():
 
 def _metric_names() -> set[str]:
     """Every sample name the service can export (prometheus_client's registry after import)."""
-    import service.auth  # noqa: F401
-    import service.metrics  # noqa: F401
-    import service.textgen.metrics  # noqa: F401
     from prometheus_client import REGISTRY
+
+    import service.auth  # noqa: F401
+    import service.generation.metrics  # noqa: F401
+    import service.metrics  # noqa: F401
 
     names = set()
     for family in REGISTRY.collect():

@@ -33,8 +33,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from service.textgen.kvcache import GraphIO
-from service.textgen.rowcopy import RowCopier
+from service.engine.graphio import GraphIO
+from service.engine.rowcopy import RowCopier
 
 HOST_INPUTS = frozenset({"total_sequence_length"})  # GroupQueryAttention's CPU input, on every provider
 GRAPH_ID_KEY = "gpu_graph_id"  # onnxruntime run option naming the captured graph to replay

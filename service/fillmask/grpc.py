@@ -12,12 +12,12 @@ import time
 
 import grpc
 
+from service.embedding.grpc import deadline_of
 from service.errors import InvalidArgument, grpc_errors, label_model
 from service.fillmask import converters
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.registry import ModelRegistry
-from service.servicers import deadline_of
 from service.settings import Settings
 
 SERVICE = "FillMaskService"

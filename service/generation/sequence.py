@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.errors import InvalidArgument
-from service.textgen.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
-from service.textgen.sampler import Row
+from service.generation.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
+from service.generation.sampler import Row
 
 LENGTH, STOP, EOS = "length", "stop", "eos"  # finish reasons
 

@@ -1,13 +1,12 @@
-"""Protobuf <-> plain values for GenerationService and TranslationService (engines never see protobuf)."""
+"""Protobuf <-> plain values for GenerationService (engines never see protobuf)."""
 
 from __future__ import annotations
 
 from service.converters import usage
 from service.errors import InvalidArgument
+from service.generation.decoding import SamplingParams
+from service.generation.sequence import EOS, LENGTH, STOP, Chunk, Timings
 from service.proto import inference_pb2 as pb
-from service.textgen.decoding import SamplingParams
-from service.textgen.sequence import EOS, LENGTH, STOP, Chunk, Timings
-from service.textgen.translator import TranslateOptions, TranslateResult
 
 FINISH_REASONS = {
     LENGTH: pb.FINISH_REASON_LENGTH,
@@ -41,7 +40,7 @@ def stream_interval(request: pb.GenerateRequest) -> float:
     return ms / 1e3
 
 
-def _timings(t: Timings) -> pb.Timings:
+def timings(t: Timings) -> pb.Timings:
     return pb.Timings(tokenize_ms=t.tokenize_ms, queue_ms=t.queue_ms, inference_ms=t.inference_ms,
                       total_ms=t.total_ms, time_to_first_token_ms=t.time_to_first_token_ms)
 
@@ -51,7 +50,7 @@ def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
     if chunk.finish_reason is not None:
         msg.finish_reason = FINISH_REASONS[chunk.finish_reason]
         msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
-        msg.timings.CopyFrom(_timings(chunk.timings))
+        msg.timings.CopyFrom(timings(chunk.timings))
     return msg
 
 
@@ -72,23 +71,6 @@ def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:
         token_ids=[t for c in chunks for t in c.token_ids],
         finish_reason=FINISH_REASONS[last.finish_reason],
         usage=usage(last.input_tokens, last.output_tokens),
-        timings=_timings(last.timings),
+        timings=timings(last.timings),
         model=model,
-    )
-
-
-def translate_options(request: pb.TranslateRequest) -> TranslateOptions:
-    return TranslateOptions(
-        beam_size=int(request.beam_size) or 1,
-        max_length=int(request.max_length),
-        length_penalty=float(request.length_penalty) if request.length_penalty != 0 else 1.0,
-    )
-
-
-def translate_response(result: TranslateResult, model: str) -> pb.TranslateResponse:
-    return pb.TranslateResponse(
-        translations=[pb.Translation(text=t.text, score=t.score) for t in result.translations],
-        model=model,
-        usage=usage(result.input_tokens, result.output_tokens),
-        timings=_timings(result.timings),
     )

@@ -28,16 +28,16 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from service import metrics, tokenizing
+from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument
+from service.generation.decoding import ParamError, SamplingParams, check_params
+from service.generation.kvbudget import KVBudget, kv_bytes
+from service.generation.scheduler import Scheduler
+from service.generation.sequence import GenerationHandle, Sequence
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import CUDA, Runtime
 from service.settings import Settings
-from service.textgen.decoding import ParamError, SamplingParams, check_params
-from service.textgen.kvbudget import KVBudget, kv_bytes
-from service.textgen.kvcache import GraphIO
-from service.textgen.scheduler import Scheduler
-from service.textgen.sequence import GenerationHandle, Sequence
 
 log = logging.getLogger(__name__)
 

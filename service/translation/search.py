@@ -2,7 +2,7 @@
 
 Every source being translated is a `SourceSearch` owning k consecutive rows of the decoder batch
 (k = 1: greedy), with its own max_length and length_penalty, so sources with different options
-share a batch (service/textgen/seq2seq.py) and join or leave it between steps. `advance_batch`
+share a batch (service/translation/engine.py) and join or leave it between steps. `advance_batch`
 takes one step's logits for every row and advances every source: argmax for greedy rows and one
 log-softmax for all beam rows (per step, per batch), then each source's own bookkeeping.
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.textgen.kvcache import GraphIO, KVBatch, run_step, to_device
-from service.textgen.search import SourceSearch, advance_batch
+from service.engine.graphio import GraphIO, to_device
+from service.translation.cache import KVBatch, run_step
+from service.translation.search import SourceSearch, advance_batch
 
 
 class Seq2SeqBatch:

@@ -4,7 +4,7 @@
 can hold is refused untokenized: service/tokenizing.py), takes its places in the queue (or gets
 RESOURCE_EXHAUSTED) from its input count before any work, tokenizes (off the event loop when the
 call is large), checks lengths and queues one item per source, each with its own options. The
-model's Seq2SeqScheduler (service/textgen/seq2seq_scheduler.py) batches sources of all calls
+model's Seq2SeqScheduler (service/translation/scheduler.py) batches sources of all calls
 continuously: newcomers join the decoder batch between steps, finished sources leave, greedy and
 beam sources share it, and each source's rows use its own max_length and length_penalty.
 Limits: a source may hold at most `max_input_tokens` tokens; beam_size at most
@@ -26,15 +26,15 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from service import metrics, tokenizing
+from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError
+from service.generation.sequence import Timings
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
-from service.textgen.kvcache import GraphIO
-from service.textgen.search import MAX_LENGTH_PENALTY, Hypothesis, SourceSearch
-from service.textgen.seq2seq_scheduler import Item, Seq2SeqScheduler
-from service.textgen.sequence import Timings
+from service.translation.scheduler import Item, Seq2SeqScheduler
+from service.translation.search import MAX_LENGTH_PENALTY, Hypothesis, SourceSearch
 
 log = logging.getLogger(__name__)
 

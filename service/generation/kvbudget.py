@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from service.engine.graphio import GraphIO
 from service.registry import ModelLoadError
 from service.settings import Settings
-from service.textgen.kvcache import GraphIO
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,9 @@ def kv_bytes(io: GraphIO, rows: int, context: int) -> int:
     return len(io.past_names) * rows * io.n_heads * context * io.head_dim * np.dtype(io.kv_dtype).itemsize
 
 
-def mib(n: int) -> str:
+def mib(n: int | None) -> str:
+    if n is None:
+        return "unbounded"
     return f"{n / MIB:,.1f} MiB"
 
 
@@ -120,7 +122,7 @@ class KVBudget:
         Raises ModelLoadError when not one row at `context` positions fits."""
         row, left = kv_bytes(io, 1, context), self.left
         rows = wanted if left is None else min(wanted, left // row)
-        if rows < 1:
+        if left is not None and rows < 1:
             fits = left // (row // context)  # positions one row could hold
             shorter = f"a context of at most {fits} positions fits; " if fits >= 2 else ""
             raise ModelLoadError(

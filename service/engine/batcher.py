@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from service import metrics
-from service.embedding.tokenization import Encoded
+from service.engine.tokenization import Encoded
 from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)

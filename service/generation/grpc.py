@@ -1,4 +1,4 @@
-"""gRPC servicers of GenerationService and TranslationService: validate, convert, delegate, convert back.
+"""gRPC servicer of GenerationService: validate, convert, delegate, convert back.
 
 `add_to_server` is what service/server.py calls. A generation handle is cancelled in `finally`,
 so a client that goes away (cancel, deadline) or a server shutdown frees the sequence's cache row
@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator
 import grpc
 
 from service.errors import grpc_errors, label_model
+from service.generation import converters
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.registry import ModelRegistry
 from service.settings import Settings
-from service.textgen import converters
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
@@ -67,24 +67,6 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             handle.cancel()
 
 
-class TranslationServicer(pb_grpc.TranslationServiceServicer):
-    def __init__(self, registry: ModelRegistry):
-        self.registry = registry
-
-    @grpc_errors("TranslationService")
-    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
-        return await self.translate(request)
-
-    async def translate(self, request: pb.TranslateRequest) -> pb.TranslateResponse:
-        """The call without its gRPC context (HTTP's POST /v1/translate runs this too)."""
-        self.registry.admit()
-        model = self.registry.get("translation", request.model)
-        label_model(model.name)
-        result = await model.translate(list(request.inputs), converters.translate_options(request))
-        return converters.translate_response(result, model.name)
-
-
 def add_to_server(server: grpc.aio.Server, registry: ModelRegistry, settings: Settings) -> None:
-    """Registers GenerationService and TranslationService on server."""
+    """Registers GenerationService on server."""
     pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(registry), server)
-    pb_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(registry), server)

@@ -37,12 +37,12 @@ from collections import deque
 import numpy as np
 
 from service import metrics
+from service.engine.graphio import GraphIO
 from service.errors import ResourceExhausted, ServiceError, Unavailable
-from service.textgen.batchcache import SlotCache
-from service.textgen.kvcache import GraphIO
-from service.textgen.sampler import choose_tokens
-from service.textgen.sequence import Chunk, GenerationHandle, Sequence
-from service.textgen.stepseries import Series, observe_many
+from service.generation.cache import SlotCache
+from service.generation.sampler import choose_tokens
+from service.generation.sequence import Chunk, GenerationHandle, Sequence
+from service.generation.stepseries import Series, observe_many
 
 log = logging.getLogger(__name__)
 

@@ -88,26 +88,3 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
         for i, text in enumerate(params.inputs):
             if not text:
                 raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
-
-
-class ModelServicer(pb_grpc.ModelServiceServicer):
-    def __init__(self, registry: ModelRegistry):
-        self.registry = registry
-
-    @grpc_errors("ModelService")
-    async def ListModels(self, request: pb.ListModelsRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
-        self.registry.admit()
-        return pb.ListModelsResponse(models=[self._info(b) for b in self.registry])
-
-    @grpc_errors("ModelService")
-    async def GetModel(self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
-        self.registry.admit()
-        if not request.name:
-            raise InvalidArgument("name is empty; pass a model name (ListModels lists them)")
-        backend = self.registry.find(request.name)
-        label_model(backend.name)
-        return self._info(backend)
-
-    def _info(self, backend) -> pb.ModelInfo:
-        return converters.model_info(backend.info(), self.registry.is_default(backend))

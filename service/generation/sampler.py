@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.textgen.decoding import SamplingParams
+from service.generation.decoding import SamplingParams
 
 
 @dataclass
@@ -96,8 +96,9 @@ def _sample_group(scores: np.ndarray, top_k: int, rows: list[Row]) -> list[int |
     return out
 
 
-def _draw(probs: np.ndarray, order: np.ndarray, n: int, cut: bool, rng: np.random.Generator) -> int:
+def _draw(probs: np.ndarray, order: np.ndarray, n: int, cut: bool, rng: np.random.Generator | None) -> int:
     """One row's draw among its first n ranked tokens, renormalised when top-p cut the tail."""
+    assert rng is not None, "greedy rows take the argmax and never draw"
     if cut:
         probs = probs[:n] / probs[:n].sum()
     cdf = np.cumsum(probs)

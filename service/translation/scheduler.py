@@ -1,6 +1,6 @@
 """Continuous batching for one translation model: one asyncio task owns the decoder batch.
 
-Each turn of the loop (like service/textgen/scheduler.py for generation):
+Each turn of the loop (like service/generation/scheduler.py for generation):
 1. sources of cancelled calls are dropped; waiting sources are admitted in arrival order while
    their rows (k each: beam size, 1 for greedy) fit in `max_rows`, greedy and beam alike;
 2. in the compute executor, the newcomers' encoder runs (for them only) and their rows join the
@@ -27,8 +27,8 @@ import numpy as np
 
 from service import metrics
 from service.errors import ResourceExhausted, Unavailable
-from service.textgen.search import SourceSearch
-from service.textgen.seq2seq import Seq2SeqBatch
+from service.translation.engine import Seq2SeqBatch
+from service.translation.search import SourceSearch
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ rows of the previous step share its time): `observe_many` records them in one up
 from __future__ import annotations
 
 from service import metrics
-from service.textgen import metrics as gen_metrics
+from service.generation import metrics as gen_metrics
 
 
 class Series:
