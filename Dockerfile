@@ -54,9 +54,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README* ./
 COPY service/ service/
-# Only the serving package is copied, so only it is installed (no export/, no torch). A GPU build
-# swaps onnxruntime for onnxruntime-gpu of the same version: the two must never be installed side
-# by side.
+COPY client/ client/
+# Only the serving and client packages are copied, so only they are installed (no export/, no
+# torch); the client is the HEALTHCHECK (`python -m client health`) and the batch job
+# (`ts-embed-batch`). A GPU build swaps onnxruntime for onnxruntime-gpu of the same version: the
+# two must never be installed side by side.
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[batch]" \
     && if [ "${ONNXRUNTIME}" != "onnxruntime" ]; then \
@@ -64,7 +66,7 @@ RUN python3 -m venv /opt/venv \
            && /opt/venv/bin/pip uninstall -y onnxruntime \
            && /opt/venv/bin/pip install "${ONNXRUNTIME}==${ort}"; \
        fi \
-    && /opt/venv/bin/python -c "import onnxruntime, service.proto.inference_pb2_grpc"
+    && /opt/venv/bin/python -c "import onnxruntime, service.proto.inference_pb2_grpc, client.batch.cli"
 
 # ---------------------------------------------------------------------------------------------
 # hadolint ignore=DL3006
@@ -88,6 +90,6 @@ EXPOSE 50051 9464 8080
 # gRPC health of the whole server: exit 0 only when SERVING (after every model's warm-up).
 # sh -c so that the probe follows TS_PORT when it is overridden at run time.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["/bin/sh", "-c", "exec python -m service.client --address 127.0.0.1:${TS_PORT} --timeout 4 health"]
+    CMD ["/bin/sh", "-c", "exec python -m client --address 127.0.0.1:${TS_PORT} --timeout 4 health"]
 # Exec form: the server is PID 1 and handles SIGTERM itself (graceful drain, then exit 0).
 ENTRYPOINT ["python", "-m", "service"]

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.client import DEFAULT_ADDRESS, Client
-from service.inspection import figures
-from service.inspection.client import attention_request
+from client import DEFAULT_ADDRESS, Client, attention_request, figures
 from service.proto import inference_pb2 as pb
 
 CASES = {

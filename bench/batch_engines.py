@@ -1,6 +1,6 @@
 """Batch embedding of one file, three ways, side by side: texts/s of
 1. `ts-embed-batch --engine ray`: a local Ray cluster of --cpus CPUs, --actors actors x 1 onnxruntime
-   thread, the model in-process (service/batch/ray_job.py);
+   thread, the model in-process (client/batch/ray_job.py);
 2. `ts-embed-batch --engine grpc` against `python -m service` (subprocess, its default 2 compute
    workers x 1 thread) on this machine: the batch client over EmbedStream;
 3. sentence-transformers in-process (PyTorch, batches of --st-batch-size), once per --st-threads
@@ -37,7 +37,7 @@ log = logging.getLogger("bench.batch_engines")
 def ray_worker(args: argparse.Namespace) -> dict:
     import ray
 
-    from service.batch.ray_job import RayJobConfig, run_ray_job
+    from client.batch.ray_job import RayJobConfig, run_ray_job
 
     start = time.perf_counter()
     ray.init(num_cpus=args.cpus, include_dashboard=False)
@@ -58,8 +58,8 @@ def ray_worker(args: argparse.Namespace) -> dict:
 
 
 def grpc_worker(args: argparse.Namespace) -> dict:
-    from service.batch.embedder import EmbedOptions
-    from service.batch.runner import JobConfig, run_job
+    from client.batch.embedder import EmbedOptions
+    from client.batch.runner import JobConfig, run_job
 
     cfg = JobConfig(input=args.corpus, output=args.output, address=args.address, chunk_size=args.chunk_size,
                     restart=True, progress=False, embed=EmbedOptions(model=args.model, batch_size=args.batch_size))

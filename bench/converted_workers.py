@@ -128,7 +128,7 @@ def _pick(runs: list[dict], key: str, digits: int = 2) -> list[float]:
 
 
 async def gen_client_side(args: argparse.Namespace) -> dict:
-    from service.client import AsyncClient
+    from client import AsyncClient
 
     texts = prompts(args.streams)
     async with AsyncClient(args.address, timeout=900) as client:
@@ -202,7 +202,7 @@ def ort_embed_side(args: argparse.Namespace) -> dict:
 
 async def _embed_calls(stub, name: str, texts: list[str], clients: int) -> np.ndarray:
     """Every text in its own Embed call, `clients` calls in flight at once -> the vectors, normalised."""
-    from service.client import embed_request
+    from client import embed_request
 
     out: list[np.ndarray | None] = [None] * len(texts)
     todo = list(enumerate(texts))[::-1]

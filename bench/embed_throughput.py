@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 
 from bench.common import ServiceProcess
-from service.client import embed_request
+from client import embed_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 

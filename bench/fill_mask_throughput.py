@@ -27,7 +27,7 @@ import grpc
 
 from bench.common import ServiceProcess, conditions
 from bench.embed_throughput import load_sentences
-from service.client import fill_mask_request
+from client import fill_mask_request
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("bench.fill_mask_throughput")

@@ -98,7 +98,7 @@ async def streams_tps(client, streams: int, new_tokens: int) -> float:
 
 
 async def client_side(args: argparse.Namespace) -> dict:
-    from service.client import AsyncClient
+    from client import AsyncClient
 
     counts = [int(s) for s in args.streams.split(",")]
     runs: dict[int, list[float]] = {n: [] for n in counts}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.embed_throughput import run_clients
-from service.client import AsyncClient
+from client import AsyncClient
 
 
 class ServerClock:

@@ -39,7 +39,7 @@ import numpy as np
 
 from bench.common import ROOT, ServiceProcess, conditions, histogram_delta, scrape_histogram
 from bench.embed_throughput import load_sentences, resolve_model, run_clients, sentence_transformers_run
-from service.client import embed_request
+from client import embed_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 

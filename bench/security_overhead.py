@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT, ServiceProcess, conditions
-from service.channel import Credentials, open_channel
+from client.channel import Credentials, open_channel
 from service.proto import inference_pb2 as pb
 from service.proto.inference_pb2_grpc import ModelServiceStub
 

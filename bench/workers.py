@@ -31,7 +31,7 @@ import grpc
 
 from bench.common import ROOT, conditions, summary
 from bench.embed_throughput import load_sentences
-from service.client import embed_request
+from client import embed_request
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("bench.workers")

@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from service.inspection import figures
+from client import figures
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 

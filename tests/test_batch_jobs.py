@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from service.batch import cli, sources
-from service.batch.embedder import BatchFailed, EmbedOptions
-from service.batch.runner import JobConfig, run_job
-from service.batch.store import LedgerMismatch
+from client.batch import cli, sources
+from client.batch.embedder import BatchFailed, EmbedOptions
+from client.batch.runner import JobConfig, run_job
+from client.batch.store import LedgerMismatch
 from service.proto import inference_pb2 as pb
 from tests.fixtures.server import metric
 
@@ -70,9 +70,9 @@ def test_flags_take_the_shard_from_the_indexed_job(monkeypatch, tmp_path):
 
 
 def test_client_cli_dispatch_uses_the_clients_address(tmp_path):
-    """`python -m service.client --address A batch ...`: the subcommand runs the job against A."""
-    from service.batch import store
-    from service.client import Client
+    """`python -m client --address A batch ...`: the subcommand runs the job against A."""
+    from client import Client
+    from client.batch import store
 
     assert set(cli.DTYPE_CHOICES) == set(store.DTYPES)
     parser = argparse.ArgumentParser()

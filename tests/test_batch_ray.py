@@ -21,10 +21,10 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from service.batch import cli
-from service.batch.parts import SUCCESS_FILE, JobMismatch, PartsFolder, part_table, write_part
-from service.batch.ray_job import RayJobConfig, run_ray_job
-from service.batch.ray_source import BadInput
+from client.batch import cli
+from client.batch.parts import SUCCESS_FILE, JobMismatch, PartsFolder, part_table, write_part
+from client.batch.ray_job import RayJobConfig, run_ray_job
+from client.batch.ray_source import BadInput
 from service.proto import inference_pb2 as pb
 from service.runtime import CUDA, ProviderError
 
@@ -96,7 +96,7 @@ async def test_ray_job_equals_the_service_and_a_rerun_adds_nothing(ray_address, 
 def test_killed_midway_then_rerun_writes_every_id_once(ray_address, embed_models_root, tmp_path):
     texts = write_jsonl(tmp_path / "corpus.jsonl", 6000, seed=1)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "service.batch", "--engine", "ray", str(tmp_path / "corpus.jsonl"),
+    cmd = [sys.executable, "-m", "client.batch", "--engine", "ray", str(tmp_path / "corpus.jsonl"),
            "--output", str(out), "--models", str(embed_models_root), "--model", "tiny-embed",
            "--ray-address", ray_address, "--num-actors", "2", "--chunk-size", "100", "--batch-size", "4",
            "--no-progress", "--log-level", "WARNING"]
@@ -194,7 +194,7 @@ def test_output_folder_refuses_another_job_and_foreign_files(tmp_path):
 
 def test_ray_stays_out_of_serving():
     root = Path(__file__).resolve().parents[1]
-    code = "import sys, service.server, service.batch.cli; sys.exit('ray' in sys.modules)"
+    code = "import sys, service.server, client.batch.cli; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False, cwd=root).returncode == 0
     pyproject = (root / "pyproject.toml").read_text()
     serving = pyproject.split("\ndependencies = [", 1)[1].split("]", 1)[0]  # the serving dependencies

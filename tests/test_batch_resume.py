@@ -82,7 +82,7 @@ async def test_20k_lines_killed_half_way_then_resumed(start_server, embed_models
     texts = write_corpus(corpus, LINES)
     output = tmp_path / "embeddings.parquet"
     ledger = tmp_path / "embeddings.parquet.parts" / "ledger.jsonl"
-    cmd = [sys.executable, "-m", "service.batch", str(corpus), "--output", str(output),
+    cmd = [sys.executable, "-m", "client.batch", str(corpus), "--output", str(output),
            "--address", running.address, "--chunk-size", str(CHUNK), "--batch-size", "25",
            "--concurrency", "3", "--no-progress", "--log-level", "WARNING"]
 

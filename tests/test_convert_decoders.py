@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from service.textgen.client import generate_request
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
@@ -38,6 +37,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from client import generate_request
 from export.convert import ConversionError, Options, convert
 from service.generation.decoding import REPLACEMENT_CHAR
 

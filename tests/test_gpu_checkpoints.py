@@ -20,10 +20,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from client import generate_request, translate_request
 from service.proto import inference_pb2 as pb
 from service.runtime import CUDA
 from service.settings import Settings
-from service.textgen.client import generate_request, translate_request
 from tests.fixtures.models import cached_build
 
 pytestmark = [

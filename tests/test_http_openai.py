@@ -15,11 +15,10 @@ import numpy as np
 import openai
 import pytest
 
+from client import embed_request, generate_request
 from service import packing
-from service.client import embed_request
 from service.proto import inference_pb2 as pb
 from service.settings import Settings
-from service.textgen.client import generate_request
 from tests.fixtures.server import metric
 from tests.test_service_batching import MODEL, BlockedExecutor, queued_behind_block, until
 

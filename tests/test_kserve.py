@@ -17,11 +17,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
+from client import generate_request, translate_request
 from service import packing
 from service.proto import inference_pb2 as pb
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
-from service.textgen.client import generate_request, translate_request
 from tests.fixtures.server import metric
 
 TEXTS = ["Once upon a time", "The cat sat", "é ü and more"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from service.textgen.client import generate_request
 
+from client import generate_request
 from service.generation.kvbudget import cpu_free_bytes
 from service.proto import inference_pb2 as pb
 from service.registry import ModelLoadError

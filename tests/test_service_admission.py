@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from service.client import embed_request
 
+from client import embed_request
 from service.errors import InvalidArgument, ResourceExhausted
 from service.generation.decoding import SamplingParams
 from tests.test_service_batching import queued_behind_block

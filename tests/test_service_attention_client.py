@@ -1,4 +1,4 @@
-"""`python -m service.client attention` against a real server: JSON, the HTML page, the PNG grid;
+"""`python -m client attention` against a real server: JSON, the HTML page, the PNG grid;
 and the serving path imports neither matplotlib nor torch."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def test_errors_and_a_missing_output_are_reported(server, tmp_path):
 
 
 def test_the_serving_path_imports_neither_matplotlib_nor_torch():
-    code = ("import sys, service.server, service.inspection.grpc, service.client; "
+    code = ("import sys, service.server, service.inspection.grpc, client; "
             "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from service.client import embed_request
+from client import embed_request
 from tests.fixtures.server import metric
 
 MODEL = {"model": "tiny-embed"}

@@ -1,4 +1,4 @@
-"""The sync client and the CLI `python -m service.client` against a real server."""
+"""The sync client and the CLI `python -m client` against a real server."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service.client import Client
+from client import Client
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 async def cli(address: str, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service.client", "--address", address, *args, cwd=ROOT,
+        sys.executable, "-m", "client", "--address", address, *args, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
     return proc.returncode, out.decode(), err.decode()

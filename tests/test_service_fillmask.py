@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tokenizers import Tokenizer
 
-from service.client import fill_mask_request
+from client import fill_mask_request
 from service.fillmask.model import MAX_CANDIDATES, MAX_MASKS, MAX_TOP_K
 from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb

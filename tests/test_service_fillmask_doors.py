@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service.client import AsyncClient, fill_mask_request
+from client import AsyncClient, fill_mask_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.proto import open_inference_grpc_pb2 as oip

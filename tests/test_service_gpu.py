@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.client import embed_request
+from client import embed_request
 from service.proto import inference_pb2 as pb
 from service.runtime import CUDA
 

@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.client import embed_request
+from client import embed_request
 from service.proto import inference_pb2 as pb
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.client import embed_request
+from client import embed_request
 from service.proto import inference_pb2 as pb
 
 SENTENCES = [

@@ -6,7 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
-from service.client import AsyncClient, embed_request
+from client import AsyncClient, embed_request
 from service.packing import array
 
 TEXTS = ["a short one", "a somewhat longer sentence to embed, with punctuation!", "ünïcödé ✓"]

@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from client import Client, embed_request
 from service import protogen
-from service.client import Client, embed_request
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -16,9 +16,8 @@ import itertools
 import grpc
 import numpy as np
 
-from service.client import embed_request
+from client import embed_request, generate_request
 from service.proto import inference_pb2 as pb
-from service.textgen.client import generate_request
 from tests.fixtures.server import metric
 
 TEXTS = ["hello", "a longer sentence with more words in it", "é ü ß", "x" * 120, "mid size text"]

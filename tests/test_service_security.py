@@ -17,10 +17,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from client import AsyncClient, Client
+from client.batch.runner import JobConfig, run_job
+from client.channel import Credentials, open_channel
+from client.cli import main as client_main
 from service.auth import Tokens, authenticate
-from service.batch.runner import JobConfig, run_job
-from service.channel import Credentials, open_channel
-from service.client import AsyncClient, Client, main as client_main
 from service.proto import inference_pb2 as pb
 from service.proto.inference_pb2_grpc import EmbeddingServiceStub
 from service.settings import Settings
@@ -266,7 +267,7 @@ async def test_server_name_override_checks_the_certificate_name(start_server, em
 
 
 def test_batch_job_flags_and_env_carry_the_credentials(monkeypatch, tmp_path):
-    from service.batch import cli
+    from client.batch import cli
 
     monkeypatch.setenv("TS_TOKEN", "from-env")
     args = cli.build_parser().parse_args([str(tmp_path / "in.txt"), "--output", "o.npy", "--tls-ca", "ca.pem"])

@@ -25,11 +25,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.client import embed_request
+from client import embed_request, generate_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.settings import Settings
-from service.textgen.client import generate_request
 
 ROOT = Path(__file__).resolve().parents[1]
 

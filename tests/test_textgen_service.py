@@ -7,9 +7,8 @@ import asyncio
 import grpc
 import pytest
 
-from service.client import AsyncClient
+from client import AsyncClient, generate_request
 from service.proto import inference_pb2 as pb
-from service.textgen.client import generate_request
 from tests.fixtures.server import metric
 
 PROMPTS = ["Once upon a time", "The cat", "Hi", "Tom and Sue went", "A dog", "é ü", "Sam", "One day, a little"]

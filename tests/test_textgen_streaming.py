@@ -11,8 +11,8 @@ import asyncio
 
 import grpc
 import pytest
-from service.textgen.client import generate_request
 
+from client import generate_request
 from service.generation.decoding import SamplingParams
 from service.generation.model import GenerationModel
 from service.generation.sequence import GenerationHandle

@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from service.client import Client
+from client import Client
 from tests.deploy.tools import DEPLOY, docker, run, tool
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -63,7 +63,7 @@ def test_runtime_image_has_no_torch_but_serves(image):
     cli, env = image
     no_torch = run([cli, "run", "--rm", "--entrypoint", "python", IMAGE, "-c", "import torch"], env=env)
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
-    check = "import onnxruntime, service.server, service.batch.cli; print(onnxruntime.get_available_providers())"
+    check = "import onnxruntime, service.server, client.batch.cli; print(onnxruntime.get_available_providers())"
     ok = run([cli, "run", "--rm", "--entrypoint", "python", IMAGE, "-c", check], env=env)
     assert ok.returncode == 0 and "CPUExecutionProvider" in ok.stdout, ok.stderr
     user = run([cli, "run", "--rm", "--entrypoint", "id", IMAGE, "-u"], env=env)

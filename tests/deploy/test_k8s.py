@@ -106,7 +106,7 @@ def test_secure_overlay_mounts_tls_and_tokens_from_secrets():
     assert "TS_AUTH_TOKENS" not in env  # tokens never in the manifest
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         command = container[probe]["exec"]["command"]
-        assert "grpc" not in container[probe] and command[:3] == ["python", "-m", "service.client"]
+        assert "grpc" not in container[probe] and command[:3] == ["python", "-m", "client"]
         assert command[-1] == "health" and container[probe]["timeoutSeconds"] > float(command[command.index("--timeout") + 1])
     assert int(env["TS_WORKERS"]) * int(env["TS_COMPUTE_WORKERS"]) == cpus(container["resources"]["limits"]["cpu"])
 
@@ -142,7 +142,7 @@ def test_indexed_job_shards_match_completions():
     assert spec["completionMode"] == "Indexed"
     assert int(args["shard-count"]) == spec["completions"]
     assert "{shard" in args["output"]  # one output file per index
-    assert container["command"] == ["python", "-m", "service.batch"]
+    assert container["command"] == ["python", "-m", "client.batch"]
     assert args["address"].startswith("dns:///transformer-serving-headless")
     claim = by_kind(docs, "PersistentVolumeClaim")["metadata"]["name"]
     volumes = spec["template"]["spec"]["volumes"]

@@ -73,7 +73,7 @@ def fingerprint(path: Path) -> dict[str, Any]:
     return {"size": os.path.getsize(path), "head_sha256": h.hexdigest()}
 
 
-def id_type(spec: SourceSpec) -> "pa.DataType":
+def id_type(spec: SourceSpec) -> pa.DataType:
     """The Arrow type of the output id column."""
     import pyarrow as pa
 

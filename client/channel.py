@@ -39,12 +39,12 @@ class Credentials:
         return f"Credentials(token={'***' if self.token else ''!r}, tls_ca={self.tls_ca!r}, tls_cert={self.tls_cert!r})"
 
     @classmethod
-    def from_env(cls, env: os._Environ | dict | None = None) -> "Credentials":
+    def from_env(cls, env: os._Environ | dict | None = None) -> Credentials:
         env = os.environ if env is None else env
         return cls(**{name: env.get(var, "") for name, var in ENV.items()})
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "Credentials":
+    def from_args(cls, args: argparse.Namespace) -> Credentials:
         return cls(args.token, args.tls_ca, args.tls_client_cert, args.tls_client_key, args.tls_server_name)
 
     @property

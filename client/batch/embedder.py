@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from service.batch.sources import Chunk, Item
-from service.packing import array
+from client.batch.sources import Chunk, Item
+from client.clients import array
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 

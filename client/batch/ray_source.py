@@ -5,14 +5,14 @@ Chunk c holds lines [c * K, (c + 1) * K) of a text or JSONL file (rows of a Parq
 `error` (why the line is bad, else null). Blank lines are rows with neither text nor error: they
 are skipped, as by the gRPC engine, but still counted, so a block holds exactly its chunk's K
 lines and the actor can tell a whole chunk from a piece of one. Chunk numbers depend only on the
-file and K, which is what makes a chunk the unit of output and of resumption (service/batch/parts.py).
+file and K, which is what makes a chunk the unit of output and of resumption (client/batch/parts.py).
 
 `make_plan` finds the byte offset of every chunk's first line in one pass over the file, on the
 driver; a read task seeks there, so the line numbers in messages are the file's. A bad line
 (not JSON, no id, no text or an empty one; a null Parquet value) raises `BadInput` naming the file
 and line, unless `skip_bad`: then it travels as an `error` row, is counted and never embedded.
 Text ids are line numbers, JSONL ids strings, Parquet ids keep their column's type (or the row
-number), as in service/batch/sources.py.
+number), as in client/batch/sources.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from service.batch.sources import InputError, SourceSpec, id_type, jsonl_record
+from client.batch.sources import InputError, SourceSpec, id_type, jsonl_record
 
 
 class BadInput(ValueError):

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from service.batch.store import changed_parameters
+from client.batch.store import changed_parameters
 
 log = logging.getLogger(__name__)
 

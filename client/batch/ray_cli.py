@@ -1,4 +1,4 @@
-"""Flags of `ts-embed-batch --engine ray` (service/batch/ray_job.py); `cli.main` dispatches here.
+"""Flags of `ts-embed-batch --engine ray` (client/batch/ray_job.py); `cli.main` dispatches here.
 
     ts-embed-batch --engine ray corpus.jsonl --output embeddings/ --models models [--num-actors 4]
 
@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.batch.sources import FORMATS
-from service.settings import VARIANT_CHOICES
+from client.batch.local import VARIANT_CHOICES
+from client.batch.sources import FORMATS
 
 if TYPE_CHECKING:
-    from service.batch.ray_job import RayJobConfig
+    from client.batch.ray_job import RayJobConfig
 
-log = logging.getLogger("service.batch")
+log = logging.getLogger("client.batch")
 
-DTYPE_CHOICES = ("float16", "float32")  # service.batch.parts.DTYPES
+DTYPE_CHOICES = ("float16", "float32")  # client.batch.parts.DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def job_config(args: argparse.Namespace) -> RayJobConfig:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.num_actors < 0 or args.dimensions < 0:
         raise ValueError("--num-actors and --dimensions must be >= 0")
-    from service.batch.ray_job import RayJobConfig
+    from client.batch.ray_job import RayJobConfig
 
     return RayJobConfig(input=args.input, output=args.output, models=args.models, model=args.model,
                         variant=args.variant, format=args.format, id_field=args.id_field, text_field=args.text_field,
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
-    from service.batch.parts import Incomplete, JobMismatch
-    from service.batch.ray_job import JOB_ERRORS, run_ray_job
+    from client.batch.parts import Incomplete, JobMismatch
+    from client.batch.ray_job import JOB_ERRORS, run_ray_job
 
     try:
         run_ray_job(cfg)

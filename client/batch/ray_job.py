@@ -2,11 +2,11 @@
 
     summary = run_ray_job(RayJobConfig(input=Path("corpus.jsonl"), output=Path("out"), models=Path("models")))
 
-Ray Data reads the chunks still to do (service/batch/ray_source.py, one block per chunk);
+Ray Data reads the chunks still to do (client/batch/ray_source.py, one block per chunk);
 `map_batches` gives each block to one actor of a fixed pool. An actor loads the model directory
-in-process (service/batch/local.py: the service's tokenizer, onnxruntime graph, pooling and
+in-process (client/batch/local.py: the service's tokenizer, onnxruntime graph, pooling and
 normalisation, so its vectors are the service's), embeds the chunk's texts sorted by token count,
-commits the chunk's part file (service/batch/parts.py) and answers one summary row. The driver
+commits the chunk's part file (client/batch/parts.py) and answers one summary row. The driver
 streams those rows (Ray's progress display runs meanwhile), logs bad lines skipped with
 --skip-bad, and checks at the end that every chunk has its part.
 
@@ -17,7 +17,6 @@ same path (a shared filesystem). With `--device cuda` each actor takes one GPU.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -27,12 +26,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.batch import sources
-from service.batch.local import LocalEmbedder, LocalOptions, check_cuda, check_options
-from service.batch.parts import PartsFolder, Summary, part_table, write_part
-from service.batch.ray_source import ChunkSource, Plan, make_plan
-from service.manifest import MANIFEST_FILE, ModelDir, ModelDirError, discover, load_model_dir
-from service.runtime import ProviderError
+from client.batch import sources
+from client.batch.local import (
+    LocalEmbedder,
+    LocalOptions,
+    ModelDir,
+    ProviderError,
+    check_cuda,
+    check_options,
+    find_model,
+    load_model_dir,
+    manifest_sha256,
+)
+from client.batch.parts import PartsFolder, Summary, part_table, write_part
+from client.batch.ray_source import ChunkSource, Plan, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -111,21 +118,6 @@ class EmbedActor:
                 "variant": self.embedder.variant, "provider": self.embedder.provider}
 
 
-def find_model(models: Path, name: str) -> ModelDir:
-    """The embedding model `name` under `models` (a model directory itself, or a folder of them);
-    no name: the one whose manifest says `extra.default`, else the first by name (as the service)."""
-    dirs = [models] if (models / MANIFEST_FILE).is_file() else discover(models)
-    found = [d for d in (load_model_dir(p, verify_hashes=False) for p in dirs) if d.manifest.kind == "embedding"]
-    if name:
-        found = [d for d in found if name in (d.manifest.name, d.path.name)]
-    else:
-        found.sort(key=lambda d: (d.manifest.extra.get("default") is not True, d.manifest.name))
-    if not found:
-        raise ModelDirError(f"no embedding model {name + ' ' if name else ''}under {models} "
-                            "(pass --models DIR, --model NAME; `make models` builds the default ones)")
-    return load_model_dir(found[0].path)
-
-
 def run_ray_job(cfg: RayJobConfig) -> Summary:
     """Runs (or resumes) the job; returns the totals of the finished folder."""
     # Absolute paths: the actors' working directory differs from the driver's.
@@ -152,7 +144,7 @@ def run_ray_job(cfg: RayJobConfig) -> Summary:
 
 
 def _header(cfg: RayJobConfig, spec: sources.SourceSpec, plan: Plan, model_dir: ModelDir) -> dict[str, Any]:
-    manifest = hashlib.sha256((model_dir.path / MANIFEST_FILE).read_bytes()).hexdigest()
+    manifest = manifest_sha256(model_dir)
     return {"engine": "ray", "input": str(cfg.input), "input_fingerprint": sources.fingerprint(cfg.input),
             "rows": plan.rows, "format": spec.format, "id_field": spec.id_field, "text_field": spec.text_field,
             "chunk_size": cfg.chunk_size, "model": model_dir.manifest.name, "manifest_sha256": manifest,

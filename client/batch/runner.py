@@ -19,10 +19,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from service.batch import sources
-from service.batch.embedder import ChunkEmbedder, EmbedOptions
-from service.batch.store import JobStore, Summary
-from service.channel import Credentials, open_channel
+from client.batch import sources
+from client.batch.embedder import ChunkEmbedder, EmbedOptions
+from client.batch.store import JobStore, Summary
+from client.channel import Credentials, open_channel
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class JobConfig:
     input: Path
     output: Path  # .parquet or .npy, shard placeholders already filled in
     address: str = "127.0.0.1:50051"
-    credentials: Credentials = Credentials()  # token, TLS (service/channel.py)
+    credentials: Credentials = Credentials()  # token, TLS (client/channel.py)
     format: str | None = None
     id_field: str = "id"
     text_field: str = "text"
@@ -90,7 +90,7 @@ def _header(cfg: JobConfig, spec: sources.SourceSpec, model: str, dim: int) -> d
 
 
 async def _pump(cfg: JobConfig, spec: sources.SourceSpec, store: JobStore, embedder: ChunkEmbedder,
-                progress: "_Progress") -> None:
+                progress: _Progress) -> None:
     queue: asyncio.Queue = asyncio.Queue(maxsize=cfg.concurrency)
 
     async def produce() -> None:
@@ -125,7 +125,7 @@ class _Progress:
                         desc="embedding", disable=not bar)
         self.start, self.start_done, self.last_log = time.monotonic(), done, time.monotonic()
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

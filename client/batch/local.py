@@ -1,31 +1,34 @@
-"""Embeddings in this process from a model directory, with the service's own code: no server, no torch.
+"""The model in this process, as the service runs it: the Ray engine's embedder (no server, no torch).
 
-    embedder = LocalEmbedder(load_model_dir("models/all-minilm-l6-v2"), LocalOptions(threads=1))
+    embedder = LocalEmbedder(find_model(Path("models"), ""), LocalOptions(threads=1))
     vectors = embedder.embed(["hello world", "good morning"])      # (2, 384) float32
 
-The pieces are EmbeddingModel's (service/embedding/model.py): `load_engine` (the variant the
-service would serve, `Runtime.choose_variant`, or the one named; its packed or padded graph as the
-service picks; the session from `Runtime.create_session`, strict: a CUDA request that onnxruntime
-would silently run on the CPU is refused), `EmbeddingTokenizer` (truncation to the manifest's limit)
-and `postprocess` (dimensions, then L2 normalisation). So the vectors equal the service's Embed with
-the same options. The service's queue is left out: `embed` tokenizes every text, sorts them by token
-count, runs batches of `batch_size` texts (little padding: /work/shared/FACTS.md) and puts them back
-in order.
+The one module of client/ that imports the serving package beyond its stubs, on purpose: the Ray
+actors must compute what Embed computes, so they run the service's own pieces rather than a copy:
+the manifest, the variant `Runtime` picks, the packed or padded graph `load_engine` opens (with a
+strict provider), `EmbeddingTokenizer` and `postprocess`. Everything else under client/batch/ reaches
+the service through this module. The service's queue is left out: `embed` sorts texts by token
+count and runs batches of `batch_size`, then puts them back in order.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from service.embedding.engine import postprocess
 from service.embedding.model import load_engine
-from service.embedding.tokenization import EmbeddingTokenizer
-from service.manifest import Manifest, ModelDir
+from service.engine.tokenization import EmbeddingTokenizer
+from service.manifest import MANIFEST_FILE, Manifest, ModelDir, ModelDirError, discover, load_model_dir
 from service.runtime import CUDA, ProviderError, Runtime
-from service.settings import Settings
+from service.settings import VARIANT_CHOICES, Settings
+
+__all__ = ["VARIANT_CHOICES", "LocalEmbedder", "LocalOptions", "ModelDir", "ProviderError", "check_cuda",
+           "check_options", "find_model", "load_model_dir", "manifest_sha256"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,26 @@ class LocalOptions:
     batch_size: int = 32  # rows per forward pass
     normalize: bool = True  # the service's defaults
     dimensions: int = 0
+
+
+def find_model(models: Path, name: str) -> ModelDir:
+    """The embedding model `name` under `models` (a model directory itself, or a folder of them);
+    no name: the one whose manifest says `extra.default`, else the first by name (as the service)."""
+    dirs = [models] if (models / MANIFEST_FILE).is_file() else discover(models)
+    found = [d for d in (load_model_dir(p, verify_hashes=False) for p in dirs) if d.manifest.kind == "embedding"]
+    if name:
+        found = [d for d in found if name in (d.manifest.name, d.path.name)]
+    else:
+        found.sort(key=lambda d: (d.manifest.extra.get("default") is not True, d.manifest.name))
+    if not found:
+        raise ModelDirError(f"no embedding model {name + ' ' if name else ''}under {models} "
+                            "(pass --models DIR, --model NAME; `make models` builds the default ones)")
+    return load_model_dir(found[0].path)
+
+
+def manifest_sha256(model_dir: ModelDir) -> str:
+    """Names the model's exact build (a resumed job must use the same one)."""
+    return hashlib.sha256((model_dir.path / MANIFEST_FILE).read_bytes()).hexdigest()
 
 
 def check_options(m: Manifest, options: LocalOptions) -> None:

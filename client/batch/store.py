@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from service.batch.embedder import ChunkResult
+from client.batch.embedder import ChunkResult
 
 log = logging.getLogger(__name__)
 

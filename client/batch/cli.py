@@ -1,9 +1,9 @@
-"""Command line of the batch embedding job: `ts-embed-batch INPUT --output OUT ...` (= `python -m service.batch`).
+"""Command line of the batch embedding job: `ts-embed-batch INPUT --output OUT ...` (= `python -m client.batch`).
 
 `--engine grpc` (the default, this module): through a running service's EmbedStream.
-`--engine ray`: Ray Data and an actor pool running the model in-process (service/batch/ray_cli.py).
+`--engine ray`: Ray Data and an actor pool running the model in-process (client/batch/ray_cli.py).
 
-Also reachable as `python -m service.client [--address A] batch ...` through
+Also reachable as `python -m client [--address A] batch ...` through
 `add_batch_parser(subparsers)` (there the client's global --address is used). pyarrow and tqdm
 (the `batch` extra) are imported only when a job runs, so the client CLI works without them.
 Exit codes: 0 done (per-item failures are listed in `<output>.failures.jsonl`, not fatal),
@@ -23,20 +23,19 @@ import logging
 import os
 import sys
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
-from service import channel as channels
-from service.batch.embedder import BatchFailed, EmbedOptions
-from service.batch.sources import FORMATS, InputError
+from client import channel as channels
+from client.batch.embedder import BatchFailed, EmbedOptions
+from client.batch.sources import FORMATS, InputError
 
 if TYPE_CHECKING:
-    from service.batch.runner import JobConfig
+    from client.batch.runner import JobConfig
 
-log = logging.getLogger("service.batch")
+log = logging.getLogger("client.batch")
 
 OUTPUT_SUFFIXES = (".parquet", ".npy")
-DTYPE_CHOICES = ("float16", "float32")  # service.batch.store.DTYPES
+DTYPE_CHOICES = ("float16", "float32")  # client.batch.store.DTYPES
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENGINES = ("grpc", "ray")
 
@@ -51,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
     io.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="stored vector type (default float32)")
     io.add_argument("--restart", action="store_true", help="discard a previous run's parts instead of resuming")
     srv = parser.add_argument_group("server and model")
-    if address:  # under service.client, its global --address and security flags apply
+    if address:  # under the client CLI, its global --address and security flags apply
         srv.add_argument("--address", default=os.environ.get("TS_ADDRESS", DEFAULT_ADDRESS),
                          help=f"gRPC target: host:port or dns:///svc-headless:50051 (env TS_ADDRESS; {DEFAULT_ADDRESS})")
         channels.add_arguments(parser)  # --token, --tls-ca, ... (TS_TOKEN, TS_TLS_CA, ...)
@@ -75,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
 
 
 def add_batch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """`batch` subcommand of service.client: `handler(args, client)` runs the job at client.address."""
+    """`batch` subcommand of the client CLI: `handler(args, client)` runs the job at client.address."""
     parser = subparsers.add_parser("batch", help="embed a large file (resumable, sharded; docs/deploy.md)")
     add_arguments(parser, address=False)
     parser.set_defaults(handler=client_handler)
@@ -98,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def job_config(args: argparse.Namespace) -> "JobConfig":
+def job_config(args: argparse.Namespace) -> JobConfig:
     """Validates flags into a JobConfig; raises ValueError with the reason."""
     shard_index = args.shard_index
     if shard_index is None:
@@ -116,7 +115,7 @@ def job_config(args: argparse.Namespace) -> "JobConfig":
     embed = EmbedOptions(model=args.model, normalize=args.normalize, truncate=args.truncate,
                          dimensions=args.dimensions, batch_size=args.batch_size, window=args.window,
                          max_retries=args.max_retries, timeout=args.chunk_timeout)
-    from service.batch.runner import JobConfig
+    from client.batch.runner import JobConfig
 
     credentials = getattr(args, "credentials", None) or channels.Credentials.from_args(args)
     return JobConfig(input=args.input, output=output, address=args.address, credentials=credentials,
@@ -147,8 +146,8 @@ def main_args(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
-    from service.batch.runner import run_job
-    from service.batch.store import LedgerMismatch
+    from client.batch.runner import run_job
+    from client.batch.store import LedgerMismatch
 
     try:
         summary = asyncio.run(run_job(cfg))
@@ -161,12 +160,12 @@ def main_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`ts-embed-batch` and `python -m service.batch`: the engine chosen by --engine."""
+    """`ts-embed-batch` and `python -m client.batch`: the engine chosen by --engine."""
     argv = sys.argv[1:] if argv is None else argv
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--engine", choices=ENGINES, default="grpc")
     if engine.parse_known_args(argv)[0].engine == "ray":
-        from service.batch import ray_cli
+        from client.batch import ray_cli
 
         return ray_cli.main(argv)
     return main_args(build_parser().parse_args(argv))
