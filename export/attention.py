@@ -2,20 +2,12 @@
 
 Each model kind gets one extra graph that runs the model's own modules with their attention
 probabilities recorded (`MultiHeadAttention.record`, export/layers.py) and outputs them, one
-tensor per layer and attention kind, (batch, heads, queries, keys):
-- embedding:   (input_ids, attention_mask) -> self_attention.{i}
-- generation:  (input_ids, attention_mask) -> causal_attention.{i}   (positions 0..T-1: right padding)
-- translation: (input_ids, attention_mask, decoder_input_ids, decoder_attention_mask)
-               -> self_attention.{i} (encoder), causal_attention.{i} (decoder), cross_attention.{i}
-               (teacher-forced over the given decoder inputs).
-The serving graphs are untouched (recording adds no op). The gate (`attention_parity`) compares
-every probability with PyTorch's on right-padded batches (max abs difference <= 1e-5) and records
-how far rows are from summing to 1 and the largest weight any padded key receives. A graph over
-the limit is left out of the directory (its figures still recorded, a warning logged) instead of
-failing the model's build: inspection is optional, the serving graphs passed their own gate, and
-the service answers FAILED_PRECONDITION for a model without it. fp32 rounding differs between
-CPUs (MiniLM measured 7.9e-6 on an AVX-512 EPYC), so one CPU's margin must not decide whether
-`make models` builds at all.
+(batch, heads, queries, keys) tensor per layer and attention kind (`self_attention.{i}`,
+`causal_attention.{i}`, `cross_attention.{i}`; the translator's teacher-forced). The serving graphs
+are untouched. The gate (`attention_parity`) compares every probability with PyTorch's on
+right-padded batches; a graph over the limit is left out of the directory with a warning instead
+of failing the build, since inspection is optional and fp32 rounding margins differ between CPUs
+(docs/attention.md).
 """
 
 from __future__ import annotations

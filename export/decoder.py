@@ -1,20 +1,14 @@
 """Decoder-only language model with a KV cache: GPT-2's block, and Llama's (which Mistral and Qwen2 share).
 
 References: Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2, 2019)
-for the pre-LN block, learned positions and tied input/output embeddings; Karpathy's nanoGPT
-`model.py` for the layout. Touvron et al., "LLaMA" (2023) for the variant converted checkpoints
-bring (export/convert/llama.py): RMSNorm, rotary positions (Su et al., "RoFormer", 2021),
-a SwiGLU feed-forward, grouped-query attention and an untied output head. The defaults of
-`DecoderConfig` are GPT's, so the trained checkpoint loads and exports as before.
+for the pre-LN block, learned positions and tied embeddings; Karpathy's nanoGPT `model.py` for the
+layout; Touvron et al., "LLaMA" (2023) for the converted variant (export/convert/llama.py): RMSNorm,
+rotary positions (Su et al., "RoFormer", 2021, halves not interleaved as in Hugging Face's Llama),
+SwiGLU, grouped-query attention and an untied head. `DecoderConfig`'s defaults are GPT's.
 
-Unlike nanoGPT, `forward` takes an attention mask over past + new positions and explicit
-position ids, so rows of different lengths can share one batch (the service's continuous
-batching), and returns the present KV cache. Rotary positions follow Hugging Face's Llama
-(`rotate_half`, the two halves of a head not interleaved): cos / sin come from a table of
-max_positions rows computed as transformers computes them per call, gathered by position id.
-
-`generate` is the PyTorch reference without a cache: the ONNX KV-cache loop must reproduce its
-greedy tokens exactly.
+Unlike nanoGPT, `forward` takes an attention mask over past + new positions and explicit position
+ids, so rows of different lengths share one batch, and returns the present KV cache. `generate` is
+the PyTorch reference without a cache: the ONNX KV-cache loop must reproduce its greedy tokens.
 """
 
 from __future__ import annotations

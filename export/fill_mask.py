@@ -1,17 +1,11 @@
 """Fill-mask model directories: export a `MaskedLM` (export/mlm.py), gate it, write kind "fill-mask".
 
 Graph role `encoder`: `input_ids`, `attention_mask` (batch, sequence) int64 -> `logits` (batch,
-sequence, vocab) float32, the MLM head's scores at every position (the service reads the rows at
-the `[MASK]` positions). Right-padded batches; the graph uses token type 0.
-
-The gate (`fill_mask_parity`) compares ONNX logits with PyTorch's at every real (unpadded)
-position on batches of mixed lengths, some holding `[MASK]`s: max abs diff <= 1e-4 for fp32 and
-optimized (`parity.LOGITS_MAX_ABS`), and the top-1 token equal everywhere. fp16 and int8 are
-recorded and judged like reduced-precision decoders (`parity.quality_figures`): on a masked sample
-(every 7th token of the sample texts replaced by `[MASK]`, the held-out texts of a checkpoint when
-it has them) the variant's perplexity and top-1 predictions at the masked positions against
-PyTorch's, and whether a row's logits move when batched with others (`quality_ok`).
-The `attention` graph is the encoder's (export/attention.py, `self_attention.{i}`).
+sequence, vocab) float32 at every position (the service reads the `[MASK]` rows); right-padded
+batches, token type 0. The gate (`fill_mask_parity`) compares ONNX logits with PyTorch's at every
+real position on mixed-length batches (fp32 and optimized: `parity.LOGITS_MAX_ABS`, top-1 equal);
+fp16 and int8 are judged on quality like reduced-precision decoders (`parity.quality_figures`, on a
+masked sample). The `attention` graph is the encoder's (export/attention.py).
 """
 
 from __future__ import annotations

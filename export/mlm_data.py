@@ -1,15 +1,12 @@
 """Masked-language-model corpora: passages of three shared corpora, a held-out split, packed chunks.
 
-Corpora (/work/shared/data; each folder's SOURCE.md gives origin and licence):
-- WikiText-2 raw validation split (Wikipedia, CC BY-SA 3.0): one passage per paragraph line,
-  headings dropped, the `@-@` `@,@` `@.@` conventions undone;
-- TinyStories, first 2 MiB of the train file (CDLA-Sharing-1.0): one passage per story;
-- TinyShakespeare (public domain): consecutive speeches grouped into passages of >= 400 characters.
-A seeded 5 % of each corpus's passages is held out (whole passages), never trained on, and used
-for evaluation (and stored as the checkpoint's heldout.jsonl). Tokenized passages are packed, in
-order and corpus by corpus, into chunks of up to max_len - 2 word pieces (long passages split),
-so each training row is `[CLS] chunk [SEP]`. Batches are drawn from (seed, step) only: a resumed
-run sees the batches the uninterrupted one would have.
+Corpora (under `export.data.SHARED`; each folder's SOURCE.md gives origin and
+licence): WikiText-2 raw validation (one passage per paragraph, `@-@` conventions undone),
+TinyStories' first 2 MiB (one passage per story), TinyShakespeare (speeches grouped into passages
+of >= 400 characters). A seeded 5 % of each corpus's passages is held out, never trained on (the
+checkpoint's heldout.jsonl). Tokenized passages are packed in order into chunks of up to
+max_len - 2 word pieces, each row `[CLS] chunk [SEP]`. Batches are drawn from (seed, step) only,
+so a resumed run sees the batches the uninterrupted one would have.
 """
 
 from __future__ import annotations

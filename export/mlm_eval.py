@@ -1,19 +1,13 @@
-"""Held-out evaluation of a masked language model, against a unigram-frequency baseline.
+"""Held-out evaluation of a masked language model, against two baselines.
 
-The held-out passages (export/mlm_data.py; a checkpoint's heldout.jsonl) are encoded one per row
-as `[CLS] passage [SEP]`, truncated to max_len; 15 % of each row's word pieces are chosen with a
-fixed seed (export/masking.py) and **all** replaced by `[MASK]`, as a fill-mask request writes
-them. At those positions: the model's top-1 accuracy and perplexity (exp of the mean negative
-log-likelihood of the original token), and the same two figures for the baseline that always
-predicts from the unigram frequencies of the training split (add-one smoothed over the
-non-special vocabulary): its accuracy is the share of targets equal to the most frequent token.
-
-A second, stronger baseline uses context: `NeighbourLookup` predicts a masked piece as the
-training split's most frequent piece between its two neighbours (a trigram lookup with the middle
-missing), backing off to the most frequent piece after its left neighbour, then to the unigram
-top; a neighbour that is itself masked counts as `[MASK]`, which the lookups never saw. It needs
-the training text (`python -m export.evaluate mlm CKPT` reads the shared corpora when present),
-and measures how much a model does beyond counting local n-grams.
+The held-out passages (a checkpoint's heldout.jsonl) are encoded one per row as
+`[CLS] passage [SEP]`; 15 % of each row's word pieces are chosen with a fixed seed
+(export/masking.py) and all replaced by `[MASK]`, as a fill-mask request writes them. At those
+positions: the model's top-1 accuracy and perplexity, and the same for a unigram-frequency
+baseline (add-one smoothed) and for `NeighbourLookup`, which predicts the training split's most
+frequent piece between the two neighbours (backing off to the left neighbour, then the unigram
+top): how much the model does beyond counting local n-grams. The lookup needs the training text
+(`python -m export.evaluate mlm CKPT` reads the shared corpora when present).
 """
 
 from __future__ import annotations

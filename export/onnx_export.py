@@ -1,30 +1,15 @@
 """PyTorch models -> ONNX graphs named as the model directory contract says (service/manifest.py).
 
 Each model family gets a thin wrapper module whose positional inputs and flat outputs carry the
-contract's tensor names, then `torch.onnx.export(..., dynamo=False, opset_version=17)` (the
-TorchScript exporter: its graphs fuse fully under onnxruntime's transformer optimizer, see
-/work/shared/FACTS.md). KV tensors are named `past_key_values.{i}.key|value` ->
-`present.{i}.key|value` (optimum's convention).
-
-The generation decoder's self-attention is onnxruntime's com.microsoft `GroupQueryAttention`
-(kv_num_heads = num_heads: multi-head attention; fewer: grouped-query attention, whose cache
-holds the kv_num_heads key / value heads) over a KV buffer of fixed length: each
-row's keys and values sit at slots [0, length) of `past_key_values.*` (B, H, max_sequence, D);
-`seqlens_k` (B, int32) is each row's length after this call minus one and
-`total_sequence_length` (int32 scalar) the longest. The new keys are written at the row's next
-slots, and `present.*` has the buffer's shape, so a caller that binds `present` to the `past`
-buffer (IO binding) keeps the cache in place: no step copies it (the concat of an
-attention-mask decoder copies the whole cache every step; onnxruntime's profiler put that at 30 %
-of a decode step at 8 rows). Rows of a prefill batch are right-padded (a shorter row's
-`seqlens_k` says where it ends); positions come from `position_ids`: learned, or rotary applied
-with plain ops to the packed query and key before GroupQueryAttention (not its `do_rotary`, which
-derives positions from the cache lengths). The translator's decoder keeps attention-mask inputs
-and a growing past (beam search reorders its rows).
-
-The decoder is traced with a non-empty past and distinct batch / new / past lengths, so no
-dynamic axis is frozen to an example size; the parity gate then runs the graph at past 0 and > 0.
-Variants (optimized, fp16, int8) are derived from the fp32 graph by the `make_*` functions at
-the bottom of this module; `graph_io` reads back what a graph file really declares.
+contract's tensor names, exported with the TorchScript exporter (`dynamo=False`, opset 17: its
+graphs fuse fully under onnxruntime's transformer optimizer). KV tensors are named
+`past_key_values.{i}.key|value` -> `present.{i}.key|value`. The generation decoder's self-attention
+is com.microsoft `GroupQueryAttention` over a fixed-length KV buffer that the caller binds as both
+past and present, so no step copies the cache; the translator's decoder keeps attention-mask
+inputs and a growing past (beam search reorders rows). Why and how: docs/design/generation.md.
+Decoders are traced with distinct batch / new / past lengths so no dynamic axis is frozen.
+Variants (optimized, fp16, int8) come from the fp32 graph through the `make_*` functions at the
+bottom; `graph_io` reads back what a graph file declares.
 """
 
 from __future__ import annotations

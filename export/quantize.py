@@ -1,25 +1,12 @@
 """Row-wise dynamic int8 for decoder graphs: integer matrix products whose rows do not see each other.
 
-onnxruntime's dynamic quantisation (`quantize_dynamic`) gives each MatMul's activations one scale
-for the whole tensor, computed at run time: a row's result then depends on the other rows of its
-batch (measured: a batched row's logits moved by 0.35), which continuous batching cannot accept
-("greedy output identical alone or in a crowd"). `MatMulNBits` with int8 compute quantises each
-row on its own, but its kernel gains little from more rows (8 rows cost 3.6x one row here).
-
-This pass rewrites every MatMul whose second input is a constant 2-D weight W (K, N) as
-
-    s   = max(|A|, last axis) / 127                          one scale per row, (..., 1)
-    q   = uint8(A / s + 128.5)                               symmetric int8 shifted to uint8,
-                                                             rounded half up (the cast truncates)
-    out = MatMulIntegerToFloat(q, Wq, 1, w_scale, 128) * s
-
-with Wq = round(W / w_scale) per output column, symmetric, in 7 bits (-63..63): on AVX2 without
-VNNI the u8 x s8 kernel sums pairs of products in int16, which 8-bit weights could saturate (the
-reason for `reduce_range` in onnxruntime's own quantiser). The integer products are exact and
-every scale belongs to one row or one column, so a row's output is the same in any batch
-(the parity gate's `batch_max_abs_diff` checks it). Products sharing an input share its
-quantisation. The MatMuls are onnxruntime's MLAS u8s8 GEMM, which scales with rows as a GEMM
-should (bare decode steps: docs/performance.md).
+onnxruntime's `quantize_dynamic` gives a MatMul's activations one scale per tensor, so a row's
+result depends on the other rows of its batch, which continuous batching cannot accept. This pass
+rewrites every MatMul with a constant 2-D weight as `MatMulIntegerToFloat` over activations
+quantised with one scale per row and weights with one scale per output column, in 7 bits (the
+AVX2 u8 x s8 kernel's int16 pair sums cannot saturate). The integer products are exact, so a row's
+output is the same in any batch (the gate's `batch_max_abs_diff` checks it). The scheme, why 7
+bits, and what it replaced: docs/design/export.md; figures: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Tokenizer training with the `tokenizers` library: `python -m export tokenizer generator|translator|mlm`.
 
-- generator: byte-level BPE (GPT-2 style); `<|endoftext|>` (id 0) is bos = eos = pad. Its
-  post-processor prepends `<|endoftext|>`, so `encode(prompt)` gives the sequence a story starts
-  with in training (every story follows an `<|endoftext|>` separator).
-- translator: one joint English+French BPE vocabulary over a Metaspace pre-tokenizer (SentencePiece
-  style: spaces become `▁`, everything else, including accents, apostrophes and the (narrow)
-  no-break spaces French puts before `! ? :`, is kept as is, so decode(encode(x)) == x for text
-  made of characters seen in training). Specials `<pad>`=0 `<s>`=1 `</s>`=2 `<unk>`=3 match
-  `Seq2SeqConfig`; the post-processor appends `</s>` to a source sentence, as in training.
-- mlm: BERT's uncased WordPiece (BertNormalizer lower-casing and stripping accents, BertPreTokenizer
-  splitting on whitespace and punctuation, `##` continuations) with `[PAD]`=0 `[UNK]`=1 `[CLS]`=2
-  `[SEP]`=3 `[MASK]`=4; the post-processor wraps a text as `[CLS] $A [SEP]` (a pair as
-  `[CLS] $A [SEP] $B [SEP]` with token types 0 / 1). The specials are added tokens matched before
-  normalisation, so the literal text `[MASK]` in an input encodes to id 4.
-
-The service decodes with the plain `tokenizers` library: every file carries its decoder.
+- generator: byte-level BPE (GPT-2 style); `<|endoftext|>` (id 0) is bos = eos = pad and is
+  prepended by the post-processor, as every training story follows that separator.
+- translator: one joint English+French BPE over a Metaspace pre-tokenizer (SentencePiece style:
+  everything but spaces kept as is, so decode(encode(x)) == x for seen characters); specials
+  `<pad>`=0 `<s>`=1 `</s>`=2 `<unk>`=3 as `Seq2SeqConfig`; `</s>` appended to a source.
+- mlm: BERT's uncased WordPiece, `[PAD]`=0 `[UNK]`=1 `[CLS]`=2 `[SEP]`=3 `[MASK]`=4, wrapped as
+  `[CLS] $A [SEP]`; the specials are added tokens, so the literal text `[MASK]` encodes to id 4.
+Every file carries its decoder: the service decodes with the plain `tokenizers` library.
 """
 
 from __future__ import annotations

@@ -2,18 +2,11 @@
 
 AdamW with linear warm-up then cosine decay, gradient clipping, label smoothing (translator),
 periodic held-out evaluation, checkpoint + exact resume (weights, AdamW moments, schedule, step,
-data cursor, RNG states in RUN_DIR/state.pt), a tqdm bar with loss and tokens/s, fixed seeds,
-every CPU thread (or --threads), CUDA when available. `--bf16` runs the forward and backward passes
-under bfloat16 autocast (the weights, AdamW moments and evaluation stay float32): on a CPU with
-AVX512-BF16 or AMX, and on recent GPUs, a step then costs about half (docs/training.md).
-
-`--time-budget-minutes` shapes the cosine schedule to the wall-clock budget: after a calibration
-stretch, and at each evaluation until half-way, the total step count is re-estimated from the
-measured seconds per step (evaluations included), so the run ends annealed on time. The final
-step count is logged and stored in the checkpoint; `--steps N` replays a run without a budget.
-
-At every evaluation the exportable checkpoint (export/checkpoint.py format) is written to --out,
-so a usable model exists early and is overwritten by later ones.
+data cursor, RNG states in RUN_DIR/state.pt), fixed seeds, CUDA when available; `--bf16` runs
+forward and backward under bfloat16 autocast (docs/training.md). `--time-budget-minutes` re-estimates
+the total step count from the measured seconds per step so the cosine schedule ends annealed on
+time; the final count is stored and `--steps N` replays it. At every evaluation the exportable
+checkpoint (export/checkpoint.py) is written to --out, so a usable model exists early.
 """
 
 from __future__ import annotations

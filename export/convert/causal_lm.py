@@ -1,15 +1,12 @@
 """What the decoder converters (gpt2.py, llama.py) share: the served context, special tokens, weights
 renamed onto `GPTDecoder`, and the `Converted` they return.
 
-Context. The model directory's `max_positions` is the service's context: its KV buffers hold that
-many slots per row (batchcache.py), and the rotary table that many rows. A real checkpoint takes
-1k (GPT-2) to 128k (Llama 3.1) positions; one Llama-3-8B row of 128k fp32 slots would be 32 GiB.
-So the context is max_input_tokens + max_output_tokens, each from Options (`--max-input-tokens`,
-`--max-output-tokens`) or, when not given, half of DEFAULT_CONTEXT (half of the model's `limit`
-when that is smaller, or what is left of the limit beside the other length). `limit` is the
-positions the checkpoint takes (capped by a sliding window, llama.py); lengths over it are
-refused, naming the limit's field. The context is at least MIN_CONTEXT when the limit allows (the
-parity gate generates parity.GREEDY_NEW_TOKENS after its prompts), even for shorter lengths.
+The model directory's `max_positions` is the service's context (KV slots per row, rotary table
+rows), and a real checkpoint's positions would make a KV buffer far too large. So the context is
+max_input_tokens + max_output_tokens, from Options or, when not given, half of DEFAULT_CONTEXT each
+(bounded by the checkpoint's `limit`, itself capped by a sliding window); lengths over the limit
+are refused naming its field, and the context is at least MIN_CONTEXT where the limit allows (the
+parity gate generates parity.GREEDY_NEW_TOKENS after its prompts).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Llama, Mistral and Qwen2 folders -> `GPTDecoder` (export/decoder.py) in its Llama form, kind generation.
 
 The three share one block (transformers' modeling_llama.py, modeling_mistral.py, modeling_qwen2.py):
-RMSNorm before attention and MLP, rotary positions (non-interleaved halves), grouped-query
-attention (num_key_value_heads), a SwiGLU MLP (act(gate_proj) * up_proj -> down_proj), and an
-output head tied or not (tie_word_embeddings). They differ in plain config fields (`FAMILIES`):
-- biases: Llama's `attention_bias` (q, k, v and o) and `mlp_bias`; Qwen2 has q, k, v biases and
-  no others; Mistral none;
-- sliding-window attention (Mistral's `sliding_window`; Qwen2's when `use_sliding_window`): a
-  window W attends to the W latest positions, which is full causal attention while a sequence
-  holds at most W tokens. The context is therefore capped to W (export/convert/causal_lm.py:
-  the window is the limit), so the graph needs no window mask; asking for more is refused.
-Rotary scaling is read from `rope_parameters` (transformers >= 5) or `rope_scaling` +
-`rope_theta` (older folders); its type must be in `decoder.ROPE_TYPES` (default, linear, llama3),
-else the field is refused, as is `partial_rotary_factor` below 1 and an activation outside
-`export.layers.ACTIVATIONS`.
+RMSNorm, rotary positions (non-interleaved halves), grouped-query attention, a SwiGLU MLP and an
+output head tied or not. They differ in plain config fields (`FAMILIES`): biases (Llama's
+`attention_bias` / `mlp_bias`, Qwen2's q, k, v) and a sliding window (Mistral; Qwen2 with
+`use_sliding_window`), which equals full causal attention within W tokens, so the context is
+capped to W (export/convert/causal_lm.py) and the graph needs no window mask. Rotary scaling comes
+from `rope_parameters` or `rope_scaling` + `rope_theta` and must be in `decoder.ROPE_TYPES`;
+`partial_rotary_factor` below 1 and activations outside `export.layers.ACTIVATIONS` are refused.
 """
 
 from __future__ import annotations

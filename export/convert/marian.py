@@ -1,29 +1,14 @@
 """Marian / OPUS-MT folders (MarianMTModel) -> `Translator` (export/seq2seq.py), kind translation.
 
-The model as transformers' models/marian/modeling_marian.py computes it: post-LN encoder and
-decoder layers (a LayerNorm after each residual sum), no final norms and no embedding LayerNorm,
-the feed-forward activation `activation_function` (OPUS-MT: swish, i.e. SiLU), token embeddings
-times sqrt(d_model) when `scale_embedding`, fixed sinusoidal positions with the sines in the first
-half of the dims and the cosines in the second (`MarianSinusoidalPositionalEmbedding`), one
-embedding matrix for source, target and the tied output head, `final_logits_bias` added to the
-logits, and decoding started from `decoder_start_token_id` (the pad token). Weights map by name
-(`_RENAMES`); all saved copies of the shared embedding must be equal, and saved position tables
-must be the sinusoids.
-
-Generation settings (generation_config.json, else config.json): single-token `bad_words_ids`
-(OPUS-MT bans <pad>, whose logit would otherwise often win) go into the logits bias as
-`BANNED_LOGIT`, small enough for fp32 parity (-1e9 would round by 64 at that size), far below any
-real logit, so greedy and beam search never pick them, as transformers' -inf does.
-`forced_eos_token_id` (transformers replaces the last token by </s> when it reaches max_length)
-and `num_beams` / `max_length` are not taken: the service stops at the request's max_length and
-takes beam_size per request. Anything else that changes the output is refused (`NEUTRAL`).
-
-Refused, naming the file and field: separate vocabularies (`share_encoder_decoder_embeddings`
-false, tokenizer_config.json's `separate_vocabs`), an untied head whose weights differ from the
-embedding, the BART-era fields transformers' Marian ignores when they say something else than what
-it computes (`FIXED_FIELDS`: normalize_before, normalize_embedding, add_final_layer_norm,
-add_bias_logits, static_position_embeddings false), encoder and decoder of different widths or
-head counts, an activation outside `export.layers.ACTIVATIONS`. The tokenizer: marian_tokenizer.py.
+The model as transformers' modeling_marian.py computes it: post-LN layers, no final norms,
+`activation_function` (OPUS-MT: SiLU), embeddings scaled by sqrt(d_model) when `scale_embedding`,
+sinusoids with the sines in the first half, one embedding for source, target and the tied head,
+`final_logits_bias`, decoding from `decoder_start_token_id`. Weights map by name (`_RENAMES`).
+Single-token `bad_words_ids` go into the logits bias as `BANNED_LOGIT` (finite, for fp32 parity);
+`forced_eos_token_id`, `num_beams` and `max_length` are left to the request; any other generation
+setting that changes the output is refused (`NEUTRAL`), as are separate vocabularies, an untied
+head that differs, the BART-era fields Marian ignores (`FIXED_FIELDS`) and mismatched encoder /
+decoder shapes, naming the file and field (docs/models.md). The tokenizer: marian_tokenizer.py.
 """
 
 from __future__ import annotations

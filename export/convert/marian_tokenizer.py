@@ -1,34 +1,14 @@
 """A Marian folder's tokenizer (source.spm, target.spm, vocab.json) as one `tokenizers.Tokenizer`.
 
-What transformers' MarianTokenizer does (the reference, models/marian/tokenization_marian.py):
-- encoding a source: split off special tokens and a leading language code (`>>fr<<`), segment each
-  remaining chunk with source.spm (SentencePiece unigram: its normaliser, a dummy "▁" prefix, the
-  Viterbi path; a run of characters it does not know is one unknown piece), map each piece *by
-  its string* through vocab.json (a piece vocab.json lacks -> <unk>), append </s>;
-- decoding ids (vocab shared by both sides): ids -> vocab.json's pieces, special ones dropped
-  (skip_special_tokens: </s>, <pad>, <unk>), source.spm's piece decoder ("▁" -> space, pieces it
-  does not know copied as they are), then `str.strip()`.
-The model directory serves both with one file, so here: source.spm's normaliser and pre-tokenizer
-as transformers' SpmConverter writes them (`build_tokenizer_from_spm_proto`, legacy: every chunk
-between special tokens gets its own dummy prefix, as MarianTokenizer encodes chunks apart), then
-each run of two or more unknown characters replaced by `RUN` (one <unk>); a Unigram model whose
-ids are vocab.json's, each piece with source.spm's score; target-only pieces (not in source.spm)
-renamed with a private-use prefix (`MARK`) that no normalised text contains, so encoding never
-reaches them while decoding still prints them (the decoder drops the prefix), except one-character
-pieces source.spm does not know: a lone unknown character that vocab.json holds (a French "é"
-only target.spm has) gets its vocab.json id, as MarianTokenizer's string lookup gives it; special
-tokens and language codes as added tokens at their vocab.json ids; "$A </s>" appended.
-
-Exact (tests/test_convert_marian.py, random strings of known and unknown characters included; every
-conversion also checks reference.TEXTS against MarianTokenizer): source ids and decoded text.
-Where it can differ: a run of unknown characters that is itself a vocab.json entry (MarianTokenizer:
-that id; here <unk>); a source.spm piece missing from vocab.json (MarianTokenizer keeps the
-segmentation and writes <unk>; here that piece cannot be chosen, so the text segments differently:
-counted in the figures as `source_pieces_not_in_vocab`); a language code later in the text (MarianTokenizer splits it off only at the start) or a leading `>>...<<` that
-vocab.json lacks (MarianTokenizer: one <unk>); text holding U+E000 or U+E001;
-decoded text ending in whitespace other than spaces that `str.strip()` and the decoder's `\\s`
-judge differently. The vocabulary's strings of target-only pieces carry the prefix (`get_vocab`,
-`id_to_token`); ids and decoded text do not.
+transformers' MarianTokenizer is the reference: it segments a source with source.spm
+(SentencePiece unigram, a leading language code split off), maps each piece by its string through
+vocab.json and appends </s>; it decodes through vocab.json and source.spm's piece decoder. One
+tokenizer.json does both here: source.spm's normaliser and pre-tokenizer as transformers'
+SpmConverter writes them, runs of unknown characters as one <unk> (`RUN`), a Unigram model with
+vocab.json's ids and source.spm's scores, target-only pieces renamed with a private-use prefix
+(`MARK`) so encoding never reaches them while decoding prints them, and special tokens and
+language codes as added tokens. Source ids and decoded text match MarianTokenizer
+(tests/test_convert_marian.py); where they can differ: docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The converted model against transformers' own forward and tokenizer, on the same folder.
 
 transformers is the reference here, an export dependency only (the model directory never names
-it). At conversion, for every kind:
-- tokenizer: the model directory's tokenizer gives the same ids as the folder's tokenizer
-  (AutoTokenizer) on held-out text (`TEXTS`);
-- embedding: our pooled embeddings vs transformers' hidden states pooled the same way, cosine
-  >= parity.ENCODER_MIN_COS;
-- fill-mask: logits at every real position, max abs diff <= `LOGITS_MAX_ABS`;
-- generation: logits of the prompts as above, and greedy tokens of our `generate` equal to
-  `model.generate(do_sample=False)` for GREEDY_TOKENS new tokens;
-- translation: teacher-forced logits as above (tokens that generate bans left out) and greedy
-  translations of ours equal to `generate(num_beams=1, do_sample=False)`.
-A miss raises `parity.ParityError`; the figures go into the manifest (`extra.conversion.reference`).
+it). At conversion: the tokenizer's ids equal the folder's AutoTokenizer's on `TEXTS`; embeddings
+reach cosine >= parity.ENCODER_MIN_COS against transformers' pooled hidden states; logits at every
+real position are within `LOGITS_MAX_ABS` (fill-mask, generation, translation teacher-forced);
+greedy tokens equal `generate(do_sample=False)` for GREEDY_TOKENS new tokens (generation,
+translation with num_beams=1). A miss raises `parity.ParityError`; the figures go into the manifest
+(`extra.converted_from.reference`).
 """
 
 from __future__ import annotations
