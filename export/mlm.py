@@ -5,7 +5,7 @@ hidden states go through a transform (dense -> GELU -> LayerNorm) and a decoder 
 vocabulary whose weight matrix is the token embedding (tied, as in Press & Wolf, "Using the
 Output Embedding to Improve Language Models", 2017) plus its own output bias. Lan et al.,
 "ALBERT" (2020), section 4.1, for sentence-order prediction (SOP), the optional second
-objective (`sop_logits`, training only; the fill-mask graph exports the MLM logits alone).
+objective (the `sop` classifier on [CLS], training only; the fill-mask graph exports the MLM logits alone).
 
 `forward(input_ids, attention_mask)` -> (B, T, V) logits at every position; the model
 directory's kind "fill-mask" exports exactly that (export/fill_mask.py). Module names mirror
@@ -68,11 +68,6 @@ class MaskedLM(nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         """-> (B, T, V) MLM logits at every position."""
         return self.head(self.hidden(input_ids, attention_mask, token_type_ids), self.encoder.embeddings.word.weight)
-
-    def forward_with_sop(self, input_ids, attention_mask, token_type_ids):
-        """-> (MLM logits (B, T, V), SOP logits (B, 2) from the [CLS] position)."""
-        hidden = self.hidden(input_ids, attention_mask, token_type_ids)
-        return self.head(hidden, self.encoder.embeddings.word.weight), self.sop(hidden[:, 0])
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -109,8 +109,3 @@ def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelD
     return build_translation(model, tok, out, name=NAMES[kind], special_tokens=special,
                              max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
                              variants=variants, extra=extra, device=device)
-
-
-def build_all(root: Path, variants=()) -> dict[str, ModelDir]:
-    """tiny-embed, tiny-gpt, tiny-translate and tiny-fill-mask under root."""
-    return {kind: build_tiny(kind, Path(root) / name, variants) for kind, name in NAMES.items()}
