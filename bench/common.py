@@ -1,10 +1,10 @@
 """Plumbing shared by the benchmarks: worker subprocesses, the service subprocess, summaries.
 
 Every side of a comparison runs in its own process (`run_worker`): PyTorch and onnxruntime each
-bring a thread pool, and two busy pools in one process spin against each other on this 2-core
-machine (/work/shared/FACTS.md), which would handicap whichever side runs second. Workers print
-one JSON object as the last line of stdout. `ServiceProcess` runs the real `python -m service`.
-`conditions()` records the machine and its load next to the figures, since both move them.
+bring a thread pool, and two busy pools in one process spin against each other on a small machine,
+which would handicap whichever side runs second. Workers print one JSON object as the last line of
+stdout. `ServiceProcess` runs the real `python -m service`. `conditions()` records the machine and
+its load next to the figures, since both move them.
 """
 
 from __future__ import annotations

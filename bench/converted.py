@@ -1,25 +1,14 @@
-"""Converted checkpoints at the sizes users serve, side by side with their source libraries (issue 22).
+"""Converted checkpoints at the sizes users serve, side by side with their source libraries.
 
-In one run, on random-weight folders built here (bench/converted_folders.py: GPT-2 small, a
-SmolLM-135M-shaped Llama, a BERT-base sentence-transformers folder), converted through the real
-`python -m export convert` (parity gate, `--variants`):
-- generation (gpt2, llama): a real `python -m service` per served variant: tokens/s of 1 stream
-  and of `--streams` concurrent GenerateStream calls, time to first token, server CPU per token
-  (user + system, /proc); vs transformers' `generate(do_sample=False, use_cache=True)` on the same
-  folder, fp32: 1 stream (same prompt, same new tokens, same greedy tokens expected from the fp32
-  graphs) and a left-padded batch of `--streams` prompts.
-- embedding (bert): the service's Embed sentences/s (single-sentence calls from 16 concurrent
-  clients, as bench/embed_throughput.py) vs `SentenceTransformer(folder).encode` (batch 8), and
-  onnxruntime alone on the served graph (token-sorted batches of 8: the ceiling); min cosine.
-Each side runs in its own process (bench/converted_workers.py) with `--threads` threads (the
-service: `--intra-op-threads` and one compute worker, one batch at a time like the other sides);
-sides alternate `--rounds` times (which goes first flips each round); ratios are per round, their
-median quoted. On a shared machine wall-clock figures move with the load; CPU seconds per token or
-sentence (user + system of the side's process) move much less. The CPU (lscpu: model, AVX2 /
-AVX-512 / VNNI / AMX) and `conditions()` are recorded. Random weights: speeds are those of the
-real shapes; greedy text is noise and rarely ends early. Converting takes minutes per model (the
-gate's greedy checks at full size): `--work DIR` keeps folders and model directories, and a later
-run with the same DIR reuses them (its output says `reused`).
+Random-weight folders built here (bench/converted_folders.py: GPT-2 small, a SmolLM-135M-shaped
+Llama, a BERT-base sentence-transformers folder) go through the real `python -m export convert`.
+- generation: a real `python -m service` per variant (tokens/s of 1 and `--streams` streams, time
+  to first token, server CPU per token) vs transformers' greedy `generate` with its cache, fp32;
+- embedding: the service's Embed sentences/s (16 concurrent clients) vs sentence-transformers and
+  onnxruntime alone on the served graph (the ceiling); min cosine.
+Each side runs in its own process (bench/converted_workers.py) with `--threads` threads; sides
+alternate `--rounds` times and ratios are per round, median quoted. `--work DIR` keeps the folders
+and model directories for a later run (conversion takes minutes per model).
 
     python -m bench.converted [--only gpt2,llama,bert] [--rounds 2] [--new-tokens 64] [--threads 1] [--work DIR]
 """

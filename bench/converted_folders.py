@@ -1,19 +1,13 @@
 """Hugging Face folders at the sizes users serve, built offline for bench.converted.
 
-Random weights from transformers' own init (`save_pretrained`), tokenizers trained here on the
-repository's text (no download is possible): the shapes are the real ones, the outputs are not.
-- gpt2: `GPT2Config()` defaults (124M parameters: 12 layers, 768 wide, 1,024 positions, vocab
-  50,257) with a byte-level BPE tokenizer (GPT-2's pre-tokenizer, `<|endoftext|>` as BOS/EOS);
-- llama: SmolLM-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536,
-  vocab 49,152, tied embeddings, rope_theta 10000, 2,048 positions) with the same kind of
-  tokenizer (SmolLM's is a GPT-2-style BPE too);
-- bert: `BertConfig()` defaults (110M: 12 layers, 768 wide, vocab 30,522) as a sentence-transformers
-  folder (modules.json: Transformer, mean Pooling, Normalize; max_seq_length 256) with a WordPiece
-  tokenizer ([CLS] ... [SEP], lower case).
-The tokenizers learn fewer pieces than the models' vocabularies from a few MiB of text: the BPE
-is filled up with plain added tokens (a random decoder generates ids anywhere in its vocabulary,
-and an id without text would hold its stream's chunks back until some text comes); BERT's
-WordPiece is not (encoding never produces the missing ids).
+Random weights from transformers' own init (`save_pretrained`) and tokenizers trained here on the
+repository's text: the shapes are the real ones, the outputs are not.
+- gpt2: `GPT2Config()` defaults (GPT-2 small) with a byte-level BPE tokenizer;
+- llama: SmolLM-135M's shape (30 layers, 9 heads, 3 KV heads, tied embeddings) with a BPE tokenizer;
+- bert: `BertConfig()` defaults as a sentence-transformers folder (mean pooling, Normalize) with a
+  lower-case WordPiece tokenizer.
+The BPE vocabularies are filled up with plain added tokens to the models' sizes, since a random
+decoder generates any id and an id without text would hold its stream's chunks back.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""The sides of bench.converted, each run in its own process (see bench/common.py).
+"""The sides of bench.converted, each run in its own process (see bench/common.py); one JSON line out.
 
-    python -m bench.converted_workers folder   --folder F --name gpt2|llama|bert
-    python -m bench.converted_workers convert  --folder F --models DIR --name N [--variants ...] [--context N]
-    python -m bench.converted_workers hf-generate --folder F --new-tokens N --threads T --repeats R [--batch 8]
-    python -m bench.converted_workers gen-client --address A --server-pid P --new-tokens N --repeats R [--streams 8]
-    python -m bench.converted_workers st-embed --folder F --sentences FILE --threads T --vectors OUT.npy
-    python -m bench.converted_workers ort-embed --model-dir D --variant V --sentences FILE --threads T --vectors OUT.npy
-    python -m bench.converted_workers embed-client --address A --server-pid P --sentences FILE --vectors OUT.npy
+    python -m bench.converted_workers folder      --folder F --name gpt2|llama|bert
+    python -m bench.converted_workers convert     --folder F --models DIR --name N [--variants ...]
+    python -m bench.converted_workers hf-generate --folder F --new-tokens N --threads T --repeats R
+    python -m bench.converted_workers gen-client  --address A --server-pid P --new-tokens N --repeats R
+    python -m bench.converted_workers st-embed | ort-embed | embed-client ... --vectors OUT.npy
 
-- folder: builds the Hugging Face folder (bench/converted_folders.py).
-- convert: `python -m export convert` in this process; its wall time and peak resident memory.
-- hf-generate: transformers' `generate(do_sample=False, use_cache=True)` on the folder, fp32, T torch
-  threads: time to first token (max_new_tokens=1), one stream of N new tokens, and a left-padded
-  batch of `--batch` prompts; tokens/s counts new tokens over the call's wall time (prefill in),
-  CPU per token is this process's user + system time.
-- gen-client: GenerateStream calls against a running `python -m service` (1 stream, then
-  `--streams` at once): tokens/s over the same wall time, time to first chunk, and the server's
-  CPU per token (user + system from /proc, bench/procstat.py).
-- st-embed / ort-embed / embed-client: the same sentences through sentence-transformers'
-  `encode`, onnxruntime alone on the served graph (batches of 8 sorted by token count: the
-  ceiling) and single-sentence Embed calls from `--clients`
-  concurrent clients (as bench/embed_throughput.py sends them). The onnxruntime side runs the
-  service's own engine (service.embedding.model.load_engine: the packed graph where the service
-  would pick it) without the server around it. Vectors go to an .npy file.
-Each prints one JSON line (bench.common.emit). Only folder, convert, hf-generate and st-embed import torch.
+folder builds the Hugging Face folder; convert runs `python -m export convert` (wall time, peak
+memory); hf-generate is transformers' greedy `generate` (time to first token, one stream, a
+left-padded batch); gen-client makes GenerateStream calls and reads the server's CPU per token;
+the embedding sides are sentence-transformers, the service's own engine without the server
+(`load_engine`), and Embed calls from concurrent clients. Only folder, convert, hf-generate and
+st-embed import torch.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """What padding costs encoder batches, and what packed rows give back: one run, sides alternated.
 
 Through a real `python -m service` (16 concurrent clients x 1 input per call), for the embedding
-model and the fill-mask model, packed (the default) and padded (`--embed-pack-row-tokens 0`):
-- useful tokens/s (real input tokens / wall) on mixed lengths and on uniform lengths of the same
-  mean, and the server's CPU seconds (user + system, /proc) per 1,000 input tokens;
-- the padding the server computed (`ts_batch_padding_ratio`: computed / real tokens, mean);
-beside, each in its own process with the same threads:
-- onnxruntime alone on offline length-sorted batches of 16 of the same padded graph (the ceiling
-  the issue names) and of the packed graph (rows of the served row length);
-- sentence-transformers' best batch size (8, 16, 32) on the same sentences (MiniLM only).
-Mixed texts: windows of 5-60 words from the repository's held-out stories and passages (seeded);
-uniform: windows whose token count is the mixed mean (+-1). Fill-mask texts get one [MASK].
+and fill-mask models, packed (the default) and padded (`--embed-pack-row-tokens 0`): useful
+tokens/s on mixed lengths and on uniform lengths of the same mean, server CPU per 1,000 input
+tokens, and the padding computed (`ts_batch_padding_ratio`). Beside them, each in its own process:
+onnxruntime alone on length-sorted padded and packed batches (the ceiling) and
+sentence-transformers' best batch size (MiniLM only). Texts: seeded windows of 5-60 words from the
+repository's held-out texts; fill-mask texts get one [MASK].
 
     python -m bench.embed_padding --models models [--sentences 1000] [--clients 16] [--rounds 2]
 """

@@ -1,24 +1,13 @@
 """Random requests for every RPC of the public contract, built from the proto descriptors.
 
-Shared by the property test (tests/test_service_fuzz.py, a few hundred examples in `make test`)
-and `bench/fuzz.py` (10,000+ requests, concurrent). Nothing here names an RPC or a field: it walks
-`inference_pb2.DESCRIPTOR` (services -> methods -> input message -> fields), so a new RPC or field
-is fuzzed the day it lands in the proto.
-
-- `rpcs()`: every method as an `Rpc` (path, message classes, streaming on either side).
-- `calls(known)`: a hypothesis strategy of `(Rpc, payload)`; payload is one request, or a list of
-  0..5 requests for client-streaming methods. `known` are strings worth drawing often (the
-  served model names), or nearly every call would stop at NOT_FOUND.
-- `Client(address).invoke(rpc, payload, timeout)`: sends it through generic multi-callables (no
-  stubs) and reads every response; -> (status code, details).
-- `draw(strategy, n, seed)`: n examples without a test runner (bench/fuzz.py).
-
-Values: strings empty, texts holding `[MASK]` (so FillMask requests get past their first check),
-short from every Unicode plane (surrogates excluded: a proto string must be valid UTF-8), control
-and invisible characters, huge (1,000-200,000 characters); integers at and near their type's
-limits; floats including NaN, ±inf, subnormal, tiny and huge (float fields at 32-bit width);
-repeated fields from 0 to beyond any limit the service sets (short items then, so a request stays
-within the message size limit).
+Shared by the property test (tests/test_service_fuzz.py) and bench/fuzz.py. Nothing here names an
+RPC or a field: it walks `inference_pb2.DESCRIPTOR`, so a new RPC or field is fuzzed the day it
+lands in the proto. `rpcs()` lists the methods; `calls(known)` is a hypothesis strategy of
+`(Rpc, payload)` (`known`: strings worth drawing often, the served model names);
+`Client(address).invoke(rpc, payload, timeout)` sends it through generic multi-callables and
+returns (status code, details); `draw(strategy, n, seed)` draws without a test runner. Values
+reach the edges: strings from every Unicode plane, control characters and huge texts, integers at
+their limits, NaN / inf / subnormal floats, repeated fields beyond any limit the service sets.
 """
 
 from __future__ import annotations

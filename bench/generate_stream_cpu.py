@@ -2,9 +2,9 @@
 
 Starts the service on 127.0.0.1 over `--models`, warms it, then runs `--rounds` rounds of
 `--streams` concurrent streams, each making `--calls` GenerateStream calls of `--new-tokens` greedy
-tokens one after the other (grpc.aio client in this process) and reads the server's user + system CPU time from /proc around each round.
-Prints JSON: median server CPU per generated token (and the share of its main thread, the event
-loop: gRPC, asyncio, handing chunks out), tokens/s and messages per call.
+tokens one after the other (a grpc.aio client in this process), reading the server's user + system
+CPU time from /proc around each round. Prints JSON: median server CPU per generated token (and the
+share of its main thread, the event loop), tokens/s and messages per call.
 
     python -m bench.generate_stream_cpu --models DIR [--model NAME] [--streams 64] [--calls 1] [--new-tokens 40]
 """

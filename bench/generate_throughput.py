@@ -1,20 +1,13 @@
-"""Generation throughput, side by side in one run (issue 4 targets); JSON to stdout.
+"""Generation throughput, side by side in one run; JSON to stdout.
 
-1. Single-stream greedy decode tokens/s: the service's ONNX engine (GenerationModel: scheduler,
-   KV cache, sampling, detokenising; no gRPC) vs the same weights in PyTorch with their own KV
-   cache (export.decoder.GPTDecoder, fp32), the same prompt, tokens and thread count. Target >= 3x.
-2. Aggregate tokens/s of `--streams` concurrent GenerateStream calls vs 1, through a real
-   `python -m service` process (continuous batching); the server's decode batch-size histogram
-   shows whether the streams really share steps. Target >= 3x.
-Each side runs in its own process (bench/generate_workers.py; two thread pools in one process
-collapse throughput here), sides alternate `--rounds` times, and every figure is reported as the
-median with its spread; a ratio is computed per round (same conditions) and its median quoted.
-
-Weights: the trained checkpoint (checkpoints/tinystories-gpt) when present, else a randomly
-initialised decoder of the default size (DecoderConfig()) with a byte-level BPE tokenizer trained
-here on the shared TinyStories sample (saved as a checkpoint in the temporary folder so both sides
-load the same file). Either is exported through the real pipeline (parity gate, optimized
-variant). Random weights rarely emit EOS, so every stream then runs its full max_new_tokens.
+1. Single-stream greedy decode tokens/s: the service's GenerationModel (no gRPC) vs the same weights
+   in PyTorch with their own KV cache, the same prompt, tokens and thread count.
+2. Aggregate tokens/s of `--streams` concurrent GenerateStream calls vs 1 through a real
+   `python -m service` (continuous batching; its decode batch-size histogram beside it).
+Each side runs in its own process (bench/generate_workers.py); sides alternate `--rounds` times,
+figures are medians with spread and ratios are per round. Weights: the trained checkpoint when
+present, else a random default-size decoder with a BPE tokenizer trained here, exported through
+the real pipeline (random weights rarely emit EOS).
 
     python -m bench.generate_throughput [--checkpoint DIR] [--new-tokens 128] [--threads 1] [--rounds 3]
 """

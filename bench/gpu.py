@@ -1,22 +1,13 @@
 """`python -m bench.gpu`: the GPU path measured side by side in one run; writes a report.
 
 On a machine with a CUDA GPU, onnxruntime-gpu and CUDA PyTorch (docs/design/gpu-benchmark.md),
-one command runs, each side in its own process and each phase bounded in time:
-- PyTorch on the same GPU: the decoder's KV-cache loop (one stream, and a static batch) in fp16
-  and fp32, batched greedy translation, sentence-transformers fp16 at each batch size (and fp32
-  for the vectors);
-- onnxruntime alone (the ceiling): the served encoder on sorted batches, a bare bound decode loop;
-- the service as a real server process (`python -m service --device cuda --strict-provider`):
-  embeddings one per call (256 in flight) and 64 per call, generation at 1, 8 and 64 streams
-  (tokens/s, TTFT, inter-token p50/p99), translation calls, with the server's CPU time per call
-  or token from /proc; then a second server on the fp32 graphs for the fp32 token check.
-Correctness is checked in the same run: greedy tokens of the service vs PyTorch (fp16 and fp32),
-concurrent generations vs the same ones alone, translations vs PyTorch greedy, embeddings'
-cosine vs sentence-transformers fp32. A phase that fails is recorded with its error; the others
-still run. Output: docs/gpu-report.md and docs/gpu-report.json (`--out`).
-
-Without a GPU it says so and exits 0, writing nothing. `--device cpu --small` runs every phase
-on the CPU with small sizes: a smoke check of the script, never a GPU report.
+each side in its own process and each phase bounded in time: PyTorch on the same GPU (decoder KV
+loop, batched greedy translation, sentence-transformers), onnxruntime alone (the ceiling:
+bench/gpu_ceiling.py), and the service as a real server (`--device cuda --strict-provider`:
+embeddings, generation at 1, 8 and 64 streams, translation; server CPU per call or token).
+Correctness is checked in the same run (greedy tokens, translations, embedding cosine). A phase
+that fails is recorded with its error. Output: docs/gpu-report.md and .json (`--out`). Without a
+GPU it says so and exits 0; `--device cpu --small` is a smoke check of the script.
 
     python -m bench.gpu [--models models] [--checkpoints checkpoints] [--out docs/gpu-report]
 """

@@ -1,16 +1,13 @@
-"""Hostile input at the doors (issue 24): probes against a real server, one table.
+"""Hostile input at the doors: probes against a real server, one table.
 
     python -m export tiny --out /tmp/tiny-models
-    python -m bench.hostile --models /tmp/tiny-models
-    python -m bench.hostile --models /tmp/tiny-models --only deep_json,big_prompt_http
+    python -m bench.hostile --models /tmp/tiny-models [--only deep_json,big_prompt_http]
 
-Starts `python -m service` over `--models` (a bearer token in TS_AUTH_TOKENS, metrics on) and runs
-each probe while a thread calls HTTP `/health` and gRPC health every 50 ms. Per probe the table
-gives what the server answered, the worst health latency of either door during the probe, the
-server's RSS before and after it, and the ERROR lines and tracebacks the server logged meanwhile.
-The manifest probes start their own server over a doctored copy of a model directory and report
-whether it refused to start and why. The run ends with the RSS after `--idle` seconds without
-calls; the last line of stdout is a JSON summary. Not a test: nothing is asserted.
+Starts `python -m service` (a bearer token, metrics on) and runs each probe while a thread checks
+HTTP and gRPC health every 50 ms. Per probe: what the server answered, the worst health latency,
+the server's RSS before and after, and the ERROR lines and tracebacks it logged. Manifest probes
+start their own server over a doctored model directory. The last line of stdout is a JSON summary.
+Not a test: nothing is asserted.
 """
 
 from __future__ import annotations

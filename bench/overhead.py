@@ -1,23 +1,15 @@
 """Serving overhead: server CPU per call and per token, Embed vs sentence-transformers, overload latency.
 
 Parts (`--parts`, default all), each against a real `python -m service` subprocess:
-- cpu: server CPU (user + system of the server process, /proc/<pid>/stat) per 1-input Embed call
-  (32 calls in flight) and per generated token (64 concurrent GenerateStream calls of 40 sampled
-  tokens; again with `stream_interval_ms` = `--gen-interval-ms`; messages per token beside it),
-  on the tiny models (`--tiny`, built with `python -m export tiny` when absent: compute close to
-  zero, so this is the serving layer's own cost) and on the default models (`--models`); wall-clock
-  calls/s and tokens/s beside it, and the mean rows per embedding batch (per-batch costs are
-  shared by that many calls, so CPU per call moves with it).
-- gen: the generation figure of `cpu` alone (tiny models).
-- streams: the default generation model, 8 concurrent greedy streams of 128 tokens against 1
-  (tokens/s and server CPU per token; rounds alternate).
-- st: 16 concurrent 1-sentence Embed clients vs sentence-transformers in process at batch 8 with 2
-  threads, same sentences (bench/embed_throughput.py), with the server's CPU per call.
-- overload: `--embed-max-queue 64 --gen-max-queue 8`, a 10x burst (40 Embed calls of 16 long inputs
-  over 16 connections; 80 GenerateStream calls): latency of the RESOURCE_EXHAUSTED answers vs the
-  same burst refused by validation (INVALID_ARGUMENT, the floor), and the accepted calls' p99 vs
-  the same call unloaded.
-CPU time is robust to a shared machine; wall-clock figures are noisy there (repeat runs).
+- cpu: server CPU (/proc) per 1-input Embed call (32 in flight) and per generated token (64
+  concurrent GenerateStream calls, also with `--gen-interval-ms`), on the tiny models (`--tiny`,
+  built when absent: the serving layer's own cost) and the default models, with wall-clock rates
+  and the mean rows per embedding batch; gen: its generation figure alone (tiny models);
+- streams: 8 concurrent greedy streams against 1 on the default generator (rounds alternate);
+- st: 16 concurrent 1-sentence Embed clients vs sentence-transformers in process, same sentences;
+- overload: a 10x burst over small queues: latency of RESOURCE_EXHAUSTED answers vs validation
+  refusals (the floor), and the accepted calls' p99 vs unloaded.
+CPU time holds up on a shared machine; wall-clock figures are noisy there.
 
     python -m bench.overhead --parts cpu,overload
 """

@@ -1,9 +1,9 @@
 """The generation KV cache's decode step (`SlotCache.step`) of a git revision vs the working tree.
 
 Both run in one process on one session, in alternating rounds, greedy from the same prompts, so
-the only difference is batchcache.py itself (it is loaded from `git show REF:...` for the
-baseline). Reports per-step wall time and process CPU time (median over rounds) and decode
-tokens/s, for each row count. Not a test; prints one JSON object.
+the only difference is service/generation/cache.py itself (the baseline is loaded from
+`git show REF:...`). Reports per-step wall time and process CPU time (median over rounds) and
+decode tokens/s, for each row count. Not a test; prints one JSON object.
 
     python -m bench.slotcache_step --baseline main --rows 1 8
 """
@@ -30,7 +30,7 @@ PROMPT = [0, 431, 12, 99, 7, 250, 31, 18]
 
 
 def _baseline(ref: str):
-    """batchcache.py as of git revision ref, imported as a module of its own."""
+    """service/generation/cache.py as of git revision ref, imported as a module of its own."""
     source = subprocess.run(["git", "show", f"{ref}:service/generation/cache.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "baseline_batchcache.py"
@@ -55,7 +55,7 @@ def _time_steps(module, session, io, context: int, device: str, rows: int, steps
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="models/tinystories-gpt", help="a generation model directory")
-    p.add_argument("--baseline", default="main", help="git revision whose batchcache.py is compared")
+    p.add_argument("--baseline", default="main", help="git revision whose service/generation/cache.py is compared")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     p.add_argument("--steps", type=int, default=96)

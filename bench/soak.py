@@ -3,16 +3,11 @@
     python -m bench.soak --models models --duration 180
     python -m bench.soak --address 127.0.0.1:50051 --metrics-url http://127.0.0.1:9464/metrics --pid 1234
 
-`--concurrency` clients loop over Embed, EmbedStream, Generate, GenerateStream and Translate
-with varied valid settings; a share of calls is cancelled by the client after a random delay
-(`--cancel-share`) and another share carries a short deadline (`--deadline-share`). Every
-`--sample-every` seconds it records the server's resident memory (VmRSS from /proc, summed over
-its worker processes) and the in-flight and queue gauges of its metrics page. At the end it waits for the gauges to
-drain and prints a JSON report: status counts per RPC, latency percentiles of successful calls,
-RSS at start (after `--warmup`), end and max, the gauges' last values.
-
-Exits 1 on any INTERNAL or UNKNOWN status, a gauge not back to 0 within 30 s after the load
-stops, or RSS growth beyond `--max-rss-growth` (a fraction of the post-warm-up RSS).
+`--concurrency` clients loop over Embed, EmbedStream, Generate, GenerateStream and Translate; a
+share of calls is cancelled after a random delay, another carries a short deadline. It samples the
+server's RSS (summed over workers) and its in-flight and queue gauges, then prints a JSON report
+(status counts, latency percentiles, RSS, gauges). Exits 1 on any INTERNAL or UNKNOWN status, a
+gauge not back to 0 within 30 s after the load, or RSS growth beyond `--max-rss-growth`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""Translation throughput, side by side in one run (issue 4 target); JSON to stdout.
+"""Translation throughput, side by side in one run; JSON to stdout.
 
-Sentences/s of greedy translation of English test sentences (Tatoeba, the shared corpus; sorted
-by length so batches hold similar lengths, the same order for both sides): the service's
-TranslationModel (encoder once per batch, decoder with self-attention KV cache and reused cross
-K/V, finished rows leave the batch; concurrent calls of `--per-call` sentences batched by its
-queue task up to `--batch` rows) vs PyTorch greedy on the same weights (export.seq2seq.Translator)
-in batches of the same size with its KV cache (the baseline of the target, `ratio`), and once per
-run the model's own `greedy_decode` without a cache (`ratio_vs_reference`). Target >= 2x.
-Both decode at most `--max-length` tokens per sentence; `same_tokens` is the share of sentences
-whose generated tokens are identical on both sides. Each side runs in its own process
-(bench/translate_workers.py), sides alternate `--rounds` times; figures are medians with spread,
-ratios are taken per round.
-
-Weights: the trained checkpoint (checkpoints/tatoeba-en-fr, snapshotted) when present, else a
-randomly initialised Seq2SeqConfig() model with a joint BPE tokenizer trained here on Tatoeba
-(random weights rarely emit EOS, so every sentence then runs the full max_length).
+Sentences/s of greedy translation of English test sentences (sorted by length, the same order for
+both sides): the service's TranslationModel (its queue batching concurrent calls of `--per-call`
+sentences up to `--batch` rows) vs PyTorch greedy on the same weights with its KV cache in batches
+of the same size (`ratio`), and the model's own cache-less `greedy_decode` (`ratio_vs_reference`).
+`same_tokens` is the share of sentences decoded identically. Each side runs in its own process
+(bench/translate_workers.py); sides alternate `--rounds` times, ratios per round. Weights: the
+trained checkpoint when present, else random weights (which rarely emit EOS).
 
     python -m bench.translate_throughput [--checkpoint DIR] [--sentences 128] [--threads 1] [--rounds 3]
 """

@@ -3,16 +3,12 @@
     python -m bench.translate_workers torch  --checkpoint DIR --sentences FILE --batch 32 --max-length 48 ...
     python -m bench.translate_workers engine --model-dir DIR  --sentences FILE --batch 32 --max-length 48 ...
 
-- torch: batched greedy with the PyTorch KV cache (export.seq2seq.Translator on `--device` in
-  `--dtype`, default the CPU in fp32: encoder once per
-  batch, decoder one token per call with its self-attention cache and the cross K/V), batches of
-  `--batch` sentences in file order (the orchestrator sorts them by length), rows run until every
-  row of the batch has ended; optionally (`--reference`) the model's own `greedy_decode`, which
-  re-decodes the whole prefix at every step (no cache).
-- engine: the service's TranslationModel (queue task batching concurrent calls of `--per-call`
-  sentences up to translate_max_batch rows, finished rows leave the batch). Imports no torch.
-Sentences/s = sentences / wall time of one full pass (after a warm-up pass). Each prints one
-JSON line with the runs and the generated token ids (EOS included) of the last pass.
+- torch: batched greedy with the PyTorch KV cache (export.seq2seq.Translator, `--device`,
+  `--dtype`), batches in file order run until every row has ended; `--reference` adds the model's
+  cache-less `greedy_decode`.
+- engine: the service's TranslationModel (its queue batching concurrent calls). Imports no torch.
+Sentences/s = sentences / wall time of one full pass after a warm-up pass. Each prints one JSON
+line with the runs and the generated token ids of the last pass.
 """
 
 from __future__ import annotations
