@@ -1,22 +1,13 @@
 """Who may call: bearer tokens checked in constant time, and the TLS credentials of the gRPC port.
 
-Reusable by every front door. `Tokens` holds the accepted tokens (from `--auth-tokens-file`, one
-per line, and/or `TS_AUTH_TOKENS`, comma-separated); `Tokens.check(header_value)` takes the value
-of an `authorization` header or gRPC metadata entry (`Bearer <token>`) and returns None when it is
-accepted, else the reason it is not ("missing", "malformed", "invalid"), which is also the
-`reason` label of `ts_auth_failures_total{protocol, reason}`. Every token is compared (hmac.compare_digest, no
-early exit), so neither the position nor the prefix of a match leaks through timing.
-
-    tokens = Tokens.from_settings(settings)       # disabled (accepts all) when none are configured
-    message = authenticate_one(tokens, request.headers.getlist("authorization"), protocol="http")
-    if message is not None: return 401 with message   # counted; the message never quotes the token
-
-Two authorization values (HTTP headers or gRPC metadata entries) are refused as malformed on both doors.
-
-gRPC: `AuthInterceptor(tokens)` is a grpc.aio server interceptor; it rejects a call with
-UNAUTHENTICATED before any handler runs (unary and streaming alike), except the health and
-reflection services, which probes and tools call without credentials.
-`server_credentials(settings)` builds TLS (and mTLS with `--tls-client-ca`) from PEM files.
+Reusable by every front door. `Tokens` holds the accepted tokens (`--auth-tokens-file`, one per
+line, and/or `TS_AUTH_TOKENS`, comma-separated; none configured: all accepted). `Tokens.check`
+takes an `authorization` value (`Bearer <token>`) and returns None or the reason it is refused
+("missing", "malformed", "invalid"), the `reason` label of `ts_auth_failures_total`; every token
+is compared with hmac.compare_digest, so timing leaks neither position nor prefix.
+`authenticate_one` refuses two authorization values as malformed on both doors.
+`AuthInterceptor` (grpc.aio) answers UNAUTHENTICATED before any handler runs, except for health and
+reflection; `server_credentials(settings)` builds TLS (mTLS with `--tls-client-ca`) from PEM files.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Calls in flight, which the graceful drain waits on, for gRPC and HTTP alike.
 
-Both doors drain the same way (service/server.py): on SIGTERM the registry refuses new calls with
-UNAVAILABLE / 503 while the listeners stay open, the drain waits for the calls already running to
-end (at most `grace` seconds), and only then are the servers stopped. Stopping grpc's server at once
-instead (`server.stop(grace)`) closes the listener and sends GOAWAY: a new call racing with that
-can miss both the refusal and the listener, and was seen waiting for its whole deadline
-(DEADLINE_EXCEEDED after 30 s) instead of getting UNAVAILABLE.
-
-`TrackCalls` counts gRPC calls from their handler's start to its end. Health and reflection are not
-counted: a load balancer's health Watch stream never ends on its own and must not hold the drain.
-Being the one interceptor every call passes, it also gives every method, health and reflection
-included, a deserializer that refuses undecodable request bytes with INVALID_ARGUMENT
-(service/undecodable.py). The handler wrapping is built once per method and cached, so a call pays
-one dict lookup and the wrappers' own frames.
+On SIGTERM both doors refuse new calls (UNAVAILABLE / 503) while their listeners stay open, the
+drain waits for the calls already running (at most `grace` seconds), and only then are the
+servers stopped (service/server.py): stopping grpc's server at once closes the listener and sends
+GOAWAY, and a call racing with that could wait for its whole deadline instead of getting
+UNAVAILABLE. `TrackCalls` counts gRPC calls from their handler's start to its end, health and
+reflection excepted (a health Watch stream never ends on its own). Being the one interceptor
+every call passes, it also gives every method the deserializer that refuses undecodable request
+bytes (service/undecodable.py); each method's wrapping is built once and cached.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Memory given back to the system after large requests: glibc's `malloc_trim`, when it helps.
 
-A large request (a 15 MB text, a 16 MB body) passes through allocations of hundreds of MB (the
-tokenizer's encodings, protobuf and JSON copies). Freed, that memory stays in glibc's arenas, and
-resident: the server measured 111 MiB before such requests and 6.7 GiB 30 s after them (issue 24).
-`malloc_trim(0)` returns the free pages of every arena to the system.
-
-`MemoryTrimmer.run` is a task of the server: every CHECK_S seconds it looks at two cheap figures,
-the process's resident memory (/proc/self/statm) and the bytes free in glibc's arenas
-(`mallinfo2`), and trims (in a thread: it takes tens of ms per GB) when either grew by TRIM_BYTES
-since the last trim: resident growth is memory that may be free by now; free-byte growth is memory
-a request just gave back. Memory still in use is not touched, and a server whose memory is flat
-never trims. Without glibc (musl, macOS) the task does nothing.
+A large request passes through allocations of hundreds of MB (the tokenizer's encodings, protobuf
+and JSON copies); freed, that memory stays resident in glibc's arenas (figures:
+docs/performance.md, "Hostile input at the doors"). `MemoryTrimmer.run` is a server task: every
+CHECK_S seconds it reads the process's resident memory (/proc/self/statm) and the bytes free in
+glibc's arenas (`mallinfo2`), and calls `malloc_trim(0)` in a thread when either grew by TRIM_BYTES
+since the last trim. Memory in use is not touched, a server whose memory is flat never trims, and
+without glibc (musl, macOS) the task does nothing.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """`--workers N` (N > 1): N serving processes on one gRPC port under one supervisor process.
 
-A Python event loop and the GIL cap one process at about one core of serving work; N processes,
-each with its own onnxruntime sessions and executor, share one port through SO_REUSEPORT (the
-kernel hands each new TCP connection to one listening worker). Gunicorn's arbiter, in short:
-- the supervisor reserves the port, and the HTTP port unless it is -1 (port 0: a free one,
-  logged; each worker's HTTP server binds it with SO_REUSEPORT too), and starts the workers with
-  `multiprocessing` "spawn" (a fresh interpreter: no grpc or onnxruntime state crosses a fork);
-- a worker loads and warms its models, *then* binds the port, then reports ready over its pipe;
-  the supervisor logs "all N workers serving on HOST:PORT" once every worker has reported;
-- SIGTERM / SIGINT: the supervisor passes SIGTERM to every worker (each drains as a single server
-  does: health NOT_SERVING, UNAVAILABLE for new calls, accepted calls finish within the grace
-  period) and exits 0 when all of them exited 0, 1 otherwise (a worker still running `grace + 15`
-  seconds later is killed);
-- a worker that exits while the group serves is restarted after a backoff (1 s, doubling, at most
-  30 s) and counted in `ts_worker_restarts_total`; more than 5 restarts in 60 s is a crash loop:
-  the supervisor stops the group and exits 1. A worker that fails before the group first served
-  (bad model directory, port) stops the group at once: exit 1, as a single process would;
-- metrics: prometheus_client multiprocess mode. PROMETHEUS_MULTIPROC_DIR (yours, emptied at start,
-  or a fresh temporary folder removed at exit) holds every worker's samples; the supervisor serves
-  their aggregate on the metrics port and marks an exited worker dead (its live gauges vanish).
-A worker whose supervisor vanishes (its pipe closes) drains and exits (service/worker.py).
-SIGHUP is passed on to every worker (each re-reads its bearer tokens file, service/auth.py).
+An event loop and the GIL cap one process at about one core of serving work, so N spawned
+processes, each with its own sessions and executor, share the port through SO_REUSEPORT (the
+kernel hands each new connection to one worker), as Gunicorn's arbiter does. A worker loads and
+warms its models before it binds, then reports ready; SIGTERM / SIGINT drain every worker and the
+supervisor exits 0 only when all exited 0; a worker that dies while the group serves is restarted
+with backoff (`ts_worker_restarts_total`), and a crash loop or a failure before the group first
+served stops the group (exit 1). Metrics use prometheus_client's multiprocess mode, aggregated on
+the supervisor's metrics port. SIGHUP is passed on (tokens re-read). Details: docs/design/workers.md.
 """
 
 from __future__ import annotations

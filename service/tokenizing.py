@@ -2,33 +2,14 @@
 tokenizing large texts off the event loop. Every model kind uses these three.
 
 - `load(path)`: the `tokenizers.Tokenizer` of a tokenizer.json, or `ModelDirError` naming the file.
-- `chars_per_token(tokenizer)`: at most how many characters of input one token stands for, or None
-  when the tokenizer's pipeline gives no such bound. With it, a text of more than
-  `max_tokens * chars_per_token` characters holds more than `max_tokens` tokens, so a model that
-  refuses longer inputs refuses it *before* tokenizing it (`check_chars`): tokenizing a 15 MB
-  prompt only to count its tokens took 50-110 s of CPU and 2 GB here (issue 24).
-- `Encoder(tokenizer).encode(texts)`: inline on the event loop for small calls (microseconds);
-  larger ones in a thread with `encode_batch`, which releases the GIL. `encode` does not release
-  it, so a thread running `encode` over a long text still held up the event loop, health checks
-  included (the translator's did). Huge calls take turns.
-
-Why the bound holds. Every character of the input ends up in at least one token unless a stage of
-the pipeline may drop it, and one token stands for at most `longest` characters of normalized text,
-`longest` being the longest vocabulary piece or added token in characters: a byte-level piece's
-characters are bytes (a character is 1-4 of them), a Metaspace "▁" is one space, a byte-fallback
-piece `<0xE2>` part of one character. Normalization shrinks a text at most 4-fold (NFC/NFKC: a
-composed character replaces at most 4, the longest canonical decomposition in Unicode, U+1F82);
-Lowercase, NFD, NFKD, Prepend, and Replace of a string by one at least as long never shrink it. So
-tokens >= characters / (longest * shrink). Stages that may drop characters, or fold a run of any
-length into one token, leave no bound (None; such models still tokenize off the event loop):
-- normalizers Strip, StripAccents, BertNormalizer (clean_text, accents), Precompiled (a
-  SentencePiece charsmap may map characters to nothing), Replace by a regex or a shorter string;
-- pre-tokenizers that drop whitespace or delimiters: Whitespace, WhitespaceSplit,
-  BertPreTokenizer, CharDelimiterSplit, Split / Punctuation with behavior "Removed";
-- models: WordPiece and WordLevel (a whole unknown or over-long word is one [UNK]), Unigram
-  without byte_fallback (it fuses runs of unknown characters), BPE with fuse_unk, and BPE without
-  an unk_token (it drops unknown characters) unless ByteLevel puts every byte in its vocabulary.
-Other stages are unknown to this module and leave no bound either.
+- `chars_per_token(tokenizer)`: at most how many characters of input one token stands for, read
+  from the tokenizer's pipeline, or None when a stage may drop characters or fold a run into one
+  token. A model that refuses inputs over `max_tokens` then refuses a text longer than
+  `max_tokens * chars_per_token` characters before tokenizing it (`check_chars`), since
+  tokenizing a huge text only to count its tokens costs seconds of CPU and GBs of memory. Why the
+  bound holds, and which stages leave none: docs/design/robustness.md.
+- `Encoder(tokenizer).encode(texts)`: inline on the event loop for small calls; larger ones in a
+  thread with `encode_batch`, which releases the GIL (`encode` does not); huge calls take turns.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """An HTTP request's body as a JSON object: bounded in size, time and nesting; a client that leaves
-before sending all of it is CANCELLED. Every POST route reads its body here (issue 24).
+before sending all of it is CANCELLED. Every POST route reads its body here.
 
 - size: `max_message_bytes`, the gRPC message limit, refused as soon as the body passes it;
-- time: the whole body must arrive within `http_body_timeout_s` of the route asking for it, else
-  408 with the connection closed (a client trickling bytes would hold a call and a connection);
-- nesting: arrays and objects at most MAX_JSON_DEPTH deep. Python's json module recurses once per
-  level, and `'[' * 100000 + ']' * 100000` raised RecursionError: a 500 and a logged traceback on
-  every route. The routes' bodies nest 3 levels; a deeper body is refused with 400 naming the
-  limit, whether Python's parser gave up first (at about 1,000 levels) or the check after it
-  (`too_deep`, a scan of the bytes: strings removed, then one pass per level removes the innermost
-  bracket pairs, at C speed);
-- a client gone mid-body (starlette's ClientDisconnect: `Content-Length: 1000`, 8 bytes, close)
-  is `Cancelled`, counted CANCELLED with no traceback (it was INTERNAL, logged as an ERROR).
+- time: the whole body within `http_body_timeout_s`, else 408 with the connection closed;
+- nesting: at most MAX_JSON_DEPTH levels (Python's json module recurses per level, so a deep body
+  would raise RecursionError); a deeper body gets 400 naming the limit, whether the parser gave up
+  first or the byte scan after it (`too_deep`) found it;
+- a client gone mid-body (starlette's ClientDisconnect) is `Cancelled`: CANCELLED, no traceback.
 """
 
 from __future__ import annotations

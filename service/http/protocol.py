@@ -1,21 +1,13 @@
 """uvicorn's h11 protocol with what uvicorn lacks at the door: a header timeout and a connection cap.
 
-uvicorn (0.54) closes a kept-alive connection left idle after a response (`timeout_keep_alive`,
-5 s), but sets no limit on how long a client takes to send a request's headers: 200 connections
-that never finished their headers stayed open past 60 s, a file descriptor each, no token needed
-(issue 24: slowloris). Its `limit_concurrency` answers 503 to requests over a count but accepts
-and keeps every connection. `guarded(header_timeout, max_connections)` is the protocol class given
-to `uvicorn.Config(http=...)`:
-
-- header timeout: a timer starts when a connection opens and again when a response is complete;
-  unless the next request's headers are all in before it fires (h11 produced a Request), the
-  connection is closed. A request's body has its own limit where the route reads it
-  (service/http/body.py, `http_body_timeout_s`).
-- connection cap: a connection beyond `max_connections` open ones gets a 503 in the service's
-  error shape and is closed at once, before a byte of it is read.
-Both are counted in `ts_http_connections_closed_total{reason}` ("header_timeout",
-"connection_limit"). With TLS the timer starts after the handshake (asyncio bounds the handshake
-itself: 60 s).
+uvicorn bounds an idle kept-alive connection but not how long a client takes to send a request's
+headers, and its `limit_concurrency` answers 503 yet keeps every connection open: slow clients
+could hold file descriptors without a token. `guarded(header_timeout, max_connections)` is the
+protocol class given to `uvicorn.Config(http=...)`: a connection is closed unless the next
+request's headers are all in within `header_timeout` of it opening or of the last response (the
+body has its own limit, service/http/body.py), and a connection beyond `max_connections` gets a 503
+in the service's error shape and is closed before a byte is read. Both are counted in
+`ts_http_connections_closed_total{reason}`. With TLS the timer starts after the handshake.
 """
 
 from __future__ import annotations
