@@ -180,9 +180,11 @@ class SlotCache:
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
 
-    def prefill(self, prompts: list[list[int]]) -> np.ndarray:
-        """Prompts (each <= max_length tokens) -> their last-position logits (n, V); they become
-        rows [B, B + n). Rows are right-padded; a shorter row's length tells the graph where it ends."""
+    def prefill(self, prompts: list[list[int]], every_position: bool = False) -> np.ndarray:
+        """Prompts (each <= max_length tokens) -> their last-position logits (n, V), or with
+        every_position the logits of every position (n, T, V; a row's padding positions are
+        garbage); they become rows [B, B + n). Rows are right-padded; a shorter row's length tells
+        the graph where it ends."""
         self._buffers()
         n = len(prompts)
         if self.rows + n > self.capacity:
@@ -195,7 +197,7 @@ class SlotCache:
         logits = self._run_prefill(ids, positions, lengths, self.rows)  # (n, T, V)
         self.lengths[self.rows : self.rows + n] = lengths
         self.rows += n
-        return logits[np.arange(n), lengths - 1]  # (n, V)
+        return logits if every_position else logits[np.arange(n), lengths - 1]  # (n, V)
 
     def step(self, tokens: list[int]) -> np.ndarray:
         """One new token per active row (in row order) -> logits (B, V), valid until the next step."""

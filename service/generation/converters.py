@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from service.converters import usage
 from service.errors import InvalidArgument
+from service.generation import scoring
 from service.generation.decoding import SamplingParams
 from service.generation.sequence import EOS, LENGTH, STOP, Chunk, Timings
 from service.proto import inference_pb2 as pb
@@ -60,7 +61,8 @@ def join_chunks(chunks: list[Chunk]) -> Chunk:
         return chunks[0]
     last = chunks[-1]
     return Chunk("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], last.finish_reason,
-                 last.input_tokens, last.output_tokens, last.timings)
+                 last.input_tokens, last.output_tokens, last.timings, scoring.joined([c.logprobs for c in chunks]),
+                 scoring.joined([c.prompt_logprobs for c in chunks]))
 
 
 def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:

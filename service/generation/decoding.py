@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.generation.scoring import MAX_TOP
+
 REPLACEMENT_CHAR = "\ufffd"
 MAX_CONTINUATION_TOKENS = 3  # a UTF-8 character has at most 3 bytes after its first
 MAX_STOP_SEQUENCES = 16
@@ -43,6 +45,9 @@ class SamplingParams:
     repetition_penalty: float = 0.0  # 0: off; 1: neutral
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
+    logprobs: int | None = None  # each generated token's log-probability and this many alternatives; None: off
+    prompt_logprobs: int | None = None  # the same for every prompt token (teacher-forced); None: off
+    score_only: bool = False  # no new token: the prompt's scores alone (with prompt_logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -63,6 +68,12 @@ def check_params(p: SamplingParams) -> None:
                          f"got {p.repetition_penalty}")
     if p.max_new_tokens < 0:
         raise ParamError(f"max_new_tokens must be >= 0 (0 = server default), got {p.max_new_tokens}")
+    for name in ("logprobs", "prompt_logprobs"):
+        top = getattr(p, name)
+        if top is not None and not 0 <= top <= MAX_TOP:
+            raise ParamError(f"{name} must be in [0, {MAX_TOP}] (alternatives per token), got {top}")
+    if p.score_only and p.prompt_logprobs is None:
+        raise ParamError("score_only needs prompt_logprobs: without new tokens the prompt's scores are the result")
     if len(p.stop) > MAX_STOP_SEQUENCES:
         raise ParamError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(p.stop)}")
     for i, s in enumerate(p.stop):

@@ -116,6 +116,27 @@ class GenerationModel:
             self.scheduler.release()
         return self._queue(encoding.ids, params)
 
+    def submit_ids(self, ids: list[int], params: SamplingParams, name: str = "prompt") -> GenerationHandle:
+        """Queues one generation of a prompt given as token ids, taken as they are (no start token
+        added: the ids are what the model reads and, with prompt_logprobs, what is scored)."""
+        self.check_ids(ids, name)
+        self._admit("", params)  # the parameters and the queue's room; no characters to bound
+        return self._queue(list(ids), params)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a prompt may hold: those both the graph and the tokenizer know."""
+        return min(self.io.vocab_size, self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def check_ids(self, ids: list[int], name: str = "prompt") -> None:
+        """InvalidArgument naming `name` unless ids is a non-empty list of this model's token ids."""
+        if not ids:
+            raise InvalidArgument(f"{name} is an empty list of token ids; send at least one token")
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidArgument(f"{name}[{bad}]={ids[bad]} is not a token id of model {self.name!r} "
+                                  f"(its vocabulary is ids 0 to {self.vocab_size - 1})")
+
     def _admit(self, prompt: str, params: SamplingParams) -> None:
         """Every check that comes before tokenizing: parameters, queue room, the prompt's characters."""
         try:
@@ -136,7 +157,7 @@ class GenerationModel:
                       if self.context < self.model_context else "")
             raise InvalidArgument(f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
                                   f"{self.max_prompt} prompt tokens (shorten the prompt{capped})")
-        wanted = params.max_new_tokens or self.settings.gen_default_max_new_tokens
+        wanted = 0 if params.score_only else params.max_new_tokens or self.settings.gen_default_max_new_tokens
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
         seq = Sequence(ids, params, self.eos_id, self.tokenizer)

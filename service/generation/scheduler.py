@@ -39,6 +39,7 @@ import numpy as np
 from service import metrics
 from service.engine.graphio import GraphIO
 from service.errors import ResourceExhausted, ServiceError, Unavailable
+from service.generation import scoring
 from service.generation.cache import SlotCache
 from service.generation.sampler import choose_tokens
 from service.generation.sequence import Chunk, GenerationHandle, Sequence
@@ -223,12 +224,20 @@ class Scheduler:
     def _prefill(self, newcomers: list[Sequence]) -> Delivery:
         """Compute thread: prompts of the newcomers (with their tokens so far, for a retried row) ->
         next tokens; they join the batch, and the ones already finished (EOS, one token asked,
-        cancelled, failed) leave it at once."""
+        score only, cancelled, failed) leave it at once. Rows that asked for their prompt's scores
+        get them from the same prefill's logits of every position (scoring.py)."""
         t0 = time.perf_counter()
         prompts = [s.cache_ids for s in newcomers]
-        logits = self.cache.prefill(prompts)  # (n, V)
+        scored = [i for i, s in enumerate(newcomers) if s.params.prompt_logprobs is not None]
+        logits = self.cache.prefill(prompts, every_position=bool(scored))  # (n, V), or (n, T, V) if scored
+        if scored:
+            for i in scored:
+                newcomers[i].score_prompt(logits[i])
+            logits = logits[np.arange(len(prompts)), [len(p) - 1 for p in prompts]]  # (n, V)
         self._observe(t0, newcomers, len(prompts) * max(map(len, prompts)), prefill=True)
-        out = self._sample(newcomers, logits)
+        sampled = [i for i, s in enumerate(newcomers) if not s.params.score_only]
+        out = self._sample([newcomers[i] for i in sampled], logits if len(sampled) == len(newcomers) else logits[sampled])
+        out += [(s, None if s.cancelled else s.scored()) for s in newcomers if s.params.score_only]
         self.running.extend(newcomers)
         # Rows cancelled since the last step leave here too; a sequence twice in a delivery is harmless.
         return out + [(s, None) for s in self._keep(lambda s: not s.done)]
@@ -279,6 +288,7 @@ class Scheduler:
         live = [i for i, s in enumerate(seqs) if not s.cancelled]
         out: Delivery = [(s, None) for s in seqs if s.cancelled]
         tokens = choose_tokens(logits if len(live) == len(seqs) else logits[live], [seqs[i].sampling for i in live])
+        scores = self._token_scores(seqs, logits, live, tokens)
         now = time.perf_counter()
         first, since = [], {}  # rows' first tokens; previous token time -> rows (one step's rows share it)
         for i, token in zip(live, tokens):
@@ -286,7 +296,7 @@ class Scheduler:
             try:
                 if isinstance(token, Exception):
                     raise seq.sampling_failed(token) from token
-                chunk = seq.accept(token)
+                chunk = seq.accept(token, scores.get(i))
             except Exception as exc:  # noqa: BLE001 - this row's failure is its call's alone
                 out.append((seq, self._row_failed(seq, exc)))
                 continue
@@ -302,6 +312,19 @@ class Scheduler:
         for last, count in since.items():
             observe_many(self._series.itl, now - last, count)
         return out
+
+    @staticmethod
+    def _token_scores(seqs: list[Sequence], logits: np.ndarray, live: list[int], tokens: list) -> dict:
+        """Compute thread: row -> its chosen token's raw log-probability and top alternatives, for the
+        rows that asked (params.logprobs), in one pass over their logits."""
+        rows = [(i, t) for i, t in zip(live, tokens) if seqs[i].params.logprobs is not None and isinstance(t, int)]
+        if not rows:
+            return {}
+        top = max(seqs[i].params.logprobs for i, _ in rows)
+        got = scoring.score(logits[[i for i, _ in rows]], [t for _, t in rows], top)
+        return {i: scoring.TokenLogprobs([t], got.logprobs[j:j + 1], [got.top_ids[j][: seqs[i].params.logprobs]],
+                                         [got.top_logprobs[j][: seqs[i].params.logprobs]])
+                for j, (i, t) in enumerate(rows)}
 
     def _row_failed(self, seq: Sequence, exc: Exception) -> ServiceError:
         """Ends one row whose own work raised; returns the error its call gets."""

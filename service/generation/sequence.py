@@ -20,6 +20,7 @@ import numpy as np
 from service.errors import InvalidArgument
 from service.generation.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
 from service.generation.sampler import Row
+from service.generation.scoring import TokenLogprobs, prompt_scores
 
 LENGTH, STOP, EOS = "length", "stop", "eos"  # finish reasons
 
@@ -45,6 +46,8 @@ class Chunk:
     input_tokens: int = 0
     output_tokens: int = 0
     timings: Timings | None = None
+    logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked (params.logprobs)
+    prompt_logprobs: TokenLogprobs | None = None  # the prompt's, on the first chunk (params.prompt_logprobs)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Sequence:
     left: bool = False  # its cache row is freed (set by the compute thread)
     counted_out: bool = False  # the in-flight gauge was decremented for it (event loop)
     retried: bool = False  # it was re-prefilled once after a failed step (scheduler)
+    prompt_scores: TokenLogprobs | None = None  # computed at its prefill when params.prompt_logprobs asks
 
     def __post_init__(self) -> None:
         self._penalised = self.params.repetition_penalty not in (0.0, 1.0)
@@ -75,6 +79,8 @@ class Sequence:
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self.stops = StopMatcher(self.params.stop) if self.params.stop else None
         self._unsent: list[int] = []
+        self._unsent_scores = TokenLogprobs() if self.params.logprobs is not None else None
+        self._prompt_sent = False
 
     def post(self, item: Chunk | BaseException) -> None:
         """Event loop: a chunk (or the call's error) for the caller; wakes it if it waits."""
@@ -98,11 +104,32 @@ class Sequence:
         """The tokens its cache row holds once the last generated token is fed back (a re-prefill)."""
         return self.prompt_ids + self.generated
 
-    def accept(self, token: int) -> Chunk | None:
+    def score_prompt(self, logits: np.ndarray) -> None:
+        """Compute thread: the prompt's scores from its prefill logits (T, V), once (not again at a retry)."""
+        if self.prompt_scores is None:
+            self.prompt_scores = prompt_scores(logits, self.prompt_ids, self.params.prompt_logprobs or 0)
+
+    def scored(self) -> Chunk:
+        """The only chunk of a score-only request (no new token): empty, finished, with the prompt's scores."""
+        self.finished = LENGTH
+        chunk = self._with_scores(Chunk("", []))
+        self._finish(chunk)
+        return chunk
+
+    def _with_scores(self, chunk: Chunk) -> Chunk:
+        if self._unsent_scores is not None:
+            chunk.logprobs = self._unsent_scores.take()
+        if self.prompt_scores is not None and not self._prompt_sent:
+            chunk.prompt_logprobs, self._prompt_sent = self.prompt_scores, True
+        return chunk
+
+    def accept(self, token: int, scores: TokenLogprobs | None = None) -> Chunk | None:
         """Records a generated token; returns the chunk to send, if any. Text work is skipped where
         it cannot change anything: no detokenising of EOS, no stop matching without stop sequences."""
         self.generated.append(token)
         self._unsent.append(token)
+        if self._unsent_scores is not None and scores is not None:
+            self._unsent_scores.extend(scores)
         if self._penalised:
             self.sampling.seen = np.append(self.sampling.seen, token)
         text = ""
@@ -118,7 +145,7 @@ class Sequence:
                 text += self.stops.flush()
         if self.finished is None and not text:
             return None
-        chunk = Chunk(text, self._unsent)
+        chunk = self._with_scores(Chunk(text, self._unsent))
         self._unsent = []
         if self.finished is not None:
             self._finish(chunk)
