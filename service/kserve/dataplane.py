@@ -1,0 +1,238 @@
+"""The Open Inference Protocol's operations over plain values, shared by its gRPC and REST bindings.
+
+Every served model is one OIP model, version "1", with one input and typed outputs:
+
+    every kind   input  text         BYTES [N]        UTF-8 texts
+    embedding    output embedding    FP32  [N, D]
+    generation   output text_output  BYTES [N]
+    translation  output translation  BYTES [N], score FP32 [N]
+    fill-mask    output token        BYTES [N, M, K], token_id INT64 [N, M, K], score FP32 [N, M, K]
+
+(fill-mask: M the most masks of any input, K = top_k; an input with fewer masks is padded with
+token "", token_id -1, score 0). Request parameters are named like the fields of the kind's
+inference.v1 request (`PARAMETERS`); servicer.py (gRPC) and rest.py (HTTP) convert their wire
+formats to and from these calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+from dataclasses import dataclass
+
+import numpy as np
+
+from service import packing
+from service.embedding.grpc import EmbeddingServicer
+from service.errors import InvalidArgument, NotFound, label_model, quote
+from service.fillmask.grpc import FillMaskServicer
+from service.generation import converters as generation
+from service.kserve import converters
+from service.kserve.tensors import Scalar, Tensor
+from service.proto import inference_pb2 as pb
+from service.registry import Backend, ModelRegistry
+from service.settings import Settings
+from service.translation import converters as translation
+
+SERVER_NAME = "transformer-serving"
+VERSION = "1"  # models are not versioned here; "" or "1" both name the served one
+INPUT = "text"
+TEXTS = ("BYTES", [-1])
+TENSORS = {  # kind -> output -> (datatype, shape); -1: any size; an embedding's D is the model's
+    "embedding": {"embedding": ("FP32", [-1, -1])},
+    "generation": {"text_output": ("BYTES", [-1])},
+    "translation": {"translation": ("BYTES", [-1]), "score": ("FP32", [-1])},
+    "fill-mask": {"token": ("BYTES", [-1, -1, -1]), "token_id": ("INT64", [-1, -1, -1]),
+                  "score": ("FP32", [-1, -1, -1])},
+}
+PARAMETERS = {  # kind -> parameters a request may set: the inference.v1 request's field names
+    "embedding": ("normalize", "truncate", "dimensions"),
+    "generation": ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"),
+    "translation": ("beam_size", "max_length", "length_penalty"),
+    "fill-mask": ("top_k",),
+}
+IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+@dataclass(frozen=True)
+class Inference:
+    model: str
+    outputs: list[Tensor]  # the ones asked for, in the order asked
+    input_tokens: int
+    output_tokens: int
+
+
+def server_version() -> str:
+    try:
+        return importlib.metadata.version(SERVER_NAME)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+class DataPlane:
+    def __init__(self, registry: ModelRegistry, settings: Settings):
+        self.registry, self.settings = registry, settings
+        self.embedding = EmbeddingServicer(registry, settings)  # their checks and paths, shared with the v1 RPCs
+        self.fill_masks = FillMaskServicer(registry, settings)
+
+    def ready(self) -> bool:
+        return not self.registry.draining
+
+    def model(self, name: str, version: str) -> Backend:
+        """The served model `name` (labelling the call's metrics with it); NotFound naming what exists."""
+        if not name:
+            raise InvalidArgument("model name is empty; the server's metadata and repository index name the models")
+        model = self.registry.find(name)
+        if version not in ("", VERSION):
+            raise NotFound(f"model {quote(name)} has no version {quote(version)}; its only version is "
+                           f"{VERSION!r} (or leave it out)")
+        label_model(model.name)
+        return model
+
+    def model_ready(self, name: str, version: str) -> bool:
+        try:
+            self.model(name, version)
+        except NotFound:
+            return False
+        return self.ready()
+
+    def model_metadata(self, name: str, version: str) -> ModelMetadata:
+        model = self.admit(name, version)
+        dimension = int(model.manifest.embedding_dim or 0) if model.kind == "embedding" else -1
+        outputs = [TensorSpec(output, datatype, [-1, dimension] if model.kind == "embedding" else shape)
+                   for output, (datatype, shape) in TENSORS[model.kind].items()]
+        return ModelMetadata(model.name, [VERSION], f"{SERVER_NAME}/{model.kind}", [TensorSpec(INPUT, *TEXTS)], outputs)
+
+    def repository_index(self) -> list[dict]:
+        """Triton's repository index: every served model, READY unless the server drains."""
+        self.registry.admit()
+        return [{"name": b.name, "version": VERSION, "state": "READY"} for b in self.registry]
+
+    def admit(self, name: str, version: str) -> Backend:
+        """The model a call names, once the server admits the call (UNAVAILABLE while draining)."""
+        self.registry.admit()
+        return self.model(name, version)
+
+    async def infer(self, model: Backend, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Scalar],
+                    deadline: float | None) -> Inference:
+        """Runs `model` (from `admit`) on the `text` input; outputs: the names wanted (empty: all).
+        The input, outputs and parameters are all checked before any work."""
+        texts = input_texts(inputs)
+        wanted = requested_outputs(outputs, model.kind)
+        values = checked_parameters(parameters, model.kind)
+        run = {"embedding": self._embed, "generation": self._generate, "translation": self._translate,
+               "fill-mask": self._fill_mask}[model.kind]
+        produced, input_tokens, output_tokens = await run(model, texts, values, deadline)
+        by_name = {t.name: t for t in produced}
+        return Inference(model.name, [by_name[n] for n in wanted], input_tokens, output_tokens)
+
+    async def _embed(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
+        request = converters.embed_request(texts, model.name, values)
+        response = await self.embedding.embed(request, deadline)
+        return [Tensor("embedding", "FP32", packing.array(response))], response.usage.input_tokens, 0
+
+    async def _generate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
+        """One generation per text, decoded together by the model's scheduler; all or none."""
+        if len(texts) > self.settings.gen_max_queue:
+            raise InvalidArgument(f"{len(texts)} texts in one call; a generation model queues at most "
+                                  f"{self.settings.gen_max_queue}: split the call")
+        handles = []
+        try:
+            for text in texts:
+                request = converters.generate_request(text, model.name, values)
+                handles.append(await model.submit_async(text, generation.sampling_params(request)))
+            results = await asyncio.gather(*(handle.collect() for handle in handles))
+        finally:
+            for handle in handles:  # frees the rows of every sequence when one fails or the call ends
+                handle.cancel()
+        done = [generation.generate_response(chunks, model.name) for chunks in results]
+        return ([Tensor("text_output", "BYTES", _texts([r.text for r in done]))],
+                sum(r.usage.input_tokens for r in done), sum(r.usage.output_tokens for r in done))
+
+    async def _translate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
+        request = converters.translate_request(texts, model.name, values)
+        result = await model.translate(list(request.inputs), translation.translate_options(request))
+        outputs = [Tensor("translation", "BYTES", _texts([t.text for t in result.translations])),
+                   Tensor("score", "FP32", np.array([t.score for t in result.translations], dtype=np.float32))]
+        return outputs, result.input_tokens, result.output_tokens
+
+    async def _fill_mask(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
+        request = converters.fill(pb.FillMaskRequest(inputs=texts, model=model.name), values)
+        response = await self.fill_masks.fill_mask(request, deadline)
+        masks = [[[(c.token, c.token_id, c.score) for c in m.candidates] for m in r.masks] for r in response.results]
+        return fill_mask_tensors(masks), response.usage.input_tokens, 0
+
+
+def fill_mask_tensors(results: list[list[list[tuple[str, int, float]]]]) -> list[Tensor]:
+    """input -> mask -> candidates (token, id, score) as three [N, M, K] tensors, padded past an input's masks."""
+    n, m = len(results), max(len(masks) for masks in results)
+    k = max((len(c) for masks in results for c in masks), default=0)
+    tokens = np.full((n, m, k), b"", dtype=object)
+    ids = np.full((n, m, k), -1, dtype=np.int64)
+    scores = np.zeros((n, m, k), dtype=np.float32)
+    for i, masks in enumerate(results):
+        for j, candidates in enumerate(masks):
+            for c, (token, token_id, score) in enumerate(candidates):
+                tokens[i, j, c], ids[i, j, c], scores[i, j, c] = token.encode(), token_id, score
+    return [Tensor("token", "BYTES", tokens), Tensor("token_id", "INT64", ids), Tensor("score", "FP32", scores)]
+
+
+def input_texts(inputs: list[Tensor]) -> list[str]:
+    """The `text` input's elements as strings; InvalidArgument naming what is wrong with the tensor."""
+    if [t.name for t in inputs] != [INPUT]:
+        raise InvalidArgument(f"inputs are {[quote(t.name) for t in inputs]}; send exactly one input named "
+                              f"{INPUT!r} (BYTES, shape [N])")
+    tensor = inputs[0]
+    if tensor.datatype != "BYTES":
+        raise InvalidArgument(f"input {INPUT!r} has datatype {quote(tensor.datatype)}; it must be BYTES (UTF-8 texts)")
+    if len(tensor.shape) != 1:
+        raise InvalidArgument(f"input {INPUT!r} has shape {tensor.shape}; it must be [N], one text per element")
+    if not tensor.shape[0]:
+        raise InvalidArgument(f"input {INPUT!r} is empty; send at least one text")
+    try:
+        return [e.decode("utf-8") for e in tensor.array]
+    except UnicodeDecodeError as e:
+        raise InvalidArgument(f"input {INPUT!r} holds an element that is not UTF-8 ({e.reason})") from e
+
+
+def requested_outputs(names: list[str], kind: str) -> list[str]:
+    """The outputs to return (all when none is asked for), checked before any work."""
+    for name in names:
+        if name not in TENSORS[kind]:
+            raise InvalidArgument(f"unknown output {quote(name)}; a {kind} model returns {', '.join(TENSORS[kind])}")
+    return names or list(TENSORS[kind])
+
+
+def checked_parameters(parameters: dict[str, Scalar], kind: str) -> dict[str, Scalar]:
+    """The parameters the model takes, unknown names refused (a typo must not pass unseen)."""
+    values = {}
+    for name, value in parameters.items():
+        if name in IGNORED:
+            continue
+        if name not in PARAMETERS[kind]:
+            raise InvalidArgument(f"unknown parameter {quote(name)} for a {kind} model; accepted: "
+                                  f"{', '.join(PARAMETERS[kind])}")
+        values[name] = value
+    return values
+
+
+def _texts(texts: list[str]) -> np.ndarray:
+    array = np.empty(len(texts), dtype=object)
+    array[:] = [t.encode() for t in texts]
+    return array
