@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -67,7 +68,8 @@ def _cmd_health(args: argparse.Namespace, client: Client) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = types.Parser(prog="python -m client", description="transformer-serving client")
+    prog = "ts-client" if Path(sys.argv[0]).name == "ts-client" else "python -m client"
+    parser = types.Parser(prog=prog, description="transformer-serving client")
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"host:port of the service ({DEFAULT_ADDRESS})")
     parser.add_argument("--timeout", type=types.seconds, default=30.0, help="deadline of the call, seconds")
     channels.add_arguments(parser)

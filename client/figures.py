@@ -45,7 +45,7 @@ def weights(m: pb.AttentionMap) -> np.ndarray:
 
 def _heatmap(ax, w: np.ndarray, queries: list[str], keys: list[str], title: str, fontsize: float) -> None:
     ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
-    for axis, tokens, setter, rotate in ((ax.xaxis, keys, ax.set_xticks, 90), (ax.yaxis, queries, ax.set_yticks, 0)):
+    for tokens, setter, rotate in ((keys, ax.set_xticks, 90), (queries, ax.set_yticks, 0)):
         step = max(1, -(-len(tokens) // MAX_LABELS))
         ticks = list(range(0, len(tokens), step))
         setter(ticks, [label(tokens[i]) for i in ticks], fontsize=fontsize, rotation=rotate)

@@ -40,6 +40,22 @@ async def test_cli_reports_status_on_error(server):
     assert rc == 2 and "NOT_FOUND" in err and "unknown model 'missing'" in err
 
 
+async def test_cli_bad_arguments_are_one_line_errors(server):
+    for args, expected in [
+        (("generate", "hi", "--max-new-tokens", "-1"), "argument --max-new-tokens: -1 is out of range"),
+        (("generate", "hi", "--seed", "x"), "argument --seed: 'x' is not an integer"),
+        (("attention", "x", "--layers", "0,a", "--json"), "argument --layers: '0,a'"),
+        (("--timeout", "0", "health"), "argument --timeout: 0.0 is out of range"),
+        (("--tls-ca", "/nonexistent/ca.pem", "models"), "/nonexistent/ca.pem"),
+    ]:
+        rc, out, err = await cli(server.address, *args)
+        assert (rc, out, err.count("\n")) == (2, "", 1) and expected in err, (args, err)
+    # a value the contract carries but the server refuses: its INVALID_ARGUMENT, as one line
+    rc, out, err = await cli(server.address, "generate", "hi", "--model", "tiny-gpt", "--temperature", "-1")
+    assert (rc, out, err.count("\n")) == (2, "", 1) and err.startswith("error: INVALID_ARGUMENT: "), err
+    assert "temperature" in err
+
+
 async def test_sync_client(server):
     def calls() -> None:
         with Client(server.address, timeout=30) as client:

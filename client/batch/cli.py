@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from client import args as types
 from client import channel as channels
 from client.batch.embedder import BatchFailed, EmbedOptions
 from client.batch.sources import FORMATS, InputError
@@ -52,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
     srv = parser.add_argument_group("server and model")
     if address:  # under the client CLI, its global --address and security flags apply
         srv.add_argument("--address", default=os.environ.get("TS_ADDRESS", DEFAULT_ADDRESS),
-                         help=f"gRPC target: host:port or dns:///svc-headless:50051 (env TS_ADDRESS; {DEFAULT_ADDRESS})")
+                         help="gRPC target: host:port or dns:///svc-headless:50051 "
+                              f"(env TS_ADDRESS; {DEFAULT_ADDRESS})")
         channels.add_arguments(parser)  # --token, --tls-ca, ... (TS_TOKEN, TS_TLS_CA, ...)
     srv.add_argument("--model", default="", help="embedding model (default: the server's default)")
     srv.add_argument("--dimensions", type=int, default=0, help="keep the first N values (0: all)")
@@ -87,7 +89,7 @@ def client_handler(args: argparse.Namespace, client: object) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ts-embed-batch",
+    parser = types.Parser(prog="ts-embed-batch",
                                      description="Embed a large file through the service's EmbedStream "
                                                  "(resumable, sharded); see docs/deploy.md.")
     parser.add_argument("--engine", choices=ENGINES, default="grpc",
@@ -162,7 +164,7 @@ def main_args(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`ts-embed-batch` and `python -m client.batch`: the engine chosen by --engine."""
     argv = sys.argv[1:] if argv is None else argv
-    engine = argparse.ArgumentParser(add_help=False)
+    engine = types.Parser(prog="ts-embed-batch", add_help=False)
     engine.add_argument("--engine", choices=ENGINES, default="grpc")
     if engine.parse_known_args(argv)[0].engine == "ray":
         from client.batch import ray_cli

@@ -97,7 +97,8 @@ class ChunkEmbedder:
 
     async def embed(self, chunk: Chunk) -> ChunkResult:
         valid = [it for it in chunk.items if it.text is not None]
-        failures = [{"id": it.id, "code": "INVALID_INPUT", "message": it.error} for it in chunk.items if it.text is None]
+        failures = [{"id": it.id, "code": "INVALID_INPUT", "message": it.error}
+                    for it in chunk.items if it.text is None]
         size = self.options.batch_size
         batches = [valid[i:i + size] for i in range(0, len(valid), size)]
         results: list[tuple[list[Any], np.ndarray] | None] = [None] * len(batches)
@@ -141,9 +142,11 @@ class ChunkEmbedder:
             for k in range(pos, len(batches)):
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    raise BatchFailed(f"chunk {index}: the stream ended after {k - pos} of {len(batches) - pos} responses")
+                    raise BatchFailed(f"chunk {index}: the stream ended after {k - pos} of {len(batches) - pos} "
+                                      "responses")
                 if response.request_id and response.request_id != f"{index}:{k}":
-                    raise BatchFailed(f"chunk {index}: response {response.request_id!r} out of order (expected {index}:{k})")
+                    raise BatchFailed(f"chunk {index}: response {response.request_id!r} out of order "
+                                      f"(expected {index}:{k})")
                 results[k] = ([it.id for it in batches[k]], self._vectors(response, len(batches[k])))
                 window.release()
             if await call.read() is not grpc.aio.EOF:  # the server ends the call once all are answered

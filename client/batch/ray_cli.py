@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from client import args as types
 from client.batch.local import VARIANT_CHOICES
 from client.batch.sources import FORMATS
 
@@ -28,7 +29,7 @@ DTYPE_CHOICES = ("float16", "float32")  # client.batch.parts.DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = types.Parser(
         prog="ts-embed-batch --engine ray",
         description="Embed a large file on a Ray cluster: Ray Data reads it, an actor pool runs the model "
                     "in-process (no server), part files are committed as chunks finish (resumable, each id "

@@ -90,7 +90,7 @@ def read_chunk(plan: Plan, chunk: int, offset: int, skip_bad: bool) -> pa.Table:
         bad = next((r for r in rows if r[3]), None)
         if bad is not None:
             raise BadInput(f"{bad[3]}; fix it, or pass --skip-bad to leave such lines out (they are counted)")
-    columns = list(zip(*rows)) if rows else [[], [], [], []]
+    columns = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
     return pa.Table.from_arrays([pa.array([chunk] * len(rows), pa.int64()), pa.array(columns[0], pa.int64()),
                                  pa.array(columns[1], plan.id_type), pa.array(columns[2], pa.string()),
                                  pa.array(columns[3], pa.string())], schema=plan.schema())
@@ -140,7 +140,7 @@ def _parquet_rows(plan: Plan, first: int, count: int) -> list[Row]:
     texts = table.column(spec.text_field).to_pylist()
     ids = table.column(spec.id_field).to_pylist() if has_id else range(first, first + count)
     rows = []
-    for number, item_id, text in zip(range(first, first + count), ids, texts):
+    for number, item_id, text in zip(range(first, first + count), ids, texts, strict=False):  # short: caught later
         error = None
         if item_id is None:
             error = f"{spec.path}:row {number}: {spec.id_field!r} is null"

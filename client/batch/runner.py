@@ -37,7 +37,7 @@ class JobConfig:
     input: Path
     output: Path  # .parquet or .npy, shard placeholders already filled in
     address: str = "127.0.0.1:50051"
-    credentials: Credentials = Credentials()  # token, TLS (client/channel.py)
+    credentials: Credentials = field(default_factory=Credentials)  # token, TLS (client/channel.py)
     format: str | None = None
     id_field: str = "id"
     text_field: str = "text"

@@ -186,7 +186,7 @@ def _parquet_items(spec: SourceSpec) -> Iterator[Item]:
     for batch in pf.iter_batches(batch_size=8192, columns=columns):
         texts = batch.column(spec.text_field).to_pylist()
         ids = batch.column(spec.id_field).to_pylist() if has_id else range(row, row + len(texts))
-        for item_id, text in zip(ids, texts):
+        for item_id, text in zip(ids, texts, strict=True):
             if isinstance(text, str):
                 yield Item(item_id, text)
             else:
