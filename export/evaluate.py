@@ -1,14 +1,11 @@
 """Quality figures for the trained models, computed in PyTorch.
 
-- translator: sacrebleu BLEU (default 13a tokenisation) and chrF on a grouped split, multi-reference
-  (every French translation of an English sentence is a reference; sentences with fewer references
-  pad the reference streams with None, which sacrebleu skips), decoding greedy (the model's own
-  `greedy_decode`, the reference the ONNX loop must match) or beam search (`beam_search`).
-- generator: held-out perplexity over non-overlapping context windows, and sampled stories.
-- mlm: held-out masked-token accuracy and perplexity against the unigram baseline (and the accuracy
-  of a neighbour-lookup baseline when the shared corpora are present), overall and per
-  corpus (export/mlm_eval.py, from the checkpoint's heldout.jsonl and unigram.json), and the top 5
-  fills of a few sample sentences.
+- translator: sacrebleu BLEU and chrF on a grouped split, multi-reference (every French translation
+  of an English sentence), decoding greedy (`greedy_decode`, the reference the ONNX loop must
+  match) or with `beam_search`;
+- generator: held-out perplexity over non-overlapping context windows, and sampled stories;
+- mlm: held-out masked-token accuracy and perplexity against baselines (export/mlm_eval.py),
+  overall and per corpus, and the top 5 fills of a few sample sentences.
 
 `python -m export.evaluate translator|generator|mlm CHECKPOINT_DIR [...]` prints the figures as JSON.
 """

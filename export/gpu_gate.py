@@ -1,14 +1,12 @@
 """The parity gate on a CUDA GPU: the fp16 graphs on onnxruntime's CUDA provider against the
 PyTorch model in fp16 on the same GPU, the pair the service on a GPU is compared with.
 
-Runs beside the CPU gate (export/parity.py), never instead of it: the CPU figures stay what they
-are on any machine. Builds call it for the fp16 variant when `--device` resolves to "cuda"
-(`resolve_device`); its figures go into the graph's manifest parity under "cuda". The same
-measures as the CPU gate are taken: encoder cosine (held to the fp16 limit, a miss fails the
-build), decoder logits at prefill and decode and greedy tokens (recorded, as for fp16 on the CPU:
-reduced precision is judged on quality, not on tokens), plus the greedy agreement with the fp32
-reference tokens. Without onnxruntime's CUDA provider the figures say so instead of failing.
-Every function takes the device ("cuda"; "cpu" runs the same code in the CPU test suite).
+Runs beside the CPU gate (export/parity.py), never instead of it. Builds call it for the fp16
+variant when `--device` resolves to "cuda"; its figures go into the graph's manifest parity under
+"cuda": encoder cosine (a miss fails the build), decoder logits and greedy tokens (recorded and
+judged on quality, as fp16 on the CPU), and greedy agreement with the fp32 reference. Without the
+CUDA provider the figures say so. Every function takes the device ("cpu" runs the same code in
+the CPU test suite).
 """
 
 from __future__ import annotations

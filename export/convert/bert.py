@@ -1,16 +1,11 @@
 """BERT, RoBERTa and XLM-R folders -> `SentenceEncoder` (embedding) or `MaskedLM` (fill-mask).
 
-All three share BERT's post-LN encoder and weight names under a prefix (`bert.`, `roberta.`);
-they differ in plain config fields:
-- positions: BERT counts from 0; RoBERTa and XLM-R from padding_idx + 1 (their position ids are
-  `cumsum(not pad) + padding_idx`, which for right-padded rows is `arange + padding_idx + 1`);
-- token types: RoBERTa / XLM-R have one (type_vocab_size 1), always 0 here as in the service;
-- the masked-LM head: `cls.predictions.{transform.dense, transform.LayerNorm, bias}` (BERT) or
-  `lm_head.{dense, layer_norm, bias}` (RoBERTa), both dense -> activation -> LayerNorm -> the
-  tied word embedding + bias (export/mlm.py).
-A sentence-transformers folder (modules.json) adds the pipeline: pooling (1_Pooling/config.json:
-mean, CLS or max), max_seq_length (sentence_bert_config.json) and whether it normalises; a Dense
-or any other module is refused. all-MiniLM-L6-v2 (export/minilm.py) comes through here.
+All three share BERT's post-LN encoder and weight names under a prefix (`bert.`, `roberta.`), and
+differ in plain config fields: positions (RoBERTa and XLM-R count from padding_idx + 1), one token
+type, and the masked-LM head's names (`cls.predictions.*` or `lm_head.*`, both dense -> activation
+-> LayerNorm -> the tied embedding + bias). A sentence-transformers folder (modules.json) adds
+pooling (mean, CLS or max), max_seq_length and whether it normalises; any other module (Dense) is
+refused. all-MiniLM-L6-v2 (export/minilm.py) comes through here.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """GPT-2 folders (GPT2LMHeadModel) -> `GPTDecoder` (export/decoder.py), kind generation.
 
-GPT-2 is the block the decoder was written from: pre-LN LayerNorm, learned positions, a tied
-output head, gelu_new (tanh) in the MLP. What differs is storage: GPT-2's `Conv1D` keeps weights
-as (in, out), the transpose of a Linear's, and one `c_attn` projects query, key and value together
-(split here into our three). Checkpoints saved by `GPT2LMHeadModel` prefix names with
-`transformer.`; the original ones do not, and carry the causal mask as `attn.bias` buffers.
-(minGPT's `from_pretrained` does the same transpose.)
-
-Refused, naming the field: attention variants our attention does not compute
-(`scale_attn_weights` false, `scale_attn_by_inverse_layer_idx`, `reorder_and_upcast_attn`,
-`add_cross_attention`) and an activation outside `export.layers.ACTIVATIONS`. The context is
-n_positions capped as export/convert/causal_lm.py says; the learned positions keep that many rows.
+GPT-2 is the block the decoder was written from (pre-LN, learned positions, tied head, gelu_new);
+what differs is storage: `Conv1D` keeps weights as (in, out), the transpose of a Linear's, and one
+`c_attn` projects query, key and value together (split here), as minGPT's `from_pretrained` does.
+Names may carry a `transformer.` prefix. Refused, naming the field: attention options our attention
+does not compute (`scale_attn_weights` false, `scale_attn_by_inverse_layer_idx`,
+`reorder_and_upcast_attn`, `add_cross_attention`) and activations outside
+`export.layers.ACTIVATIONS`. The context is n_positions capped as export/convert/causal_lm.py says.
 """
 
 from __future__ import annotations
