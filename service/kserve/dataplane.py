@@ -129,11 +129,10 @@ class DataPlane:
         self.registry.admit()
         return self.model(name, version)
 
-    async def infer(self, model: Backend, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Scalar],
+    async def infer(self, model: Backend, texts: list[str], outputs: list[str], parameters: dict[str, Scalar],
                     deadline: float | None) -> Inference:
-        """Runs `model` (from `admit`) on the `text` input; outputs: the names wanted (empty: all).
-        The input, outputs and parameters are all checked before any work."""
-        texts = input_texts(inputs)
+        """Runs `model` (from `admit`) on the `text` input's texts; outputs: the names wanted (empty:
+        all). The outputs and parameters are checked before any work."""
         wanted = requested_outputs(outputs, model.kind)
         values = checked_parameters(parameters, model.kind)
         run = {"embedding": self._embed, "generation": self._generate, "translation": self._translate,
@@ -194,7 +193,8 @@ def fill_mask_tensors(results: list[list[list[tuple[str, int, float]]]]) -> list
 
 
 def input_texts(inputs: list[Tensor]) -> list[str]:
-    """The `text` input's elements as strings; InvalidArgument naming what is wrong with the tensor."""
+    """The `text` input's elements as strings; InvalidArgument naming what is wrong with the tensor
+    (the same checks and messages as the gRPC binding's `converters.input_texts`)."""
     if [t.name for t in inputs] != [INPUT]:
         raise InvalidArgument(f"inputs are {[quote(t.name) for t in inputs]}; send exactly one input named "
                               f"{INPUT!r} (BYTES, shape [N])")

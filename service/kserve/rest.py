@@ -33,7 +33,7 @@ from service.errors import InvalidArgument, ServiceError, bounded, quote
 from service.http.body import read_body
 from service.http.errors import STATUS, HttpCall, SlowBody, status_of
 from service.kserve import tensors
-from service.kserve.dataplane import SERVER_NAME, VERSION, DataPlane, server_version
+from service.kserve.dataplane import SERVER_NAME, VERSION, DataPlane, input_texts, server_version
 from service.registry import ModelRegistry
 from service.settings import Settings
 
@@ -119,8 +119,9 @@ class Routes:
         model = self.plane.admit(*_model(request))  # 503 / 404 before the body is read
         body = await self._body(request)
         decoded = tensors.decode_request(body, request.headers.get(tensors.HEADER_LENGTH))
+        texts = input_texts(decoded.inputs)
         done = await call.unless_gone(request, self.plane.infer(
-            model, decoded.inputs, list(decoded.outputs), decoded.parameters, call.deadline))
+            model, texts, list(decoded.outputs), decoded.parameters, call.deadline))
         counts = {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens}
         payload, header_length = tensors.encode_response(done.model, VERSION, decoded, done.outputs, counts)
         if header_length is None:
