@@ -220,10 +220,14 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
 
     def body(staging: Path) -> dict:
         started = time.perf_counter()
-        fp32 = {"encoder": staging / "encoder.onnx", "decoder": staging / "decoder.onnx"}
+        fp32 = {"encoder": staging / "encoder.onnx", "decoder": staging / "decoder.onnx",
+                "packed": staging / packed.FILE}
         ox.export_translator(model, fp32["encoder"], fp32["decoder"])
+        packed.export_packed(model, fp32["packed"])
         reference = parity.reference_translations(model, sources)  # once, for fp32 and every variant
         figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources, reference=reference)
+        figures["packed"] = packed.translator_parity(model, fp32["packed"], fp32["decoder"], sources,
+                                                     reference=reference)
         sample_name, sample = quality_sample or (
             f"{len(sources)} gate sources with their PyTorch greedy translations",
             [(s, [cfg.decoder_start_token_id, *r]) for s, r in zip(sources, reference)])
@@ -237,12 +241,21 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
             if variant == "fp16" and device == "cuda":
                 figures["cuda"] = gpu_gate.translator_figures(model, paths["encoder"], paths["decoder"], sources,
                                                               reference)
+            # the packed encoder's own verdict: the service serves it only where it holds, and a
+            # packed graph below its quality never keeps the variant's padded graphs from serving
+            figures["packed"] = packed.translator_parity(model, paths["packed"], paths["decoder"], sources, variant,
+                                                         reference=reference)
+            if not _exact(variant):
+                figures["packed"].update(packed.translator_quality(
+                    model, paths["packed"], paths["decoder"], sample, sample_name, variant,
+                    figures["packed"]["alone_max_abs_diff"]))
             return figures
 
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
-            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args)}, True, measure)
+            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args),
+                                      "packed": ("bert", *args)}, True, measure)
         start = cfg.decoder_start_token_id
         pairs = [(s, [start, *r[: 8 + 5 * i]]) for i, (s, r) in enumerate(zip(sources, reference))]
         attention_graphs, attention = attention_graph(model, staging, [pairs, pairs[1:3]])

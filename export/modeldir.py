@@ -36,6 +36,7 @@ SOURCE_FILES = (
     "export/onnx_export.py", "export/parity.py", "export/modeldir.py", "export/minilm.py", "export/tiny.py",
     "export/build.py", "export/gpu_gate.py", "export/attention.py", "export/mlm.py", "export/fill_mask.py",
     "service/manifest.py", "export/heldout.py", "export/packed.py", "service/engine/packing.py",
+    "service/translation/encoder.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "export" / "convert").glob("*.py")),  # converters
 )
 TOKENIZER_FILE = "tokenizer.json"

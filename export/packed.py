@@ -1,7 +1,7 @@
 """Packed encoder graphs (role `packed`): several inputs per row, attention confined to each input.
 
 The padded encoder graph computes every input at the batch's longest length; the packed graph
-takes rows built by `service.embedding.packing.pack` (inputs side by side, longest first) with
+takes rows built by `service.engine.packing.pack` (inputs side by side, longest first) with
 per-token `position_ids` (each input from 0) and `segment_ids` (1, 2, ... per input of a row, 0 for
 the padded tail), and builds a block-diagonal attention mask from the segments, so a token sees
 only its own input's tokens (docs/design/packing.md). The blocks, weights and positions are the
@@ -9,14 +9,19 @@ model's own:
 - embedding: (input_ids, position_ids, segment_ids) (rows, length) -> `token_embeddings`
   (rows, length, C); the service pools per input (`packing.pool`: mean, CLS or max);
 - fill-mask: + `gather_positions` (M,) flat indices into rows x length -> `logits` (M, V): the MLM
-  head runs only at the positions asked for (the service asks for the [MASK]s).
+  head runs only at the positions asked for (the service asks for the [MASK]s);
+- translation (the translator's encoder): + `unpack_index` (B, S) -> the cross-attention K/V per
+  decoder layer (B, nkv, S, hs), laid out as the padded encoder graph lays them out, so the
+  decoder graph is unchanged: K/V are projected on the packed tokens, then gathered per source
+  (`unpack_index`, service/translation/encoder.py).
 
 The gate (`embedding_parity`, `fill_mask_parity`) packs the gate's batches as the service does and
 compares every input with PyTorch's padded forward (embedding cosine, logits at every real
 position), and each input packed alone with the same input packed among others (`alone_max_abs_diff`
 <= parity.LOGITS_MAX_ABS: a row's result must not depend on its neighbours). Reduced-precision
 variants are judged on the quality sample like the padded graphs (`embedding_quality`,
-`fill_mask_quality`).
+`fill_mask_quality`, `translator_quality`). The translator's packed encoder must also give the
+PyTorch greedy translations through the decoder graph (`translator_parity`).
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from export import onnx_export as ox
 from export import parity
 from export.encoder import SentenceEncoder
 from export.mlm import MaskedLM
-from service.embedding.packing import Packed, alignment, pack, pool
+from export.seq2seq import Translator
+from service.engine.packing import Packed, alignment, pack, pool
 from service.manifest import TensorSpec
+from service.translation import encoder as translation_encoder
 
 FILE = "packed.onnx"
 GATE_ROW_TOKENS = (64, 0)  # rows of 64 tokens (several inputs each), and of the longest input (0)
@@ -74,9 +81,37 @@ class PackedMaskedLMGraph(nn.Module):
         return self.model.head(picked, enc.embeddings.word.weight)  # (M, V)
 
 
+class PackedTranslatorEncoderGraph(nn.Module):
+    """Packed sources -> cross K/V per decoder layer, each (B, nkv, S, hs) as the padded encoder's.
+
+    unpack_index[b, s]: the flat (row * length + offset) index of source b's token s (for s past
+    its length any token of its own: the decoder's encoder_attention_mask hides those slots)."""
+
+    def __init__(self, model: Translator):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, segment_ids, unpack_index):
+        m = self.model
+        x = m._embed(input_ids, position_ids)  # (R, L, C)
+        mask = segment_mask(segment_ids, x.dtype)  # (R, 1, L, L)
+        for layer in m.encoder_layers:
+            x = layer(x, mask)
+        flat = m.encoder_norm(x).reshape(-1, x.shape[-1])  # (R*L, C): every packed token once
+        out = []
+        for layer in m.decoder_layers:
+            attn = layer.cross_attn
+            for proj in (attn.key, attn.value):  # projected packed, then gathered per source
+                out.append(attn.split_heads(proj(flat)[unpack_index], attn.n_kv_heads))  # (B, nkv, S, hs)
+        return tuple(out)
+
+
 def specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec]]:
     cfg = model.config
     inputs = [TensorSpec(n, "int64", ["rows", "length"]) for n in ("input_ids", "position_ids", "segment_ids")]
+    if isinstance(model, Translator):
+        inputs.append(TensorSpec("unpack_index", "int64", ["batch", "source_sequence"]))
+        return inputs, ox.translator_specs(model)["encoder"][1]
     if isinstance(model, MaskedLM):
         inputs.append(TensorSpec("gather_positions", "int64", ["positions"]))
         return inputs, [TensorSpec("logits", "float32", ["positions", cfg.vocab_size])]
@@ -91,6 +126,9 @@ def export_packed(model: nn.Module, path: Path) -> tuple[list[TensorSpec], list[
     if isinstance(model, MaskedLM):
         args.append(torch.tensor([0, 4, 10], dtype=torch.int64))
         ox._export(PackedMaskedLMGraph(model), tuple(args), path, inputs, outputs)
+    elif isinstance(model, Translator):
+        args.append(torch.from_numpy(translation_encoder.unpack(example)[0]))
+        ox._export(PackedTranslatorEncoderGraph(model), tuple(args), path, inputs, outputs)
     else:
         ox._export(PackedEncoderGraph(model), tuple(args), path, inputs, outputs)
     return inputs, outputs
@@ -218,3 +256,71 @@ def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], descrip
     alone = [mask_logits(sess, [s], [p], pad_id, GATE_ROW_TOKENS[0], align)[0] for s, (_, p, _) in zip(head, sample)]
     diff = max(float(np.abs(a - g).max()) for a, g in zip(alone, got))
     return parity.quality_figures(rows, description, diff)
+
+
+# ---- translation (the translator's encoder) ------------------------------------------------------
+
+def translator_cross(sess, seqs: Sequence[Sequence[int]], pad_id: int, row_tokens: int,
+                     align: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+    """Cross K/V per decoder layer (flat: key, value, ...; each (B, nkv, S, hs)) and the source mask
+    (B, S) of seqs through a packed translator encoder graph, packed as the service packs them."""
+    feeds, mask, _ = translation_encoder.packed_feeds(seqs, row_tokens, pad_id, align)
+    return sess.run(None, feeds), mask
+
+
+def _cross_feeds(cross: list[np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {"encoder_attention_mask": mask,
+            **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)}}
+
+
+def translator_parity(model: Translator, graph: Path, decoder_graph: Path, sources: Sequence[Sequence[int]],
+                      variant: str = "fp32", reference: list[list[int]] | None = None) -> dict:
+    """Packed cross K/V vs PyTorch's padded `encode` (every real source position), each source
+    packed alone vs among others, and greedy tokens through the decoder graph vs the reference."""
+    cfg = model.config
+    src, src_mask = parity.pad_batch(sources, cfg.pad_token_id, left=False)
+    with torch.no_grad():
+        ref = [t.numpy() for kv in model.encode(torch.from_numpy(src), torch.from_numpy(src_mask)) for t in kv]
+    sess, align = parity.session(graph), translation_encoder.alignment(variant)
+    valid = src_mask.astype(bool)[:, None, :, None]  # (B, 1, S, 1)
+    diff, alone_diff = 0.0, 0.0
+    for row_tokens in GATE_ROW_TOKENS:
+        cross, mask = translator_cross(sess, sources, cfg.pad_token_id, row_tokens, align)
+        if not np.array_equal(mask, src_mask):
+            parity._fail(f"{variant} packed translator encoder: source mask differs from the padded one", 1.0, 0.0)
+        diff = max(diff, *(float(np.abs(np.where(valid, r - c.astype(np.float32), 0)).max())
+                           for r, c in zip(ref, cross)))
+        for i, s in enumerate(sources):
+            alone, _ = translator_cross(sess, [s], cfg.pad_token_id, row_tokens, align)
+            alone_diff = max(alone_diff, *(float(np.abs(a[0, :, : len(s)].astype(np.float32)
+                                                        - c[i, :, : len(s)].astype(np.float32)).max())
+                                           for a, c in zip(alone, cross)))
+    figures = {"cross_kv_max_abs_diff": diff, "alone_max_abs_diff": alone_diff, "inputs": len(sources),
+               "row_tokens": list(GATE_ROW_TOKENS)}
+    limit, exact = parity.VARIANT_LIMITS[variant][1], parity.VARIANT_LIMITS[variant][2]
+    if limit is not None and diff > limit:
+        parity._fail(f"{variant} packed translator encoder cross K/V max abs diff vs PyTorch", diff, limit)
+    if exact and alone_diff > parity.LOGITS_MAX_ABS:
+        parity._fail(f"{variant} packed translator encoder: a source alone vs packed with others (max abs diff)",
+                     alone_diff, parity.LOGITS_MAX_ABS)
+    reference = reference or parity.reference_translations(model, sources)
+    cross, mask = translator_cross(sess, sources, cfg.pad_token_id, GATE_ROW_TOKENS[0], align)
+    step = parity.onnx_step(parity.session(decoder_graph), _cross_feeds(cross, mask))
+    start = np.full((len(sources), 1), cfg.decoder_start_token_id, np.int64)
+    tokens = parity.greedy_loop(step, start, np.ones_like(start), np.zeros_like(start), len(reference[0]))
+    figures.update(parity.compare_tokens(reference, tokens, exact, f"{variant} packed translator greedy"))
+    return figures
+
+
+def translator_quality(model: Translator, graph: Path, decoder_graph: Path, pairs, sample: str, variant: str,
+                       alone_max_abs_diff: float) -> dict:
+    """A reduced-precision packed encoder with its decoder graph, teacher-forced on the sample as
+    parity.translator_quality judges the padded ones; `quality_ok` also needs each source's cross
+    K/V independent of its neighbours (alone_max_abs_diff from translator_parity)."""
+    sess, align = parity.session(graph), translation_encoder.alignment(variant)
+    pad = model.config.pad_token_id
+    figures = parity.translator_quality(
+        model, graph, decoder_graph, pairs, sample,
+        encode=lambda rows: translator_cross(sess, rows, pad, GATE_ROW_TOKENS[0], align))
+    figures["quality_ok"] = figures["quality_ok"] and alone_max_abs_diff <= parity.LOGITS_MAX_ABS
+    return figures

@@ -392,15 +392,22 @@ def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], samp
 
 
 def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
-                       pairs: Sequence[tuple[Sequence[int], Sequence[int]]], sample: str) -> dict:
+                       pairs: Sequence[tuple[Sequence[int], Sequence[int]]], sample: str,
+                       encode: Callable | None = None) -> dict:
     """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
-    starting with the decoder start token) pairs, one pair at a time (no padding involved)."""
-    enc, dec = session(encoder_graph), session(decoder_graph)
-    pad = model.config.pad_token_id
+    starting with the decoder start token) pairs, one pair at a time (no padding involved).
+    encode: source rows -> (cross K/V, source mask) in place of the padded encoder graph's run
+    (the packed encoder, export/packed.py)."""
+    dec, pad = session(decoder_graph), model.config.pad_token_id
+    if encode is None:
+        enc = session(encoder_graph)
+
+        def encode(src_rows):
+            ids, mask = pad_batch(src_rows, pad, left=False)
+            return enc.run(None, {"input_ids": ids, "attention_mask": mask}), mask
 
     def graph_step(src_rows):
-        ids, mask = pad_batch(src_rows, pad, left=False)
-        cross = enc.run(None, {"input_ids": ids, "attention_mask": mask})
+        cross, mask = encode(src_rows)
         return onnx_step(dec, {"encoder_attention_mask": mask,
                                **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
                                   for i, c in enumerate(cross)}})

@@ -45,7 +45,7 @@ ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": (
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 PACKED_ROLE = "packed"  # optional: several inputs per row (export/packed.py); older directories lack it
-OPTIONAL_ROLES = {"embedding": (PACKED_ROLE,), "fill-mask": (PACKED_ROLE,)}
+OPTIONAL_ROLES = {"embedding": (PACKED_ROLE,), "fill-mask": (PACKED_ROLE,), "translation": (PACKED_ROLE,)}
 
 
 class ModelDirError(ValueError):

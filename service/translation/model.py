@@ -29,10 +29,11 @@ from service import metrics, tokenizing
 from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError
 from service.generation.sequence import Timings
-from service.manifest import Manifest, ModelDir
+from service.manifest import PACKED_ROLE, Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
+from service.translation import encoder as source_encoder
 from service.translation.scheduler import Item, Seq2SeqScheduler
 from service.translation.search import MAX_LENGTH_PENALTY, Hypothesis, SourceSearch
 
@@ -88,17 +89,23 @@ class TranslationModel:
         if io_binding is None:
             io_binding = self.provider == "CUDAExecutionProvider"
         self.device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
+        self.execution = "packed" if source_encoder.is_packed(encoder) else "padded"
         self.scheduler = Seq2SeqScheduler(self.name, encoder, decoder, self.io, runtime,
                                           max_rows=settings.translate_max_batch, max_queue=MAX_QUEUED_SOURCES,
-                                          pad_id=self.pad_id, device=self.device)
+                                          pad_id=self.pad_id, device=self.device,
+                                          pack_row_tokens=settings.embed_pack_row_tokens
+                                          if self.execution == "packed" else None,
+                                          pack_align=source_encoder.alignment(variant))
         self._task: asyncio.Task | None = None
 
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "TranslationModel":
         m = model_dir.manifest
         variant = runtime.choose_variant(m, "decoder")
-        enc_variant = variant if variant in m.variants("encoder") else "fp32"
-        encoder = runtime.create_session(model_dir.file(m.graph("encoder", enc_variant).file))
+        role, enc_variant = source_encoder.encoder_graph(m, variant, settings.embed_pack_row_tokens)
+        encoder = runtime.create_session(model_dir.file(m.graph(role, enc_variant).file))
+        log.info("translation model %s: %s decoder, %s %s encoder", m.name, variant, enc_variant,
+                 "packed" if role == PACKED_ROLE else "padded")
         decoder = runtime.create_session(model_dir.file(m.graph("decoder", variant).file))
         tokenizer = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         tokenizer.no_padding()
@@ -206,4 +213,5 @@ class TranslationModel:
     def info(self) -> dict[str, Any]:
         info = model_info(self, self.io.vocab_size)
         info["max_output_tokens"] = self.max_length
+        info["manifest"]["serving.execution"] = self.execution
         return info

@@ -3,8 +3,9 @@
 Each turn of the loop (like service/generation/scheduler.py for generation):
 1. sources of cancelled calls are dropped; waiting sources are admitted in arrival order while
    their rows (k each: beam size, 1 for greedy) fit in `max_rows`, greedy and beam alike;
-2. in the compute executor, the newcomers' encoder runs (for them only) and their rows join the
-   batch (seq2seq.Seq2SeqBatch); then decoder steps run back to back until waiting sources fit
+2. in the compute executor, the newcomers' encoder runs (for them only; packed where the model
+   has a packed encoder graph: service/translation/encoder.py) and their rows join the
+   batch (engine.Seq2SeqBatch); then decoder steps run back to back until waiting sources fit
    (a quarter of the rows free, or the head waited `JOIN_AFTER_STEPS` steps), a call is
    cancelled, or `SLICE_S` passes (a thread hand-off per step costs milliseconds on a busy CPU);
 3. sources that end are handed to the loop as they end (call_soon_threadsafe) and resolve their
@@ -23,10 +24,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from service import metrics
 from service.errors import ResourceExhausted, Unavailable
+from service.translation import encoder as source_encoder
 from service.translation.engine import Seq2SeqBatch
 from service.translation.search import SourceSearch
 
@@ -52,8 +52,11 @@ class Item:
 
 class Seq2SeqScheduler:
     def __init__(self, name: str, encoder, decoder, io, runtime, *, max_rows: int, max_queue: int, pad_id: int,
-                 device: str | None):
+                 device: str | None, pack_row_tokens: int | None = None, pack_align: int = 1):
+        """pack_row_tokens: None for a padded encoder graph, else a packed one's row length
+        (service/translation/encoder.py); pack_align: where a packed source may start."""
         self.name, self.encoder, self.runtime = name, encoder, runtime
+        self.pack_row_tokens, self.pack_align = pack_row_tokens, pack_align
         self.max_rows, self.max_queue, self.pad_id = max_rows, max_queue, pad_id
         self.batch = Seq2SeqBatch(decoder, io, device)
         self.queue: deque[Item] = deque()
@@ -188,13 +191,11 @@ class Seq2SeqScheduler:
     def _join(self, items: list[Item]) -> Ended:
         """Encodes the newcomers together (each alone if that fails) and adds their rows."""
         try:
-            longest = max(len(it.ids) for it in items)
-            ids = np.full((len(items), longest), self.pad_id, np.int64)  # (n, S)
-            mask = np.zeros((len(items), longest), np.int64)  # (n, S)
-            for i, it in enumerate(items):
-                ids[i, : len(it.ids)], mask[i, : len(it.ids)] = it.ids, 1
-            cross = self.encoder.run(None, {"input_ids": ids, "attention_mask": mask})  # each (n, H, S, D)
-            metrics.BATCH_TOKENS.labels(self.name).observe(ids.size)
+            seqs = [it.ids for it in items]
+            feeds, mask, computed = source_encoder.feeds(seqs, self.pad_id, self.pack_row_tokens, self.pack_align)
+            cross = self.encoder.run(None, feeds)  # each (n, H, S, D), packed or not; mask (n, S)
+            metrics.BATCH_TOKENS.labels(self.name).observe(computed)
+            metrics.PADDING_RATIO.labels(self.name).observe(computed / sum(map(len, seqs)))
             self.batch.join([it.search for it in items], cross, mask)
             return []
         except Exception as exc:  # noqa: BLE001 - find the source that fails, spare the others
