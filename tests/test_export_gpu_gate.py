@@ -39,7 +39,14 @@ def test_decoder_figures_on_the_cpu(tmp_path):
     fp32_reference = parity.reference_generations(model, PROMPTS, 8)
     figures = gpu_gate.decoder_figures(model, graph, PROMPTS, fp32_reference, n_new=8, device="cpu")
     assert TOKEN_FIGURES <= figures.keys() and figures["greedy_new_tokens"] == 8
-    assert figures["prefill_max_abs_diff"] < 0.5 and 0.0 <= figures["greedy_prefix_agreement_vs_fp32"] <= 1.0
+    assert figures["prefill_max_abs_diff"] < 0.5
+    # The agreement measure on two known cases: the fp32 graph makes PyTorch fp32's tokens (what the CPU
+    # gate holds it to), and tokens no graph can make (ids past the vocabulary) agree nowhere.
+    exact = gpu_gate.decoder_figures(model, tmp_path / "decoder.onnx", PROMPTS, fp32_reference, n_new=8, device="cpu")
+    assert exact["greedy_prefix_agreement_vs_fp32"] == 1.0
+    never = [[model.config.vocab_size] * 8 for _ in PROMPTS]
+    assert gpu_gate.decoder_figures(model, graph, PROMPTS, never, n_new=8, device="cpu")[
+        "greedy_prefix_agreement_vs_fp32"] == 0.0
 
 
 def test_translator_figures_on_the_cpu(tmp_path):
@@ -49,6 +56,13 @@ def test_translator_figures_on_the_cpu(tmp_path):
     figures = gpu_gate.translator_figures(model, graphs["encoder"], graphs["decoder"], PROMPTS, fp32_reference,
                                           n_new=8, device="cpu")
     assert TOKEN_FIGURES <= figures.keys() and figures["greedy_sequences"] == len(PROMPTS)
+    assert figures["prefill_max_abs_diff"] < 0.5
+    exact = gpu_gate.translator_figures(model, tmp_path / "encoder.onnx", tmp_path / "decoder.onnx", PROMPTS,
+                                        fp32_reference, n_new=8, device="cpu")
+    assert exact["greedy_prefix_agreement_vs_fp32"] == 1.0  # the fp32 graphs make PyTorch fp32's tokens
+    never = [[model.config.vocab_size] * 8 for _ in PROMPTS]
+    assert gpu_gate.translator_figures(model, graphs["encoder"], graphs["decoder"], PROMPTS, never, n_new=8,
+                                       device="cpu")["greedy_prefix_agreement_vs_fp32"] == 0.0
 
 
 def test_encoder_figures_hold_the_fp16_cosine_limit_on_the_cpu(tmp_path):

@@ -179,12 +179,3 @@ async def test_reflection_describes_the_service(server):
     listed, kserve_file, v1_file = [r async for r in stub.ServerReflectionInfo(iter(asks))]
     assert "inference.GRPCInferenceService" in {s.name for s in listed.list_services_response.service}
     assert kserve_file.file_descriptor_response.file_descriptor_proto and v1_file.file_descriptor_response.file_descriptor_proto
-
-
-async def test_draining_server_is_not_ready_and_refuses_work(server, client):
-    server.server.registry.draining = True  # what SIGTERM sets first (service/server.py `_shutdown`)
-    assert await call(client.is_server_live)
-    assert not await call(client.is_server_ready) and not await call(client.is_model_ready, "tiny-embed")
-    with pytest.raises(InferenceServerException) as caught:
-        await call(client.infer, "tiny-embed", [text_input(TEXTS)])
-    assert caught.value.status() == "StatusCode.UNAVAILABLE"

@@ -126,8 +126,6 @@ async def test_generate_full_queue_is_resource_exhausted(start_server, door):
     assert (await call(srv, "Generate", generate())).output_tokens == 64  # the queue drained: served again
 
 
-@pytest.mark.xfail(strict=True, reason="the translation queue size is a module constant until issue 19's core "
-                                       "(H1) makes it the setting translate_max_queue")
 async def test_translate_full_queue_is_resource_exhausted(start_server, door):
     """Room for 32 queued sources: of two 32-source calls sent together, the second finds it full."""
     call, protocol = door
@@ -177,8 +175,6 @@ async def expires_behind(srv: RunningServer, call, method: str, model: str, prot
     return outcomes
 
 
-@pytest.mark.xfail(strict=True, reason="generation counts a call gone by its deadline as dropped 'cancelled' until "
-                                       "issue 19's core (H1) counts it 'expired' as every kind does")
 async def test_generate_deadline_in_the_queue(start_server, door):
     call, protocol = door
     srv = await start_server(compute_workers=1, gen_max_batch=1)
@@ -187,8 +183,6 @@ async def test_generate_deadline_in_the_queue(start_server, door):
     assert tokens(GPT, "output") - generated == sum(o.output_tokens for o in ahead)  # none for the late call
 
 
-@pytest.mark.xfail(strict=True, reason="translation counts no dropped items until issue 19's core (H1) gives "
-                                       "Translate a deadline and counts what expired")
 async def test_translate_deadline_in_the_queue(start_server, door):
     call, protocol = door
     srv = await start_server(compute_workers=1, translate_max_batch=1)

@@ -10,25 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
 
 import grpc
 import pytest
 
 from client import embed_request
-from tests.fixtures.server import metric
+from tests.fixtures.server import metric, until
 
 MODEL = {"model": "tiny-embed"}
-
-
-async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Polls condition on the event loop (no timed assertions: the timeout only guards a hang)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not condition():
-        if loop.time() > end:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
 
 
 class BlockedExecutor:
@@ -108,11 +97,3 @@ async def test_expired_call_is_deadline_exceeded_and_dropped(srv):
             await srv.embedding.Embed(embed_request(["too late"]), timeout=0.3)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "expired"}) == expired + 1)
-
-
-async def test_unavailable_while_draining(srv):
-    srv.server.registry.draining = True
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await srv.embedding.Embed(embed_request(["x"]))
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "shutting down" in err.value.details()

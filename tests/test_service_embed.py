@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import grpc
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer
 from client import AsyncClient, embed_request
 from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb
+from tests.fixtures.models import copy_model_dir
 
 TEXTS = ["hello", "a longer sentence with more words in it", "é ü ß — unicode", "x" * 30, "short one", "mid size text"]
 
@@ -87,16 +89,39 @@ async def test_embed_stream_in_order(server):
 
 async def test_models_and_get_model(server, tiny_models_root):
     manifest = load_model_dir(tiny_models_root / "tiny-embed").manifest
-    int8_ok = all(g.parity.get("quality_ok") for g in manifest.graphs if g.variant == "int8")
+    int8_ok = all(within_documented_limits(g.parity["quality"]) for g in manifest.graphs if g.variant == "int8")
     listed = (await server.models.ListModels(pb.ListModelsRequest())).models
     by_name = {m.name: m for m in listed}
     assert set(by_name) >= {"tiny-embed", "tiny-gpt", "tiny-translate"}
     embed = await server.models.GetModel(pb.GetModelRequest(name="tiny-embed"))
     assert embed == by_name["tiny-embed"]
     assert embed.kind == "embedding" and embed.is_default and embed.embedding_dimension == 32
-    # auto on a CPU: int8 when the gate judged its quality within the limits, else the fused fp32 graph
+    # auto on a CPU: int8 when the gate's figures are within the limits, else the fused fp32 graph
     assert embed.execution_provider == "CPUExecutionProvider" and embed.variant == ("int8" if int8_ok else "optimized")
     assert embed.max_input_tokens == 48 and embed.vocab_size > 256 and "opset" in embed.manifest
+
+
+def within_documented_limits(quality: dict) -> bool:
+    """An encoder's int8 figures against docs/model-directory.md's limits (not the gate's verdict)."""
+    return (quality["cos_min"] >= 0.98 and quality["cos_mean"] >= 0.995 and quality["similarity_spearman"] >= 0.99
+            and quality["batch_max_abs_diff"] <= 1e-4)
+
+
+@pytest.mark.parametrize("admitted", [True, False], ids=["admitted", "refused"])
+async def test_auto_serves_int8_exactly_where_the_gate_admitted_it(start_server, tiny_models_root, tmp_path,
+                                                                   admitted):
+    model_dir = copy_model_dir(tiny_models_root / "tiny-embed", tmp_path)
+    manifest = json.loads((model_dir / "model.json").read_text())
+    for graph in manifest["graphs"]:
+        if graph["variant"] == "int8":
+            graph["parity"]["quality_ok"] = admitted
+    (model_dir / "model.json").write_text(json.dumps(manifest))
+    srv = await start_server(tmp_path)
+    info = await srv.models.GetModel(pb.GetModelRequest(name="tiny-embed"))
+    assert info.variant == ("int8" if admitted else "optimized")
+    served = as_array(await srv.embedding.Embed(embed_request(TEXTS)))
+    cosines = np.sum(served * reference(model_dir, TEXTS), axis=1)  # both L2-normalised
+    assert cosines.min() >= (0.98 if admitted else 0.99999)  # int8 within its documented limit; fp32 exact
 
 
 async def test_health_per_service_and_reflection(server):

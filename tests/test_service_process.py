@@ -1,10 +1,10 @@
-"""The service as a process: `python -m service` drains on SIGTERM and exits 0; no torch is
-imported by the serving process; a strict provider fallback refuses to start; stubs are fresh."""
+"""The service as a process: `python -m service` drains on SIGTERM and exits 0 (every door:
+test_drain.py); no torch is imported by the serving process; a strict provider fallback refuses to
+start; stubs are fresh."""
 
 from __future__ import annotations
 
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -19,33 +19,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import Client, embed_request
 from service import protogen
+from tests.fixtures.process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class ServiceProcess:
-    """`python -m service` on port 0; the bound port is read from its log."""
-
-    def __init__(self, models_root: Path, *flags: str):
-        cmd = [sys.executable, "-m", "service", "--models", str(models_root), "--port", "0", "--metrics-port", "0",
-               "--http-port", "0", *flags]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.log: list[str] = []
-        self.address = ""
-        for line in self.proc.stderr:
-            self.log.append(line)
-            if match := re.search(r"gRPC listening on (\S+)", line):
-                self.address = match.group(1)
-            if "serving " in line and "model(s) on" in line:
-                return
-        raise RuntimeError("service did not start:\n" + "".join(self.log))
-
-    def wait(self, timeout: float = 60) -> int:
-        rc = self.proc.wait(timeout)
-        self.log += self.proc.stderr.readlines()
-        return rc
 
 
 @pytest.mark.slow

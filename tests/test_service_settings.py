@@ -32,9 +32,35 @@ def test_bad_settings_say_why(env, words):
         Settings.from_env(env=env)
 
 
-def test_every_field_has_a_doc_and_a_flag():
-    for f in dataclasses.fields(Settings):
-        assert f.metadata.get("doc"), f.name
+PARTNERS = {"tls_cert": {"tls_key": "k.pem"}, "tls_key": {"tls_cert": "c.pem"},  # settings that go together
+            "tls_client_ca": {"tls_cert": "c.pem", "tls_key": "k.pem"}}
+
+
+def _other_value(f: dataclasses.Field):
+    """A valid value of the field other than its default."""
+    if f.metadata.get("choices"):
+        return next(c for c in f.metadata["choices"] if c != f.default)
+    return {"bool": lambda d: not d, "int": lambda d: d + 2, "float": lambda d: d + 0.5}.get(
+        str(f.type), lambda d: "x")(f.default)
+
+
+@pytest.mark.parametrize("f", dataclasses.fields(Settings), ids=lambda f: f.name)
+def test_every_field_has_a_doc_an_env_variable_and_a_flag(f, capsys):
+    assert f.metadata.get("doc"), f.name
+    value, env_name, flag = _other_value(f), "TS_" + f.name.upper(), "--" + f.name.replace("_", "-")
+    raw = str(value).lower() if isinstance(value, bool) else str(value)
+    assert getattr(Settings.from_env(env={env_name: raw}, **PARTNERS.get(f.name, {})), f.name) == value
+    with pytest.raises(SystemExit):
+        Settings.from_args(["--help"], env={})
+    help_text = " ".join(capsys.readouterr().out.split())
+    if f.name == "auth_tokens":  # a secret: environment only, never on a command line (ps shows it)
+        assert flag + " " not in help_text
+        return
+    assert f"{flag} " in help_text and env_name in help_text
+    partners = [arg for k, v in PARTNERS.get(f.name, {}).items() for arg in ("--" + k.replace("_", "-"), v)]
+    args = [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, raw]
+    env = {env_name: str(f.default)}  # the flag wins over the environment
+    assert getattr(Settings.from_args([*args, *partners], env=env), f.name) == value
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="tests the CPU fallback; this machine has CUDA")

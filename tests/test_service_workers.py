@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -23,62 +22,25 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from client import embed_request, generate_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.settings import Settings
+from tests.fixtures.process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class WorkerGroup:
-    """`python -m service --workers N` on port 0; address, metrics port and worker pids read from its log."""
+class WorkerGroup(ServiceProcess):
+    """`python -m service --workers N` on port 0, ready once the supervisor says every worker serves."""
 
     def __init__(self, models_root: Path, workers: int = 2, *flags: str):
-        cmd = [sys.executable, "-m", "service", "--models", str(models_root), "--port", "0", "--metrics-port", "0",
-               "--http-port", "0", "--workers", str(workers), *flags]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.log: list[str] = []
-        self._lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._drain, daemon=True).start()  # a full stderr pipe would block the group
-        self.address = self.wait_for(rf"all {workers} workers serving on (\S+)").group(1)
-        self.metrics_port = int(self.find(r"metrics on http://[^:]+:(\d+)/metrics").group(1))
-        self.http_url = self.find(r"HTTP listening on (http://\S+) ").group(1)
-
-    def _drain(self) -> None:
-        for line in self.proc.stderr:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
-        """The first log line (already read or still to come) matching pattern."""
-        if match := self.find(pattern):
-            return match
-        deadline = time.monotonic() + timeout
-        while (line := self._lines.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
-            self.log.append(line)
-            if match := re.search(pattern, line):
-                return match
-        raise AssertionError(f"no log line matches {pattern!r}:\n" + "".join(self.log))
-
-    def find(self, pattern: str) -> re.Match | None:
-        return next((m for line in self.log if (m := re.search(pattern, line))), None)
+        super().__init__(models_root, "--workers", str(workers), *flags,
+                         ready=rf"all {workers} workers serving on (\S+)")
 
     def pid(self, worker: int) -> int:
         return int([m for line in self.log if (m := re.search(rf"worker {worker} ready \(pid (\d+)\)", line))][-1][1])
-
-    def metrics(self) -> dict[tuple[str, tuple], float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-    def wait(self, timeout: float = 60) -> int:
-        rc = self.proc.wait(timeout)
-        while (line := self._lines.get(timeout=10)) is not None:
-            self.log.append(line)
-        return rc
 
 
 def own_channel(address: str) -> grpc.Channel:

@@ -56,21 +56,43 @@ def test_bad_params_are_refused_with_the_range(params, word):
         check_params(params)
 
 
-def test_good_params_pass():
-    check_params(SamplingParams(temperature=0.7, top_k=40, top_p=0.9, repetition_penalty=1.2, stop=("\n",), seed=3))
-
-
-@pytest.mark.parametrize("penalty, temperature", [(1e-3, 1e-3), (1e3, 1e-3), (1e-3, 1e3)])
-def test_extreme_allowed_scales_keep_sampling_finite(penalty, temperature):
-    # float32 logits as the graph returns them; token 3 was seen and has the largest logit
+@pytest.mark.parametrize(
+    "params",
+    [  # the edges of every documented range (docs/api.md) are inside it
+        SamplingParams(temperature=0.0, top_p=0.0, repetition_penalty=0.0),
+        SamplingParams(temperature=1e-3, top_p=1.0, repetition_penalty=1e-3),
+        SamplingParams(temperature=1e3, top_k=1_000_000, repetition_penalty=1e3, seed=2**64 - 1),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.9, repetition_penalty=1.2, stop=("\n",), seed=3),
+        SamplingParams(stop=tuple(f"s{i}" for i in range(16))),
+        SamplingParams(stop=("x" * 256,)),
+    ],
+)
+def test_params_at_the_edges_of_their_ranges_pass(params):
+    assert check_params(params) is None
     logits = np.asarray([1.0, -30.0, 5.0, 30.0, -2.0], np.float32)
+    assert next_token(logits, params, np.asarray([1]), make_rng(params.seed)) in range(5)
+
+
+# float32 logits as the graph returns them; tokens 3 and 1 were seen, token 3 has the largest logit
+LOGITS, SEEN = np.asarray([1.0, -30.0, 5.0, 30.0, -2.0], np.float32), np.asarray([3, 1])
+
+
+@pytest.mark.parametrize(
+    "penalty, temperature, expected",
+    [
+        (1e-3, 1e-3, {3}),  # 30 / 1e-3 grows further ahead: all mass on token 3
+        (1e3, 1e-3, {2}),  # 30 / 1e3 = 0.03 falls behind token 2's 5.0: all mass on token 2
+        (1e-3, 1e3, {3}),  # 3e4 / 1e3 = 30 still dwarfs 5 / 1e3: all mass on token 3
+        (1.0, 1e3, {0, 1, 2, 3, 4}),  # logits / 1e3 are within 0.06 of each other: every token is drawn
+    ],
+)
+def test_extreme_allowed_scales_keep_sampling_finite(penalty, temperature, expected):
     params = SamplingParams(temperature=temperature, repetition_penalty=penalty, seed=0)
     check_params(params)
-    scores = apply_repetition_penalty(logits, np.asarray([3, 1]), penalty).astype(np.float64) / temperature
+    scores = apply_repetition_penalty(LOGITS, SEEN, penalty).astype(np.float64) / temperature
     assert np.isfinite(scores).all()
-    tokens = {next_token(logits, params, np.asarray([3, 1]), make_rng(seed)) for seed in range(20)}
-    if temperature == 1e-3:  # all mass on the best penalised score
-        assert tokens == {int(np.argmax(scores))}
+    tokens = {next_token(LOGITS, params, SEEN, make_rng(seed)) for seed in range(100)}
+    assert tokens == expected
 
 
 def test_repetition_penalty_follows_hf_semantics():
