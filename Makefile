@@ -1,4 +1,4 @@
-# Public entry points: make models | make serve | make test  (see README.md)
+# Public entry points: make models | make serve | make test | make lint  (see README.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 50051
 METRICS_PORT ?= 9464
 
-.PHONY: venv models serve test test-fast test-deploy bench bench-gpu protos clean train-translator train-generator train-mlm
+.PHONY: venv models serve lint format test test-fast test-deploy bench bench-gpu protos clean train-translator train-generator train-mlm
 
 venv: $(VENV)/.installed
 
@@ -26,6 +26,17 @@ models: venv
 
 serve: models
 	$(PY) -m service --models $(MODELS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
+
+# Lint and types: what .ci/run checks before the tests (and .pre-commit-config.yaml on each commit).
+LINTED := service export client bench tests
+lint: venv
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
 
 test: venv
 	$(PY) -m pytest -q -ra -m "not deploy" tests
