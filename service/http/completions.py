@@ -1,0 +1,219 @@
+"""OpenAI's completions request and response beyond one prompt: prompts as text or token ids, `n`
+choices, `logprobs`, `echo` (docs/design/scoring.md).
+
+`parse(body)` checks the JSON and returns the plain request; `choice_params(request, prompt, j)` the
+SamplingParams of choice j of a prompt; `Choice` turns one choice's chunks into OpenAI's `text` and
+`logprobs` object, chunk by chunk (a stream) or all at once:
+
+    "logprobs": {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...],
+                 "text_offset": [...]}
+
+With `echo` the prompt's tokens come first, the first one's log-probability and alternatives
+`null` (nothing predicts it). `top_logprobs` holds the `logprobs` most likely tokens of each
+position and the chosen one (up to logprobs + 1 entries, as OpenAI documents). `text_offset` is
+each token's character offset in the prompt followed by the completion (OpenAI's convention; vLLM
+counts from the completion's start without echo); a special token the text leaves out is zero wide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from service.errors import InvalidArgument
+from service.generation.decoding import IncrementalDetokenizer, SamplingParams
+from service.generation.scoring import TokenLogprobs
+from service.generation.sequence import Chunk
+from service.http.schemas import FINISH, FLOAT32, UINT64, field, refuse_unsupported, strings, text
+
+MAX_LOGPROBS = 5  # OpenAI's limit for completions
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 64  # prompts x n in one request; each takes a place in the generation queue
+
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompts: list[Prompt]
+    n: int
+    echo: bool
+    logprobs: int | None  # alternatives per token; None: no logprobs object
+    params: SamplingParams  # what every choice shares (its seed is choice 0's)
+    stream: bool
+
+
+def parse(body: dict) -> CompletionRequest:
+    """The request's fields, checked; refusals name the field (InvalidArgument)."""
+    refuse_unsupported(body, {"suffix": None})
+    prompts = parse_prompts(body.get("prompt"))
+    n = field(body, "n", int, 1, minimum=1, maximum=MAX_N)
+    best_of = field(body, "best_of", int, n, minimum=1, maximum=MAX_N)
+    if best_of != n:
+        raise InvalidArgument(f"best_of={best_of} is not supported (leave it out or set it to n={n})")
+    if len(prompts) * n > MAX_CHOICES:
+        raise InvalidArgument(f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most "
+                              f"{MAX_CHOICES} per request")
+    echo = field(body, "echo", bool, False)
+    logprobs = field(body, "logprobs", int, None, minimum=0, maximum=MAX_LOGPROBS)
+    max_tokens = field(body, "max_tokens", int, None, minimum=0)
+    if max_tokens == 0 and not echo:
+        max_tokens = None  # the server's default length, as before echo existed (docs/api.md)
+    params = SamplingParams(
+        max_new_tokens=max_tokens or 0,
+        temperature=field(body, "temperature", float, 0.0, minimum=0, maximum=FLOAT32),
+        top_p=field(body, "top_p", float, 0.0, minimum=0, maximum=FLOAT32),
+        top_k=field(body, "top_k", int, 0, minimum=0),
+        repetition_penalty=field(body, "repetition_penalty", float, 0.0, minimum=0, maximum=FLOAT32),
+        stop=tuple(strings(body, "stop", default=[])),
+        seed=field(body, "seed", int, minimum=0, maximum=UINT64),
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if echo and logprobs is not None else 0 if max_tokens == 0 else None,
+        score_only=max_tokens == 0)
+    stream = field(body, "stream", bool, False)
+    if stream and len(prompts) * n > 1:
+        raise InvalidArgument("stream is supported for one prompt and n=1; send the others as separate requests")
+    return CompletionRequest(field(body, "model", str, ""), prompts, n, echo, logprobs, params, stream)
+
+
+def parse_prompts(value) -> list[Prompt]:
+    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
+    if isinstance(value, str):
+        return [text("prompt", value)]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return [text(f"prompt[{i}]", v) for i, v in enumerate(value)]
+        if all(_is_id(v) for v in value):
+            return [list(value)]
+        if all(isinstance(v, list) for v in value):
+            for i, ids in enumerate(value):
+                bad = next((j for j, t in enumerate(ids) if not _is_id(t)), None)
+                if bad is not None or not ids:
+                    where = f"prompt[{i}]" if bad is None else f"prompt[{i}][{bad}]"
+                    raise InvalidArgument(f"{where} must be a non-empty array of token ids (integers)")
+            return [list(v) for v in value]
+    raise InvalidArgument("prompt must be a string, an array of strings, an array of token ids or an array of "
+                          "arrays of token ids (not empty, not mixed)")
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def choice_params(request: CompletionRequest, j: int) -> SamplingParams:
+    """Choice j of a prompt: its own seed stream (seed + j; unseeded stays unseeded) and, with echo,
+    the prompt scored once, by choice 0 (the prompt's other choices share its scores). A score-only
+    request runs choice 0 alone: its choices are all alike."""
+    p = request.params
+    seed = None if p.seed is None else (p.seed + j) % 2**64
+    return dataclasses.replace(p, seed=seed, prompt_logprobs=p.prompt_logprobs if j == 0 else None)
+
+
+def runs(request: CompletionRequest) -> list[tuple[int, int]]:
+    """(prompt index, choice j) of each generation to run."""
+    n = 1 if request.params.score_only else request.n
+    return [(i, j) for i in range(len(request.prompts)) for j in range(n)]
+
+
+def response(request: CompletionRequest, completion, tokenizer, results: dict[tuple[int, int], Chunk]) -> dict:
+    """The completion response: results (prompt, choice) -> the choice's joined chunk; a
+    score-only request's choice 0 stands for all n."""
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for i, prompt in enumerate(request.prompts):
+        first = results[(i, 0)]
+        prompt_tokens += first.input_tokens
+        for j in range(request.n):
+            chunk = results.get((i, j), first)
+            choice = Choice(tokenizer, prompt, request.echo, request.logprobs)
+            text, lp = choice.part(chunk, first.prompt_logprobs)
+            completion_tokens += chunk.output_tokens if (i, j) in results else 0
+            choices.append({"index": i * request.n + j, "text": text, "logprobs": lp,
+                            "finish_reason": FINISH[chunk.finish_reason]})
+    return {"id": completion.id, "object": "text_completion", "created": completion.created,
+            "model": completion.model, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+
+class Choice:
+    """One choice's `text` and `logprobs`, built from its chunks in order. prompt_scores: the
+    prompt's scores when echo is on (choice 0 brings them in its first chunk; the others share them)."""
+
+    def __init__(self, tokenizer, prompt: Prompt, echo: bool, top: int | None):
+        self.tokenizer, self.echo, self.top = tokenizer, echo, top
+        self.prompt_ids = prompt if isinstance(prompt, list) else None
+        self.prompt_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
+        self.offset = len(self.prompt_text)  # the next generated token's text offset
+        self._detok: IncrementalDetokenizer | None = None
+        self._echoed = not echo
+
+    def part(self, chunk: Chunk, prompt_scores: TokenLogprobs | None = None) -> tuple[str, dict | None]:
+        """(text, logprobs object or None) of one chunk (or of a whole choice's joined chunks)."""
+        scores = prompt_scores or chunk.prompt_logprobs
+        text, lp = chunk.text, self._empty() if self.top is not None else None
+        if not self._echoed:
+            self._echoed = True
+            text = self.prompt_text + text
+            if lp is not None and scores is not None:
+                self._add(lp, scores, self._offsets(scores.token_ids, [], 0))
+        if scores is not None and self.prompt_ids is None:
+            self.prompt_ids = scores.token_ids  # the tokenized text prompt: context for the offsets below
+        if lp is not None and chunk.logprobs is not None:
+            self._add(lp, chunk.logprobs, self._generated_offsets(chunk.logprobs.token_ids))
+        return text, lp
+
+    @staticmethod
+    def _empty() -> dict:
+        return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+    def _offsets(self, ids: list[int], context: list[int], start: int) -> list[int]:
+        """Character offsets of ids' texts, decoded after context, starting at start."""
+        detok, out, at = IncrementalDetokenizer(self.tokenizer, context), [], start
+        for t in ids:
+            out.append(at)
+            at += len(detok.push(t))
+        return out
+
+    def _generated_offsets(self, ids: list[int]) -> list[int]:
+        if self._detok is None:
+            self._detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids or [])
+        out = []
+        for t in ids:
+            out.append(self.offset)
+            self.offset += len(self._detok.push(t))
+        return out
+
+    def _add(self, lp: dict, scores: TokenLogprobs, offsets: list[int]) -> None:
+        names = self._names(scores)
+        for i, (token, value) in enumerate(zip(scores.token_ids, scores.logprobs, strict=True)):
+            lp["tokens"].append(names[token])
+            lp["token_logprobs"].append(value)
+            lp["text_offset"].append(offsets[i])
+            if value is None:  # a prompt's first token
+                lp["top_logprobs"].append(None)
+                continue
+            top: dict[str, float] = {}
+            for t, v in zip(scores.top_ids[i][: self.top], scores.top_logprobs[i], strict=False):
+                top.setdefault(names[t], v)  # two ids may decode alike: the likelier one is kept
+            top.setdefault(names[token], value)
+            lp["top_logprobs"].append(top)
+
+    def _names(self, scores: TokenLogprobs) -> dict[int, str]:
+        """Each token id of these scores -> its text as OpenAI shows a token (special tokens spelled out)."""
+        ids = sorted({*scores.token_ids, *(t for row in scores.top_ids for t in row[: self.top])})
+        return dict(zip(ids, self.tokenizer.decode_batch([[t] for t in ids], skip_special_tokens=False), strict=True))
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def event(completion, choice: Choice, chunk: Chunk) -> dict:
+    """A stream event of a one-choice completion; the last one carries the finish reason and usage."""
+    text, lp = choice.part(chunk)
+    reason = None if chunk.finish_reason is None else FINISH[chunk.finish_reason]
+    out = {"id": completion.id, "object": "text_completion", "created": completion.created, "model": completion.model,
+           "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}]}
+    if reason is not None:
+        out["usage"] = usage(chunk.input_tokens, chunk.output_tokens)
+    return out
