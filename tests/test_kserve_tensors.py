@@ -56,7 +56,7 @@ def test_every_datatype_decodes_as_sent(binary):
     arrays = {"text": TEXTS, **NUMERIC}
     request = decode([triton_input(name, array, binary) for name, array in arrays.items()])
     assert [t.name for t in request.inputs] == list(arrays)
-    for tensor, (name, array) in zip(request.inputs, arrays.items()):
+    for tensor, (name, array) in zip(request.inputs, arrays.items(), strict=True):
         assert tensor.datatype == np_to_triton_dtype(array.dtype)
         assert tensor.array.shape == array.shape and tensor.array.dtype == tensors.DATATYPES[tensor.datatype]
         assert tensor.array.tolist() == array.tolist(), name
@@ -64,8 +64,12 @@ def test_every_datatype_decodes_as_sent(binary):
 
 def test_request_id_parameters_and_requested_outputs():
     outputs = [triton.InferRequestedOutput("a"), triton.InferRequestedOutput("b", binary_data=False)]
-    request = decode([triton_input("text", TEXTS, True)], outputs, request_id="r-7",
-                     parameters={"temperature": 0.5, "seed": 3, "stop": "\n", "normalize": True})
+    request = decode(
+        [triton_input("text", TEXTS, True)],
+        outputs,
+        request_id="r-7",
+        parameters={"temperature": 0.5, "seed": 3, "stop": "\n", "normalize": True},
+    )
     assert request.id == "r-7"
     assert request.parameters == {"temperature": 0.5, "seed": 3, "stop": "\n", "normalize": True}
     assert request.outputs == {"a": True, "b": False} and not request.binary_output
@@ -153,12 +157,21 @@ BAD = [
     (body(text()), "0", "Inference-Header-Content-Length='0'"),
     (body(text()), "99999", "Inference-Header-Content-Length='99999'"),
     (body(text()) + b"xx", "len", "2 bytes of binary data follow the JSON"),
-    (body(text(data=None, parameters={"binary_data_size": 9})) + b"\x01\x00\x00\x00a", "len",
-     "binary_data_size=9 must be the size"),
-    (body(text(data=None, parameters={"binary_data_size": 6})) + b"\x05\x00\x00\x00ab", "len",
-     "BYTES data is cut: an element of 5 bytes"),
-    (body(text(datatype="FP32", data=None, parameters={"binary_data_size": 3})) + b"abc", "len",
-     "FP32 needs 4 bytes but its binary_data_size is 3"),
+    (
+        body(text(data=None, parameters={"binary_data_size": 9})) + b"\x01\x00\x00\x00a",
+        "len",
+        "binary_data_size=9 must be the size",
+    ),
+    (
+        body(text(data=None, parameters={"binary_data_size": 6})) + b"\x05\x00\x00\x00ab",
+        "len",
+        "raw BYTES content is cut: an element of 5 bytes",
+    ),
+    (
+        body(text(datatype="FP32", data=None, parameters={"binary_data_size": 3})) + b"abc",
+        "len",
+        "FP32 needs 4 bytes but its binary_data_size is 3",
+    ),
 ]
 
 

@@ -10,7 +10,7 @@ Every served model is one OIP model, version "1", with one input and typed outpu
 
 (fill-mask: M the most masks of any input, K = top_k; an input with fewer masks is padded with
 token "", token_id -1, score 0). Request parameters are named like the fields of the kind's
-inference.v1 request (`PARAMETERS`); servicer.py (gRPC) and rest.py (HTTP) convert their wire
+inference.v1 request (parameters.py); servicer.py (gRPC) and rest.py (HTTP) convert their wire
 formats to and from these calls.
 """
 
@@ -27,9 +27,8 @@ from service.embedding.grpc import EmbeddingServicer
 from service.errors import InvalidArgument, NotFound, label_model, quote
 from service.fillmask.grpc import FillMaskServicer
 from service.generation import converters as generation
-from service.kserve import converters
+from service.kserve.parameters import checked, embed_request, fill_mask_request, generate_request, translate_request
 from service.kserve.tensors import Scalar, Tensor
-from service.proto import inference_pb2 as pb
 from service.registry import Backend, ModelRegistry
 from service.settings import Settings
 from service.translation import converters as translation
@@ -42,16 +41,12 @@ TENSORS = {  # kind -> output -> (datatype, shape); -1: any size; an embedding's
     "embedding": {"embedding": ("FP32", [-1, -1])},
     "generation": {"text_output": ("BYTES", [-1])},
     "translation": {"translation": ("BYTES", [-1]), "score": ("FP32", [-1])},
-    "fill-mask": {"token": ("BYTES", [-1, -1, -1]), "token_id": ("INT64", [-1, -1, -1]),
-                  "score": ("FP32", [-1, -1, -1])},
+    "fill-mask": {
+        "token": ("BYTES", [-1, -1, -1]),
+        "token_id": ("INT64", [-1, -1, -1]),
+        "score": ("FP32", [-1, -1, -1]),
+    },
 }
-PARAMETERS = {  # kind -> parameters a request may set: the inference.v1 request's field names
-    "embedding": ("normalize", "truncate", "dimensions"),
-    "generation": ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"),
-    "translation": ("beam_size", "max_length", "length_penalty"),
-    "fill-mask": ("top_k",),
-}
-IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
 
 
 @dataclass(frozen=True)
@@ -100,8 +95,10 @@ class DataPlane:
             raise InvalidArgument("model name is empty; the server's metadata and repository index name the models")
         model = self.registry.find(name)
         if version not in ("", VERSION):
-            raise NotFound(f"model {quote(name)} has no version {quote(version)}; its only version is "
-                           f"{VERSION!r} (or leave it out)")
+            raise NotFound(
+                f"model {quote(name)} has no version {quote(version)}; its only version is "
+                f"{VERSION!r} (or leave it out)"
+            )
         label_model(model.name)
         return model
 
@@ -115,8 +112,10 @@ class DataPlane:
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         model = self.admit(name, version)
         dimension = int(model.manifest.embedding_dim or 0) if model.kind == "embedding" else -1
-        outputs = [TensorSpec(output, datatype, [-1, dimension] if model.kind == "embedding" else shape)
-                   for output, (datatype, shape) in TENSORS[model.kind].items()]
+        outputs = [
+            TensorSpec(output, datatype, [-1, dimension] if model.kind == "embedding" else shape)
+            for output, (datatype, shape) in TENSORS[model.kind].items()
+        ]
         return ModelMetadata(model.name, [VERSION], f"{SERVER_NAME}/{model.kind}", [TensorSpec(INPUT, *TEXTS)], outputs)
 
     def repository_index(self) -> list[dict]:
@@ -129,50 +128,67 @@ class DataPlane:
         self.registry.admit()
         return self.model(name, version)
 
-    async def infer(self, model: Backend, texts: list[str], outputs: list[str], parameters: dict[str, Scalar],
-                    deadline: float | None) -> Inference:
+    async def infer(
+        self,
+        model: Backend,
+        texts: list[str],
+        outputs: list[str],
+        parameters: dict[str, Scalar],
+        deadline: float | None,
+    ) -> Inference:
         """Runs `model` (from `admit`) on the `text` input's texts; outputs: the names wanted (empty:
         all). The outputs and parameters are checked before any work."""
         wanted = requested_outputs(outputs, model.kind)
-        values = checked_parameters(parameters, model.kind)
-        run = {"embedding": self._embed, "generation": self._generate, "translation": self._translate,
-               "fill-mask": self._fill_mask}[model.kind]
+        values = checked(parameters, model.kind)
+        run = {
+            "embedding": self._embed,
+            "generation": self._generate,
+            "translation": self._translate,
+            "fill-mask": self._fill_mask,
+        }[model.kind]
         produced, input_tokens, output_tokens = await run(model, texts, values, deadline)
         by_name = {t.name: t for t in produced}
         return Inference(model.name, [by_name[n] for n in wanted], input_tokens, output_tokens)
 
     async def _embed(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        request = converters.embed_request(texts, model.name, values)
+        request = embed_request(texts, model.name, values)
         response = await self.embedding.embed(request, deadline)
         return [Tensor("embedding", "FP32", packing.array(response))], response.usage.input_tokens, 0
 
     async def _generate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
         """One generation per text, decoded together by the model's scheduler; all or none."""
         if len(texts) > self.settings.gen_max_queue:
-            raise InvalidArgument(f"{len(texts)} texts in one call; a generation model queues at most "
-                                  f"{self.settings.gen_max_queue}: split the call")
+            raise InvalidArgument(
+                f"{len(texts)} texts in one call; a generation model queues at most "
+                f"{self.settings.gen_max_queue}: split the call"
+            )
         handles = []
         try:
             for text in texts:
-                request = converters.generate_request(text, model.name, values)
+                request = generate_request(text, model.name, values)
                 handles.append(await model.submit_async(text, generation.sampling_params(request)))
             results = await asyncio.gather(*(handle.collect() for handle in handles))
         finally:
             for handle in handles:  # frees the rows of every sequence when one fails or the call ends
                 handle.cancel()
         done = [generation.generate_response(chunks, model.name) for chunks in results]
-        return ([Tensor("text_output", "BYTES", _texts([r.text for r in done]))],
-                sum(r.usage.input_tokens for r in done), sum(r.usage.output_tokens for r in done))
+        return (
+            [Tensor("text_output", "BYTES", _texts([r.text for r in done]))],
+            sum(r.usage.input_tokens for r in done),
+            sum(r.usage.output_tokens for r in done),
+        )
 
     async def _translate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        request = converters.translate_request(texts, model.name, values)
+        request = translate_request(texts, model.name, values)
         result = await model.translate(list(request.inputs), translation.translate_options(request))
-        outputs = [Tensor("translation", "BYTES", _texts([t.text for t in result.translations])),
-                   Tensor("score", "FP32", np.array([t.score for t in result.translations], dtype=np.float32))]
+        outputs = [
+            Tensor("translation", "BYTES", _texts([t.text for t in result.translations])),
+            Tensor("score", "FP32", np.array([t.score for t in result.translations], dtype=np.float32)),
+        ]
         return outputs, result.input_tokens, result.output_tokens
 
     async def _fill_mask(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        request = converters.fill(pb.FillMaskRequest(inputs=texts, model=model.name), values)
+        request = fill_mask_request(texts, model.name, values)
         response = await self.fill_masks.fill_mask(request, deadline)
         masks = [[[(c.token, c.token_id, c.score) for c in m.candidates] for m in r.masks] for r in response.results]
         return fill_mask_tensors(masks), response.usage.input_tokens, 0
@@ -196,8 +212,9 @@ def input_texts(inputs: list[Tensor]) -> list[str]:
     """The `text` input's elements as strings; InvalidArgument naming what is wrong with the tensor
     (the same checks and messages as the gRPC binding's `converters.input_texts`)."""
     if [t.name for t in inputs] != [INPUT]:
-        raise InvalidArgument(f"inputs are {[quote(t.name) for t in inputs]}; send exactly one input named "
-                              f"{INPUT!r} (BYTES, shape [N])")
+        raise InvalidArgument(
+            f"inputs are {[quote(t.name) for t in inputs]}; send exactly one input named {INPUT!r} (BYTES, shape [N])"
+        )
     tensor = inputs[0]
     if tensor.datatype != "BYTES":
         raise InvalidArgument(f"input {INPUT!r} has datatype {quote(tensor.datatype)}; it must be BYTES (UTF-8 texts)")
@@ -217,19 +234,6 @@ def requested_outputs(names: list[str], kind: str) -> list[str]:
         if name not in TENSORS[kind]:
             raise InvalidArgument(f"unknown output {quote(name)}; a {kind} model returns {', '.join(TENSORS[kind])}")
     return names or list(TENSORS[kind])
-
-
-def checked_parameters(parameters: dict[str, Scalar], kind: str) -> dict[str, Scalar]:
-    """The parameters the model takes, unknown names refused (a typo must not pass unseen)."""
-    values = {}
-    for name, value in parameters.items():
-        if name in IGNORED:
-            continue
-        if name not in PARAMETERS[kind]:
-            raise InvalidArgument(f"unknown parameter {quote(name)} for a {kind} model; accepted: "
-                                  f"{', '.join(PARAMETERS[kind])}")
-        values[name] = value
-    return values
 
 
 def _texts(texts: list[str]) -> np.ndarray:

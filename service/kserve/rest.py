@@ -67,7 +67,7 @@ def oip_route(method: str) -> Callable[[Endpoint], Callable[[Any, Request], Awai
             except asyncio.CancelledError:
                 call.record.code = grpc.StatusCode.CANCELLED
                 raise
-            except Exception as exc:  # noqa: BLE001 - the one place these failures become responses
+            except Exception as exc:  # the one place these failures become responses
                 call.record.code, message = status_of(exc)
                 response = error(call.record.code, message)
                 if isinstance(exc, SlowBody):  # the rest of the body may still come: the connection cannot go on
@@ -101,8 +101,15 @@ class Routes:
     @oip_route("ModelMetadata")
     async def model_metadata(self, request: Request, call: HttpCall) -> Response:
         meta = self.plane.model_metadata(*_model(request))
-        return JSONResponse({"name": meta.name, "versions": meta.versions, "platform": meta.platform,
-                             "inputs": [vars(t) for t in meta.inputs], "outputs": [vars(t) for t in meta.outputs]})
+        return JSONResponse(
+            {
+                "name": meta.name,
+                "versions": meta.versions,
+                "platform": meta.platform,
+                "inputs": [vars(t) for t in meta.inputs],
+                "outputs": [vars(t) for t in meta.outputs],
+            }
+        )
 
     @oip_route("ModelReady")
     async def model_ready(self, request: Request, call: HttpCall) -> Response:
@@ -120,14 +127,18 @@ class Routes:
         body = await self._body(request)
         decoded = tensors.decode_request(body, request.headers.get(tensors.HEADER_LENGTH))
         texts = input_texts(decoded.inputs)
-        done = await call.unless_gone(request, self.plane.infer(
-            model, texts, list(decoded.outputs), decoded.parameters, call.deadline))
+        done = await call.unless_gone(
+            request, self.plane.infer(model, texts, list(decoded.outputs), decoded.parameters, call.deadline)
+        )
         counts = {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens}
         payload, header_length = tensors.encode_response(done.model, VERSION, decoded, done.outputs, counts)
         if header_length is None:
             return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(header_length)})
+        return Response(
+            payload,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
 
     async def _body(self, request: Request) -> bytes:
         """The body, inflated when it came compressed; either way at most max_message_bytes."""
@@ -144,7 +155,9 @@ class Routes:
         except zlib.error as e:
             raise InvalidArgument(f"the body is not valid {encoding} data ({e})") from e
         if len(data) > limit:
-            raise InvalidArgument(f"request body inflates to over {limit} bytes (--max-message-bytes); send less per call")
+            raise InvalidArgument(
+                f"request body inflates to over {limit} bytes (--max-message-bytes); send less per call"
+            )
         if not inflater.eof:
             raise InvalidArgument(f"the {encoding} body is cut short")
         return data

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +28,18 @@ from service.http.body import TOO_DEEP, too_deep
 
 HEADER_LENGTH = "inference-header-content-length"
 DATATYPES = {  # the protocol's tensor datatypes -> numpy (little-endian, as the binary data is)
-    "BOOL": np.dtype("?"), "UINT8": np.dtype("u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"), "INT8": np.dtype("i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"), "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
     "BYTES": np.dtype(object),
 }
 LENGTH = struct.Struct("<I")
@@ -62,9 +72,9 @@ class InferRequest:
     binary_output: bool = False
 
 
-def pack_bytes(elements) -> bytes:
+def pack_bytes(elements: Iterable[Any]) -> bytes:
     """BYTES elements (bytes or str) as the protocol's raw layout: a 4-byte LE length, then the bytes."""
-    parts = []
+    parts: list[bytes] = []
     for element in elements:
         data = element if isinstance(element, bytes) else str(element).encode()
         parts += (LENGTH.pack(len(data)), data)
@@ -77,13 +87,14 @@ def split_bytes(raw: bytes | memoryview, what: str) -> list[bytes]:
     elements, at = [], 0
     while at < len(raw):
         if at + LENGTH.size > len(raw):
-            raise InvalidArgument(f"{what}: BYTES data is cut inside an element's 4-byte length at byte {at}")
+            raise InvalidArgument(f"{what}: raw BYTES content is cut inside an element's 4-byte length at byte {at}")
         (size,) = LENGTH.unpack_from(raw, at)
         at += LENGTH.size
         if at + size > len(raw):
-            raise InvalidArgument(f"{what}: BYTES data is cut: an element of {size} bytes at byte {at}, "
-                                  f"{len(raw) - at} left")
-        elements.append(bytes(raw[at:at + size]))
+            raise InvalidArgument(
+                f"{what}: raw BYTES content is cut: an element of {size} bytes at byte {at}, {len(raw) - at} left"
+            )
+        elements.append(bytes(raw[at : at + size]))
         at += size
     return elements
 
@@ -99,8 +110,9 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         inputs.append(tensor)
         used += taken
     if used != len(binary):
-        raise InvalidArgument(f"{len(binary) - used} bytes of binary data follow the JSON that no input's "
-                              "binary_data_size accounts for")
+        raise InvalidArgument(
+            f"{len(binary) - used} bytes of binary data follow the JSON that no input's binary_data_size accounts for"
+        )
     parameters = _parameters(header.get("parameters"), "parameters")
     binary_output = parameters.pop("binary_data_output", False)
     if not isinstance(binary_output, bool):
@@ -115,8 +127,10 @@ def _header_size(header_length: str | None, body_size: int) -> int:
     if header_length is None:
         return body_size
     if not header_length.strip().isdigit() or not 0 < int(header_length) <= body_size:
-        raise InvalidArgument(f"header Inference-Header-Content-Length={header_length[:32]!r} must be the size "
-                              f"of the JSON at the start of the body, 1 to {body_size} bytes")
+        raise InvalidArgument(
+            f"header Inference-Header-Content-Length={header_length[:32]!r} must be the size "
+            f"of the JSON at the start of the body, 1 to {body_size} bytes"
+        )
     return int(header_length)
 
 
@@ -126,8 +140,10 @@ def _json_object(header: bytes | memoryview) -> dict:
     except RecursionError as e:
         raise InvalidArgument(TOO_DEEP) from e
     except ValueError as e:
-        raise InvalidArgument(f"the request's JSON is not valid ({e}); with binary tensor data, header "
-                              "Inference-Header-Content-Length must give the JSON's size") from e
+        raise InvalidArgument(
+            f"the request's JSON is not valid ({e}); with binary tensor data, header "
+            "Inference-Header-Content-Length must give the JSON's size"
+        ) from e
     if too_deep(bytes(header), MAX_DEPTH):
         raise InvalidArgument(TOO_DEEP)
     if not isinstance(value, dict):
@@ -140,8 +156,11 @@ def _list(holder: dict, key: str, required: bool = False, where: str = "") -> li
     if value is None and not required:
         return []
     if not isinstance(value, list) or (required and not value):
-        raise InvalidArgument(f"{where}{key} must be a non-empty array" if required
-                              else f"{where}{key} must be an array, not {_json_type(value)}")
+        raise InvalidArgument(
+            f"{where}{key} must be a non-empty array"
+            if required
+            else f"{where}{key} must be an array, not {_json_type(value)}"
+        )
     return value
 
 
@@ -165,8 +184,10 @@ def _input(spec: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
     if "binary_data_size" in parameters:
         size = parameters["binary_data_size"]
         if type(size) is not int or not 0 <= size <= len(binary):
-            raise InvalidArgument(f"{where}.parameters.binary_data_size={_shown(size)} must be the size of "
-                                  f"its binary data, at most the {len(binary)} bytes left after the JSON")
+            raise InvalidArgument(
+                f"{where}.parameters.binary_data_size={_shown(size)} must be the size of "
+                f"its binary data, at most the {len(binary)} bytes left after the JSON"
+            )
         return Tensor(name, datatype, _from_binary(binary[:size], datatype, shape, where)), size
     if "data" not in spec:
         raise InvalidArgument(f"{where} has neither data nor parameters.binary_data_size")
@@ -184,8 +205,10 @@ def _from_binary(raw: memoryview, datatype: str, shape: list[int], where: str) -
         return array.reshape(shape)
     dtype = DATATYPES[datatype]
     if len(raw) != count * dtype.itemsize:
-        raise InvalidArgument(f"{where}.shape={shape} of {datatype} needs {count * dtype.itemsize} bytes but "
-                              f"its binary_data_size is {len(raw)}")
+        raise InvalidArgument(
+            f"{where}.shape={shape} of {datatype} needs {count * dtype.itemsize} bytes but "
+            f"its binary_data_size is {len(raw)}"
+        )
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
@@ -226,7 +249,7 @@ def _numbers(flat: list, datatype: str, where: str) -> np.ndarray:
     if datatype == "BOOL":
         ok = all(type(v) is bool for v in flat)
     elif dtype.kind in "iu":
-        info = np.iinfo(dtype)
+        info = np.iinfo(dtype)  # type: ignore[type-var]  # an integer dtype here
         ok = all(type(v) is int and info.min <= v <= info.max for v in flat)
     else:
         ok = all(type(v) in (int, float) for v in flat)
@@ -268,8 +291,9 @@ def _outputs(header: dict, binary_default: bool) -> dict[str, bool]:
     return outputs
 
 
-def encode_response(model: str, version: str, request: InferRequest, outputs: list[Tensor],
-                    parameters: dict[str, Scalar]) -> tuple[bytes, int | None]:
+def encode_response(
+    model: str, version: str, request: InferRequest, outputs: list[Tensor], parameters: Mapping[str, Scalar]
+) -> tuple[bytes, int | None]:
     """The response body and, when outputs go binary, its JSON's size (Inference-Header-Content-Length)."""
     response: dict[str, Any] = {"model_name": model, "model_version": version}
     if request.id:
@@ -280,8 +304,11 @@ def encode_response(model: str, version: str, request: InferRequest, outputs: li
     for tensor in outputs:
         out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         if request.outputs.get(tensor.name, request.binary_output):
-            blobs.append(pack_bytes(tensor.array.flat) if tensor.datatype == "BYTES"
-                         else np.ascontiguousarray(tensor.array, dtype=DATATYPES[tensor.datatype]).tobytes())
+            blobs.append(
+                pack_bytes(tensor.array.flat)
+                if tensor.datatype == "BYTES"
+                else np.ascontiguousarray(tensor.array, dtype=DATATYPES[tensor.datatype]).tobytes()
+            )
             out["parameters"] = {"binary_data_size": len(blobs[-1])}
         else:
             out["data"] = _json_data(tensor)
@@ -296,8 +323,9 @@ def _json_data(tensor: Tensor) -> list:
     try:
         return [e.decode() if isinstance(e, bytes) else str(e) for e in tensor.array.flat]
     except UnicodeDecodeError as e:
-        raise InvalidArgument(f"output {quote(tensor.name)} holds bytes that are not UTF-8; ask for it with "
-                              "binary_data: true") from e
+        raise InvalidArgument(
+            f"output {quote(tensor.name)} holds bytes that are not UTF-8; ask for it with binary_data: true"
+        ) from e
 
 
 def _shown(value: Any) -> str:
@@ -309,5 +337,6 @@ def _shown(value: Any) -> str:
 
 
 def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), "a number")
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )

@@ -1,0 +1,85 @@
+"""The Open Inference Protocol's request parameters -> the inference.v1 request of the model's kind.
+
+Parameters are named like the fields of the kind's v1 request (`PARAMETERS`) and set on that
+message, so a value that does not fit the field (a string temperature, a negative count) is
+refused here and the v1 converters and models check ranges as they do for every other door.
+Both bindings (gRPC `InferParameter`s, REST JSON values) hand in plain bool / int / float / str.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from service.converters import float32
+from service.errors import InvalidArgument, quote
+from service.proto import inference_pb2 as pb
+
+PARAMETERS = {  # kind -> parameters a request may set: the inference.v1 request's field names
+    "embedding": ("normalize", "truncate", "dimensions"),
+    "generation": ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"),
+    "translation": ("beam_size", "max_length", "length_penalty"),
+    "fill-mask": ("top_k",),
+}
+IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
+
+
+def checked(parameters: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The parameters a `kind` model takes; an unknown name is refused (a typo must not pass unseen)."""
+    values = {}
+    for name, value in parameters.items():
+        if name in IGNORED:
+            continue
+        if name not in PARAMETERS[kind]:
+            raise InvalidArgument(
+                f"unknown parameter {quote(name)} for a {kind} model; accepted: {', '.join(PARAMETERS[kind])}"
+            )
+        values[name] = value
+    return values
+
+
+def fill(message: Message, values: dict[str, Any]) -> Message:
+    """Sets each value on the field of the same name; INVALID_ARGUMENT when it does not fit the field."""
+    for name, value in values.items():
+        field = message.DESCRIPTOR.fields_by_name[name]
+        kind = _KINDS.get(field.cpp_type, "integer")
+        try:
+            if not isinstance(value, _ACCEPTS[kind]) or (isinstance(value, bool) and kind != "bool"):
+                raise TypeError(type(value).__name__)
+            if field.is_repeated:  # stop: one sequence per request parameter
+                getattr(message, name).append(value)
+            else:
+                if field.cpp_type == FieldDescriptor.CPPTYPE_FLOAT:  # a double parameter may not fit
+                    value = float32(name, float(value))
+                setattr(message, name, float(value) if kind == "number" else value)
+        except (TypeError, ValueError) as e:  # ValueError: out of the field's range (a negative count)
+            expected = "non-negative integer" if kind == "integer" else kind
+            raise InvalidArgument(f"parameter {name}={quote(str(value))} does not fit: it must be a {expected}") from e
+    return message
+
+
+_KINDS = {
+    FieldDescriptor.CPPTYPE_BOOL: "bool",
+    FieldDescriptor.CPPTYPE_FLOAT: "number",
+    FieldDescriptor.CPPTYPE_DOUBLE: "number",
+    FieldDescriptor.CPPTYPE_STRING: "string",
+}  # else integer
+_ACCEPTS: dict[str, Any] = {"bool": bool, "number": (int, float), "string": str, "integer": int}
+
+
+def embed_request(texts: list[str], model: str, values: dict[str, Any]) -> pb.EmbedRequest:
+    return fill(pb.EmbedRequest(inputs=texts, model=model, encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32), values)
+
+
+def generate_request(text: str, model: str, values: dict[str, Any]) -> pb.GenerateRequest:
+    return fill(pb.GenerateRequest(prompt=text, model=model), values)
+
+
+def translate_request(texts: list[str], model: str, values: dict[str, Any]) -> pb.TranslateRequest:
+    return fill(pb.TranslateRequest(inputs=texts, model=model), values)
+
+
+def fill_mask_request(texts: list[str], model: str, values: dict[str, Any]) -> pb.FillMaskRequest:
+    return fill(pb.FillMaskRequest(inputs=texts, model=model), values)
