@@ -4,6 +4,7 @@ head selection, limits and errors, FAILED_PRECONDITION for a directory without t
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -16,6 +17,7 @@ from export.tiny import MAX_INPUT_TOKENS, byte_tokenizer, tiny_model
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.models import copy_model_dir
+from tests.fixtures.server import metric
 
 TEXT = "The cat sat on the mat."
 
@@ -166,3 +168,21 @@ def _minilm_ids(model_dir, text: str) -> list[int]:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(text).ids
+
+
+async def test_attention_calls_beyond_the_cap_are_resource_exhausted(start_server):
+    """One Attention call computes at a time (attention_max_in_flight=1): of a burst, those that find
+    the place taken are refused at once; the served ones all get the same maps."""
+    srv = await start_server(attention_max_in_flight=1, compute_workers=1)
+    labels = {"service": "InspectionService", "method": "Attention", "model": "tiny-embed", "protocol": "grpc"}
+    refused_before = metric("ts_requests_total", {**labels, "code": "RESOURCE_EXHAUSTED"})
+    request = pb.AttentionRequest(text="x" * (MAX_INPUT_TOKENS["embedding"] - 2))  # the longest input: [CLS] + 46 + [SEP]
+    outcomes = await asyncio.gather(*[_stub(srv).Attention(request) for _ in range(24)], return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    served = [o for o in outcomes if isinstance(o, pb.AttentionResponse)]
+    assert len(refused) + len(served) == 24 and refused and served
+    assert {e.code() for e in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert all("attention" in e.details() and "1 of 1" in e.details() for e in refused), refused[0].details()
+    assert all(r.maps == served[0].maps for r in served)
+    assert metric("ts_requests_total", {**labels, "code": "RESOURCE_EXHAUSTED"}) == refused_before + len(refused)
+    assert (await _stub(srv).Attention(request)).maps == served[0].maps  # the place is free again
