@@ -61,6 +61,7 @@ class GenerationModel:
         self.context = min(self.model_context, settings.gen_max_context or self.model_context)
         self.max_prompt = min(int(manifest.max_input_tokens), self.context - 1)
         self.max_prompt_chars = tokenizing.max_chars(self.max_prompt, tokenizing.chars_per_token(tokenizer))
+        self.max_scored_chars = tokenizing.max_chars(self.context - 1, tokenizing.chars_per_token(tokenizer))
         self.text_encoder = tokenizing.Encoder(tokenizer)
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         if not self.io.buffer_kv:
@@ -139,24 +140,33 @@ class GenerationModel:
 
     def _admit(self, prompt: str, params: SamplingParams) -> None:
         """Every check that comes before tokenizing: parameters, queue room, the prompt's characters."""
+        tokens, chars = self._prompt_limit(params)
         try:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
         self.scheduler.check_admission()
-        tokenizing.check_chars(prompt, self.max_prompt_chars, "prompt", self.name, self.max_prompt,
+        tokenizing.check_chars(prompt, chars, "prompt", self.name, tokens,
                                "shorten the prompt")
+
+    def _prompt_limit(self, params: SamplingParams) -> tuple[int, int]:
+        """(tokens, characters) a prompt may hold: max_prompt, or for a prompt to score
+        (prompt_logprobs) the served context minus one token: lm-eval's windows fill the context."""
+        if params.prompt_logprobs is None:
+            return self.max_prompt, self.max_prompt_chars
+        return self.context - 1, self.max_scored_chars
 
     def _queue(self, ids: list[int], params: SamplingParams) -> GenerationHandle:
         if not ids:
             if self.bos_id is None:
                 raise InvalidArgument("prompt is empty and the model has no start token; send some text")
             ids = [int(self.bos_id)]
-        if len(ids) > self.max_prompt:
+        limit, _ = self._prompt_limit(params)
+        if len(ids) > limit:
             capped = (f"; its context is capped at {self.context} tokens by gen_max_context"
                       if self.context < self.model_context else "")
             raise InvalidArgument(f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
-                                  f"{self.max_prompt} prompt tokens (shorten the prompt{capped})")
+                                  f"{limit} prompt tokens (shorten the prompt{capped})")
         wanted = 0 if params.score_only else params.max_new_tokens or self.settings.gen_default_max_new_tokens
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
