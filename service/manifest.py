@@ -1,30 +1,12 @@
 """The model directory: the only contract between `export/` (which writes it) and `service/`.
 
 A model directory holds `model.json` (this module's `Manifest`), one or more ONNX graphs and a
-`tokenizer.json`. `load_model_dir` reads and verifies one without torch or onnxruntime: every
-file named in the manifest must exist and match its sha256, and the manifest must be complete.
-A directory that does not match is refused with `ModelDirError`, whose message names the file
-and the cause. Every file a manifest names must lie inside its directory: a relative path that,
-resolved (symbolic links followed), stays there; an absolute path, a `..` that climbs out or a
-link that points out is refused (a tokenizer path of "../../../../etc/passwd" was read). The
-format is documented in docs/model-directory.md.
-
-Graph roles by kind:
-- embedding:   "encoder" (input_ids, attention_mask[, token_type_ids]) -> sentence_embedding (B, C)
-- generation:  "decoder" (input_ids, position_ids, seqlens_k, total_sequence_length,
-               past_key_values.{i}.key|value: a fixed-length buffer) -> logits, present.{i}.key|value
-               (format 2: GroupQueryAttention, the cache updated in place; format 1, no longer
-               read, had an attention_mask and a past concatenated every step)
-- translation: "encoder" (input_ids, attention_mask) -> cross_key_values.{i}.key|value;
-               "decoder" (input_ids, attention_mask, position_ids, encoder_attention_mask,
-               cross_key_values.{i}.key|value, past_key_values.{i}.key|value) -> logits, present.{i}.*
-- fill-mask:   "encoder" (input_ids, attention_mask) -> logits (B, T, V): the MLM head's scores at
-               every position; special_tokens must include "mask" (the id `[MASK]` encodes to)
-Each role may come in variants: "fp32" (always), "optimized", "fp16", "int8".
-Every kind may also hold an "attention" graph (fp32; export/attention.py): the model's attention
-probabilities per layer for inspection (service/inspection/), outputs `self_attention.{i}`,
-`causal_attention.{i}`, `cross_attention.{i}` (batch, heads, queries, keys). Optional: a directory
-built before it existed serves everything else.
+`tokenizer.json`. `load_model_dir` reads and verifies one without torch or onnxruntime: the
+manifest must be complete, and every file it names must exist, match its sha256 and resolve
+(links followed) inside the directory. A directory that does not match is refused with
+`ModelDirError` naming the file and the cause. Graph roles per kind (`ROLES`: encoder, decoder),
+their variants (`VARIANTS`), the optional `attention` and `packed` graphs, and every tensor name:
+docs/model-directory.md.
 """
 
 from __future__ import annotations
