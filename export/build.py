@@ -1,16 +1,12 @@
 """Model directory builds, one per kind: export, parity gate, variants, manifest.
 
-Every model directory comes from `build_embedding`, `build_fill_mask`, `build_generation` or
-`build_translation` (the CLI in export/cli.py, trained checkpoints in export/checkpoint.py,
-converted folders through `build_converted`, MiniLM and the tiny models): fp32 graphs -> the parity gate ->
-requested variants (each measured, see export/parity.py) -> tokenizer.json -> model.json, written
-in a staging folder and moved into place only when everything passed.
-
-Tokenizer policy (docs/model-directory.md): tokenizer.json never pads (the service pads each
-batch); an embedding model's tokenizer truncates at max_input_tokens (keeping [CLS]/[SEP], as
-sentence-transformers does); generation and translation tokenizers do not truncate, the service
-checks lengths against max_input_tokens. The tokenizer's post-processor adds exactly the special
-tokens the model expects, so `tokenizer.encode(text).ids` is the model's input as is.
+`build_embedding`, `build_fill_mask`, `build_generation`, `build_translation` (and `build_converted`
+for converted folders) make every model directory: fp32 graphs -> the parity gate -> the requested
+variants, each measured (export/parity.py) -> tokenizer.json -> model.json, written in a staging
+folder and moved into place only when everything passed. tokenizer.json never pads (the service
+pads each batch); only an embedding model's truncates, at max_input_tokens as sentence-transformers
+does; its post-processor adds exactly the special tokens the model expects, so
+`tokenizer.encode(text).ids` is the model's input as is (docs/model-directory.md).
 """
 
 from __future__ import annotations
