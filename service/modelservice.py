@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from service import converters
+from service.cores import Cores
 from service.errors import InvalidArgument, grpc_errors, label_model
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -32,3 +33,7 @@ class ModelServicer(pb_grpc.ModelServiceServicer):
 
     def _info(self, backend) -> pb.ModelInfo:
         return converters.model_info(backend.info(), self.registry.is_default(backend))
+
+
+def register(server: grpc.aio.Server, cores: Cores) -> None:
+    pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(cores.registry), server)

@@ -1,40 +1,29 @@
 """The served models: the `Backend` protocol every model kind implements, and `ModelRegistry`.
 
 `ModelRegistry.load` reads every model directory under the models root (verified by
-`service.manifest.load_model_dir`) and builds one backend per directory, chosen by manifest kind:
-    embedding   -> service.embedding.EmbeddingModel
-    generation  -> service.generation.model.GenerationModel
-    translation -> service.translation.model.TranslationModel
-    fill-mask   -> service.fillmask.FillMaskModel
-(imported lazily, so a kind's code loads only when a model of that kind is served). One model per
-kind is the default: the settings' `default_<kind>_model` (fill-mask: `default_fill_mask_model`), else
-the one whose manifest says `extra["default"]: true`, else the first by name.
+`service.manifest.load_model_dir`) and builds one backend per directory, chosen by its manifest's
+kind in the table of kinds (service/kinds.py; a kind's code is imported only when a model of it is
+served). One model per kind is the default: the settings' `default_<kind>_model`, else the one
+whose manifest says `extra["default"]: true`, else the first by name.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from service import metrics
-from service.errors import InvalidArgument, NotFound, Unavailable, quote
-from service.manifest import KINDS, Manifest, ModelDir, ModelDirError, discover, load_model_dir
+from service.admission import Gate
+from service.errors import InvalidArgument, NotFound, quote
+from service.kinds import KINDS
+from service.manifest import Manifest, ModelDir, ModelDirError, discover, load_model_dir
 from service.runtime import ProviderError, Runtime
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
-
-BACKENDS = {
-    "embedding": "service.embedding:EmbeddingModel",
-    "generation": "service.generation.model:GenerationModel",
-    "translation": "service.translation.model:TranslationModel",
-    "fill-mask": "service.fillmask:FillMaskModel",
-}
-
 
 @runtime_checkable
 class Backend(Protocol):
@@ -92,22 +81,26 @@ def model_info(backend: Backend, vocab_size: int) -> dict[str, Any]:
     }
 
 
-def backend_class(kind: str) -> type:
-    module, _, attr = BACKENDS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 class ModelRegistry:
-    def __init__(self, backends: list[Backend], defaults: dict[str, str], dirs: dict[str, Path] | None = None):
+    def __init__(self, backends: list[Backend], defaults: dict[str, str], dirs: dict[str, Path] | None = None,
+                 gate: Gate | None = None):
         self._by_name = {b.name: b for b in backends}
         self.dirs = dirs or {}  # model name -> its directory (InspectionService opens its attention graph)
         self.defaults = defaults  # kind -> default model name
-        self.draining = False  # set by the server on SIGTERM: admit() then refuses new calls
+        self.gate = gate or Gate()  # the process's drain gate (Runtime.gate): every model's admission checks it
+
+    @property
+    def draining(self) -> bool:
+        return self.gate.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        """Set by the server on SIGTERM: every admission (service/admission.py) then refuses new calls."""
+        self.gate.draining = value
 
     def admit(self) -> None:
-        """Servicers call this first in every RPC: UNAVAILABLE once the server is draining."""
-        if self.draining:
-            raise Unavailable("the server is shutting down; retry on another replica")
+        """The drain check of calls that take no model's queue place (ModelService, KServe metadata)."""
+        self.gate.check()
 
     @classmethod
     def load(cls, settings: Settings, runtime: Runtime) -> "ModelRegistry":
@@ -120,7 +113,7 @@ class ModelRegistry:
         names = [b.name for b in backends]
         if len(set(names)) != len(names):
             raise ModelLoadError(f"duplicate model names under {settings.models}: {sorted(names)}")
-        registry = cls(backends, _defaults(backends, settings), dict(zip(names, dirs)))
+        registry = cls(backends, _defaults(backends, settings), dict(zip(names, dirs)), runtime.gate)
         for b in backends:
             metrics.MODEL_INFO.labels(b.name, b.kind, b.provider, b.variant, runtime.requested_provider).set(1)
             log.info("model %s: kind=%s provider=%s (requested %s) variant=%s default=%s from %s", b.name, b.kind,
@@ -133,13 +126,14 @@ class ModelRegistry:
         model_dir = load_model_dir(path, verify_hashes=settings.verify_hashes)
         kind = model_dir.manifest.kind
         try:
-            return backend_class(kind).load(model_dir, settings, runtime)
+            return KINDS[kind].backend_class().load(model_dir, settings, runtime)
         except ImportError as e:
             raise ModelLoadError(f"{path}: no backend for kind {kind!r} ({e})") from e
         except (ModelDirError, ModelLoadError, ProviderError):
             raise  # their messages name the file already
         except Exception as e:  # a file that loads but cannot be served (bad names, bad UTF-8...)
-            files = ", ".join(sorted({g.file for g in model_dir.manifest.graphs} | {model_dir.manifest.tokenizer["file"]}))
+            m = model_dir.manifest
+            files = ", ".join(sorted({g.file for g in m.graphs} | {m.tokenizer["file"]}))
             raise ModelDirError(f"{path}: cannot serve this model directory ({type(e).__name__}: {e}); its files: "
                                 f"{files}") from e
 
@@ -191,14 +185,14 @@ class ModelRegistry:
 
 def _defaults(backends: list[Backend], settings: Settings) -> dict[str, str]:
     out: dict[str, str] = {}
-    for kind in KINDS:
+    for kind, spec in KINDS.items():
         of_kind = sorted((b for b in backends if b.kind == kind), key=lambda b: b.name)
         if not of_kind:
             continue
-        override = getattr(settings, f"default_{kind.replace('-', '_')}_model")
+        override = getattr(settings, spec.default_setting)
         if override:
             if override not in {b.name for b in of_kind}:
-                raise ModelLoadError(f"default_{kind.replace('-', '_')}_model={override!r} is not a served {kind} model "
+                raise ModelLoadError(f"{spec.default_setting}={override!r} is not a served {kind} model "
                                      f"(have: {', '.join(b.name for b in of_kind)})")
             out[kind] = override
             continue

@@ -12,6 +12,7 @@
 - `create_graph_session(path)`: a second CUDA session with `enable_cuda_graph` for generation decode
   steps (settings `cuda_graph`), or None and the reason (not CUDA, or onnxruntime refused).
 - `embed_batch_limits()`: the embedding batch limits, by device where the settings leave them 0.
+- `gate`: the server's drain gate, which every model's admission checks (service/admission.py).
 - `kv_budget`: the process's KV-cache budget, shared by its generation models (service/generation/kvbudget.py).
 
 CUDA provider options (onnxruntime's CUDA EP documentation, docs/design/gpu.md): the memory arena
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 
 import onnxruntime as ort
 
+from service.admission import Gate
 from service.manifest import Manifest, ModelDirError
 from service.settings import Settings
 
@@ -65,6 +67,7 @@ class Runtime:
         self._cuda_offered = CUDA in available
         self._executor = ThreadPoolExecutor(settings.compute_workers, thread_name_prefix="ts-compute")
         self._closed = False
+        self.gate = Gate()  # closed when the server drains: every model's admission refuses then
         self.kv_budget = None  # the generation caches' budget, made at the first load (service/generation/kvbudget.py)
 
     @property

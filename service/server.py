@@ -30,6 +30,7 @@ While it serves, a task gives memory freed after large requests back to the syst
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 from collections.abc import Callable
@@ -41,31 +42,25 @@ from starlette.middleware import Middleware
 
 from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
-from service.embedding.grpc import EmbeddingServicer
-from service.fillmask import grpc as fillmask_grpc
-from service.generation import grpc as generation_grpc
+from service.cores import Cores
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
 from service.http.server import LAST_SECONDS, HttpServer
 from service.inflight import Inflight, TrackCalls
-from service.inspection.grpc import InspectionServicer
+from service.kinds import GRPC_DOORS, KINDS
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.memory import MemoryTrimmer
-from service.modelservice import ModelServicer
 from service.proto import inference_pb2 as pb
-from service.proto import inference_pb2_grpc as pb_grpc
 from service.registry import ModelLoadError, ModelRegistry
 from service.runtime import ProviderError, Runtime
 from service.settings import Settings
-from service.translation import grpc as translation_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
 SERVICES[kserve.SERVICE] = kserve.SERVICE_NAME  # the Open Inference Protocol (KServe v2), service/kserve
-SERVICE_KINDS = {"EmbeddingService": "embedding", "GenerationService": "generation",
-                 "TranslationService": "translation", "FillMaskService": "fill-mask"}
+SERVICE_KINDS = {service: kind.name for kind in KINDS.values() for service in kind.services}
 
 
 class Server:
@@ -74,6 +69,7 @@ class Server:
     def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry, worker: int | None = None,
                  tokens: Tokens | None = None, credentials: grpc.ServerCredentials | None = None):
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
+        self.cores = Cores.build(registry, settings, runtime)  # what every door calls (service/cores.py)
         self.tokens, self.credentials = tokens or Tokens(), credentials
         self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
         self.inflight = Inflight()  # the drain waits for these (service/inflight.py)
@@ -128,14 +124,8 @@ class Server:
         return server
 
     async def _bind(self, status: int = health_pb2.HealthCheckResponse.NOT_SERVING) -> None:
-        pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(self.registry, self.settings), self.grpc)
-        pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry), self.grpc)
-        generation_grpc.add_to_server(self.grpc, self.registry, self.settings)
-        translation_grpc.add_to_server(self.grpc, self.registry, self.settings)
-        fillmask_grpc.add_to_server(self.grpc, self.registry, self.settings)
-        kserve.add_to_server(self.grpc, self.registry, self.settings)
-        pb_grpc.add_InspectionServiceServicer_to_server(InspectionServicer(self.registry, self.settings, self.runtime),
-                                                        self.grpc)
+        for door in GRPC_DOORS:  # every service registered one way: its module's register(server, cores)
+            importlib.import_module(door).register(self.grpc, self.cores)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)
@@ -157,7 +147,7 @@ class Server:
                  ", bearer tokens required" if self.tokens.enabled else "")
         if self.settings.http_port >= 0:
             guard = [Middleware(BearerAuth, tokens=self.tokens)] if self.tokens.enabled else []
-            app = build_app(self.registry, self.settings, lambda: self.serving, middleware=guard,
+            app = build_app(self.cores, lambda: self.serving, middleware=guard,
                             worker_calls=self._worker_calls)
             self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
                                                reuse_port=self.worker is not None, ssl=ssl_options(self.settings),

@@ -80,9 +80,9 @@ class Settings:
     embed_max_wait_ms: float = _f(2.0, "how long a batch waits for more inputs before it closes")
     embed_max_queue: int = _f(2048, "queued inputs per embedding model; beyond it RESOURCE_EXHAUSTED")
     embed_max_inputs: int = _f(256, "most inputs in one Embed request")
-    embed_pack_row_tokens: int = _f(128, "encoder batches (embedding, fill-mask) run packed, several inputs per row "
-                                    "of this many tokens, where the model directory has a packed graph; 0 = padded "
-                                    "(docs/design/packing.md)")
+    embed_pack_row_tokens: int = _f(128, "encoder batches (embedding, fill-mask, the translator's encoder) run "
+                                    "packed, several inputs per row of this many tokens, where the model directory "
+                                    "has a packed graph; 0 = padded (docs/design/packing.md)")
     # Generation and translation
     gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
     gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
@@ -95,6 +95,11 @@ class Settings:
     translate_max_batch: int = _f(32, "most inputs (x beams) decoded together by one translation model")
     translate_max_beam: int = _f(8, "largest beam_size accepted")
     translate_default_max_length: int = _f(0, "max target tokens when a request leaves it 0; 0 = model's")
+    translate_max_inputs: int = _f(256, "most inputs (sentences) in one Translate request")
+    translate_max_queue: int = _f(4096, "queued sources per translation model; beyond it RESOURCE_EXHAUSTED")
+    # Inspection
+    attention_max_in_flight: int = _f(4, "Attention calls computing at once (each holds every layer's maps); "
+                                      "beyond it RESOURCE_EXHAUSTED")
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -110,7 +115,8 @@ class Settings:
                 out.append(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
         positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_queue", "embed_max_inputs",
                     "gen_max_batch", "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch",
-                    "translate_max_beam", "http_header_timeout_s", "http_body_timeout_s", "http_max_connections")
+                    "translate_max_beam", "translate_max_inputs", "translate_max_queue", "attention_max_in_flight",
+                    "http_header_timeout_s", "http_body_timeout_s", "http_max_connections")
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
         non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
                         "embed_max_batch_tokens", "embed_max_batch_size", "gen_kv_cache_bytes",

@@ -39,7 +39,7 @@ async def run_calls(calls: list[list[int]], limits: BatchLimits) -> tuple[list[n
     try:
         futures = []
         for c, lengths in enumerate(calls):
-            batcher.reserve(len(lengths))
+            batcher.admission.take(len(lengths))
             futures.append(batcher.enqueue(encoded(c, lengths), deadline=None))
         outcomes = await asyncio.gather(*futures)
     finally:

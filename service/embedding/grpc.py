@@ -1,8 +1,8 @@
-"""gRPC servicers of the embedding and model services: validate, convert, delegate, convert back.
+"""EmbeddingService over gRPC: protobuf -> the embedding core (service/embedding/core.py) -> protobuf.
 
-Each RPC method is a few lines (MLServer `grpc/servicers.py`): `registry.admit()` (UNAVAILABLE
-while draining), `converters` for protobuf <-> plain values, the model backend for the work, and
-`@grpc_errors` mapping ServiceError to status codes and counting the call.
+Each RPC method is a few lines (MLServer `grpc/servicers.py`): `converters` for protobuf <-> plain
+values, the core for validation, admission and the work, and `@grpc_errors` mapping ServiceError to
+status codes and counting the call.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from service import converters
-from service.converters import EmbedParams
-from service.errors import InvalidArgument, grpc_errors, label_model
+from service.cores import Cores
+from service.embedding import converters
+from service.embedding.core import EmbeddingCore
+from service.errors import grpc_errors
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
-from service.registry import ModelRegistry
-from service.settings import Settings
 
 STREAM_WINDOW = 8  # EmbedStream: requests of one stream in flight at once (keeps batches full)
 
@@ -31,23 +30,18 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
-    def __init__(self, registry: ModelRegistry, settings: Settings):
-        self.registry, self.settings = registry, settings
+    def __init__(self, core: EmbeddingCore):
+        self.core = core
 
     @grpc_errors("EmbeddingService")
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
-        return await self.embed(request, deadline_of(context))
-
-    async def embed(self, request: pb.EmbedRequest, deadline: float | None) -> pb.EmbedResponse:
-        """The call without its gRPC context (HTTP's POST /v1/embeddings runs this too)."""
-        self.registry.admit()
-        return await self._embed(request, deadline)
+        return await self._embed(request, deadline_of(context))
 
     @grpc_errors("EmbeddingService")
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.EmbedResponse]:
         """One response per request, in order; up to STREAM_WINDOW requests are computed at once."""
-        self.registry.admit()
+        self.core.registry.admit()  # a stream opened while draining is refused before it reads anything
         window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
         reader = asyncio.create_task(self._read_stream(requests, window, deadline_of(context)))
         try:
@@ -69,22 +63,10 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
             await window.put(None)  # ends the response loop, which then re-raises a read failure
 
     async def _embed(self, request: pb.EmbedRequest, deadline: float | None) -> pb.EmbedResponse:
-        start = time.perf_counter()
-        params = converters.embed_params(request)
-        self._validate(params)
-        model = self.registry.get("embedding", params.model)
-        label_model(model.name)
-        result = await model.embed(params.inputs, params.normalize, params.truncate, params.dimensions, deadline)
-        return converters.embed_response(result, model.name, params.request_id, time.perf_counter() - start,
-                                         params.packed)
+        packed = converters.packed(request)
+        answer = await self.core.embed(converters.embed_query(request), deadline)
+        return converters.embed_response(answer, request.request_id, packed)
 
-    def _validate(self, params: EmbedParams) -> None:
-        limit = self.settings.embed_max_inputs
-        if not params.inputs:
-            raise InvalidArgument("inputs is empty; send at least one text to embed")
-        if len(params.inputs) > limit:
-            raise InvalidArgument(f"{len(params.inputs)} inputs in one call; the limit is {limit}: "
-                                  "split the call (or use EmbedStream)")
-        for i, text in enumerate(params.inputs):
-            if not text:
-                raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
+
+def register(server: grpc.aio.Server, cores: Cores) -> None:
+    pb_grpc.add_EmbeddingServiceServicer_to_server(EmbeddingServicer(cores.embedding), server)

@@ -67,7 +67,7 @@ async def admit_and_encode(batcher: Batcher, tokenizer: EmbeddingTokenizer, text
     """Takes the call's queue places (refused at once when full), refuses untruncated inputs too long
     to tokenize, then tokenizes the call (inline when small, else in a thread) and runs `check` on
     the result; gives the places back on any failure. -> (encodings, seconds spent tokenizing)."""
-    batcher.reserve(len(texts))
+    batcher.admission.take(len(texts))
     start = time.perf_counter()
     try:
         if not truncate:
@@ -76,7 +76,7 @@ async def admit_and_encode(batcher: Batcher, tokenizer: EmbeddingTokenizer, text
         if check is not None:
             check(encoded)
     except BaseException:
-        batcher.release(len(texts))
+        batcher.admission.release(len(texts))
         raise
     return encoded, time.perf_counter() - start
 
@@ -99,7 +99,7 @@ class EmbeddingModel:
         self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime
         self.provider = engine.provider
         self.dimension = int(manifest.embedding_dim or 0)
-        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits)
+        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gate=runtime.gate)
 
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "EmbeddingModel":

@@ -17,11 +17,11 @@ Items of a call that was cancelled or whose deadline passed are dropped before c
 queue, and again in the worker right before the forward pass) and counted in
 `ts_dropped_items_total`.
 
-Admission comes before any work: `reserve(n)` takes n queue places for a call from its input count
-alone, before it is tokenized, and refuses at once with RESOURCE_EXHAUSTED when queued plus reserved
-inputs would pass `max_queue` (UNAVAILABLE while stopping); `enqueue` turns the reservation into
-queue items, `release` gives it back when tokenization fails. Queued + reserved never exceeds
-`max_queue`. (TEI `core/src/infer.rs`: a permit first, `try_acquire` else Overloaded.)
+Admission comes before any work: the core takes a call's queue places from its input count alone
+(`admission.take(n)`, service/admission.py), before it is tokenized: RESOURCE_EXHAUSTED at once
+when queued plus taken inputs would pass `max_queue` (UNAVAILABLE while draining or stopping);
+`enqueue` turns the places into queue items, `admission.release` gives them back when
+tokenization fails. Queued + taken never exceeds `max_queue`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from service import metrics
+from service.admission import Admission, Gate
 from service.engine.tokenization import Encoded
-from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from service.errors import DeadlineExceeded
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +100,16 @@ class Outcome:
 
 class Batcher:
     def __init__(self, model: str, forward: Forward, run: RunInExecutor, limits: BatchLimits,
-                 gather: Gather = np.stack):
+                 gather: Gather = np.stack, kind: str = "embedding", gate: Gate | None = None):
         self.model, self._forward, self._run, self.limits = model, forward, run, limits
         self._gather = gather
         self._queue: list[Item] = []  # arrival order
-        self._reserved = 0  # places taken by admitted calls not yet queued (being tokenized)
+        self.admission = Admission(kind, model, limits.max_queue, "queued inputs", gate=gate,
+                                   waiting=lambda: len(self._queue))
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(limits.workers)
         self._running: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
-        self._closing = False
         # Labelled children resolved once: labels() costs microseconds per call.
         self._depth = metrics.QUEUE_DEPTH.labels(model)
         self._queue_duration = metrics.QUEUE_DURATION.labels(model)
@@ -123,33 +124,17 @@ class Batcher:
 
     async def stop(self) -> None:
         """Refuses new calls, lets queued and running batches finish, then ends the queue task."""
-        self._closing = True
-        while self._queue or self._running or self._reserved:
+        self.admission.closing = True
+        while self._queue or self._running or self.admission.reserved:
             self._drop_abandoned()
             await asyncio.sleep(0.005)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def reserve(self, inputs: int) -> None:
-        """Takes `inputs` queue places for a call before any work on it; raises at once when full."""
-        if self._closing:
-            raise Unavailable(f"model {self.model!r} is shutting down; retry on another replica")
-        queued = len(self._queue) + self._reserved
-        if queued + inputs > self.limits.max_queue:
-            raise ResourceExhausted(
-                f"model {self.model!r} is overloaded ({queued} of {self.limits.max_queue} queued inputs, "
-                f"this call adds {inputs}); retry with backoff"
-            )
-        self._reserved += inputs
-
-    def release(self, inputs: int) -> None:
-        """Gives back places of a reservation that will not be queued (its call failed)."""
-        self._reserved -= inputs
-
     def enqueue(self, encoded: list[Encoded], deadline: float | None) -> asyncio.Future:
-        """Queues one call's inputs in the places reserve() took; the future resolves to an Outcome."""
-        self._reserved -= len(encoded)
+        """Queues one call's inputs in the places `admission.take` held; the future resolves to an Outcome."""
+        self.admission.queued(len(encoded))
         request = Request(encoded, deadline, asyncio.get_running_loop().create_future())
         request.future.add_done_callback(request.abandon)
         self._queue.extend(Item(request, i) for i in range(len(encoded)))

@@ -38,7 +38,8 @@ class GraphIO:
         inputs = {i.name: i for i in session.get_inputs()}
         layers = sorted({int(m.group(1)) for n in inputs if (m := _PAST.match(n))})
         if not layers or layers != list(range(len(layers))):
-            raise ValueError(f"decoder graph has no past_key_values.{{i}}.key|value inputs (inputs: {', '.join(inputs)})")
+            raise ValueError("decoder graph has no past_key_values.{i}.key|value inputs "
+                             f"(inputs: {', '.join(inputs)})")
         past = tuple(f"past_key_values.{i}.{kv}" for i in layers for kv in ("key", "value"))
         present = tuple(f"present.{i}.{kv}" for i in layers for kv in ("key", "value"))
         missing = set(present) - {o.name for o in session.get_outputs()}

@@ -75,7 +75,8 @@ class FillMaskModel:
         if tokenizer.encode([self.mask_token])[0].ids.count(self.mask_id) != 1:  # else no input could have a mask
             raise ValueError(f"model {self.name!r}: its tokenizer does not encode the text {self.mask_token!r} to the "
                              f"mask id {self.mask_id}; re-export the model (docs/model-directory.md)")
-        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gather=list)
+        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gather=list, kind="fill-mask",
+                               gate=runtime.gate)
 
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "FillMaskModel":

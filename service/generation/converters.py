@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from service.converters import usage
-from service.errors import InvalidArgument
 from service.generation import scoring
+from service.generation.core import GenerateQuery
 from service.generation.decoding import SamplingParams
 from service.generation.sequence import EOS, LENGTH, STOP, Chunk, Timings
 from service.proto import inference_pb2 as pb
@@ -29,16 +29,9 @@ def sampling_params(request: pb.GenerateRequest) -> SamplingParams:
     )
 
 
-MAX_STREAM_INTERVAL_MS = 1000
-
-
-def stream_interval(request: pb.GenerateRequest) -> float:
-    """GenerateRequest.stream_interval_ms in seconds (0: no pause between messages); checked."""
-    ms = int(request.stream_interval_ms)
-    if ms > MAX_STREAM_INTERVAL_MS:
-        raise InvalidArgument(f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as soon "
-                              f"as they are ready), got {ms}")
-    return ms / 1e3
+def generate_query(request: pb.GenerateRequest) -> GenerateQuery:
+    """A GenerateRequest as the generation core's query (service/generation/core.py)."""
+    return GenerateQuery(request.prompt, sampling_params(request), request.model, int(request.stream_interval_ms))
 
 
 def timings(t: Timings) -> pb.Timings:

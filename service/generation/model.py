@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from service import metrics, tokenizing
 from service.engine.graphio import GraphIO
-from service.errors import InvalidArgument
+from service.errors import InvalidArgument, ServiceError
 from service.generation.decoding import ParamError, SamplingParams, check_params
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
@@ -79,7 +79,7 @@ class GenerationModel:
         self.scheduler = Scheduler(
             self.name, session, self.io, runtime, max_batch=self.rows, max_queue=settings.gen_max_queue,
             prefill_tokens=PREFILL_TOKENS_PER_STEP, pad_id=int(special.get("pad", 0)), device=device,
-            context=self.context,
+            context=self.context, gate=runtime.gate,
         )
 
     @classmethod
@@ -105,24 +105,32 @@ class GenerationModel:
         """Queues one generation, the prompt tokenized in the calling thread (warm-up, tests; the
         doors use submit_async); raises InvalidArgument / ResourceExhausted / Unavailable."""
         self._admit(prompt, params)  # nothing awaits until the scheduler's submit
-        return self._queue(self.tokenizer.encode(prompt).ids, params)
+        try:
+            return self._queue(self.tokenizer.encode(prompt).ids, params)
+        except BaseException:
+            self.scheduler.admission.release(1)
+            raise
 
     async def submit_async(self, prompt: str, params: SamplingParams) -> GenerationHandle:
         """submit, with a long prompt tokenized off the event loop while its queue place is held."""
         self._admit(prompt, params)
-        self.scheduler.reserve()
         try:
             (encoding,) = await self.text_encoder.encode([prompt])
-        finally:
-            self.scheduler.release()
-        return self._queue(encoding.ids, params)
+            return self._queue(encoding.ids, params)
+        except BaseException:
+            self.scheduler.admission.release(1)
+            raise
 
     def submit_ids(self, ids: list[int], params: SamplingParams, name: str = "prompt") -> GenerationHandle:
         """Queues one generation of a prompt given as token ids, taken as they are (no start token
         added: the ids are what the model reads and, with prompt_logprobs, what is scored)."""
         self.check_ids(ids, name)
-        self._admit("", params)  # the parameters and the queue's room; no characters to bound
-        return self._queue(list(ids), params)
+        self._admit("", params)  # the parameters and a queue place; no characters to bound
+        try:
+            return self._queue(list(ids), params)
+        except BaseException:
+            self.scheduler.admission.release(1)
+            raise
 
     @property
     def vocab_size(self) -> int:
@@ -139,15 +147,20 @@ class GenerationModel:
                                   f"(its vocabulary is ids 0 to {self.vocab_size - 1})")
 
     def _admit(self, prompt: str, params: SamplingParams) -> None:
-        """Every check that comes before tokenizing: parameters, queue room, the prompt's characters."""
+        """Every check that comes before tokenizing: parameters, a queue place (held on return), the
+        prompt's characters."""
         tokens, chars = self._prompt_limit(params)
         try:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
-        self.scheduler.check_admission()
-        tokenizing.check_chars(prompt, chars, "prompt", self.name, tokens,
-                               "shorten the prompt")
+        self.scheduler.admission.take(1)
+        try:
+            tokenizing.check_chars(prompt, chars, "prompt", self.name, tokens,
+                                   "shorten the prompt")
+        except BaseException:
+            self.scheduler.admission.release(1)
+            raise
 
     def _prompt_limit(self, params: SamplingParams) -> tuple[int, int]:
         """(tokens, characters) a prompt may hold: max_prompt, or for a prompt to score
@@ -173,6 +186,10 @@ class GenerationModel:
         seq = Sequence(ids, params, self.eos_id, self.tokenizer)
         metrics.TOKENS.labels(self.name, "input").inc(len(ids))
         return self.scheduler.submit(seq)
+
+    def expire(self, handle: GenerationHandle, error: ServiceError) -> None:
+        """The generation's deadline passed: it ends with `error` (dropped uncomputed when still queued)."""
+        self.scheduler.expire(handle.sequence, error)
 
     async def start(self) -> None:
         self.scheduler.start()

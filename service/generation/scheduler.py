@@ -37,8 +37,9 @@ from collections import deque
 import numpy as np
 
 from service import metrics
+from service.admission import Admission, Gate
 from service.engine.graphio import GraphIO
-from service.errors import ResourceExhausted, ServiceError, Unavailable
+from service.errors import ServiceError, Unavailable
 from service.generation import scoring
 from service.generation.cache import SlotCache
 from service.generation.sampler import choose_tokens
@@ -53,15 +54,15 @@ DECODE_SLICE_S = 0.25  # longest run of decode steps between two visits of the e
 
 class Scheduler:
     def __init__(self, name: str, session, io: GraphIO, runtime, *, max_batch: int, max_queue: int,
-                 prefill_tokens: int, pad_id: int, device: str | None, context: int):
+                 prefill_tokens: int, pad_id: int, device: str | None, context: int, gate: Gate | None = None):
         self.name, self._session, self._io, self._runtime = name, session, io, runtime
-        self.max_batch, self.max_queue, self.prefill_tokens, self.pad_id = max_batch, max_queue, prefill_tokens, pad_id
+        self.max_batch, self.prefill_tokens, self.pad_id = max_batch, prefill_tokens, pad_id
         self.cache = SlotCache(session, io, capacity=max_batch, max_length=context, device=device)
         self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
         self.waiting: deque[Sequence] = deque()
-        self.reserved = 0  # queue places of calls whose prompt is being tokenized off the event loop
+        self.admission = Admission("generation", name, max_queue, "queued generations", gate=gate,
+                                   waiting=lambda: len(self.waiting))
         self.wake = asyncio.Event()
-        self.closing = False
         self._task: asyncio.Task | None = None
         self._computing = False  # a compute call is in the executor (its deliveries may still be queued)
         self._outbox: deque[Delivery] = deque()  # decode steps' deliveries, appended by the compute thread
@@ -75,26 +76,21 @@ class Scheduler:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"generation-{self.name}")
 
-    def check_admission(self) -> None:
-        """Raises at once when a new generation cannot queue (full, or stopping): callers ask before
-        tokenizing; `submit` asks again, so the bound holds whatever ran in between."""
-        if self.closing:
-            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        if len(self.waiting) + self.reserved >= self.max_queue:
-            raise ResourceExhausted(f"generation queue of model {self.name!r} is full ({self.max_queue} waiting); "
-                                    "retry with backoff")
+    @property
+    def max_queue(self) -> int:
+        return self.admission.capacity
 
-    def reserve(self) -> None:
-        """Takes a queue place for a call whose prompt is tokenized off the event loop (or refuses it)."""
-        self.check_admission()
-        self.reserved += 1
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:
+        self.admission.capacity = value
 
-    def release(self) -> None:
-        """Gives the place back; `submit` then takes one of its own (checking again)."""
-        self.reserved -= 1
+    @property
+    def closing(self) -> bool:
+        return self.admission.closing
 
     def submit(self, seq: Sequence) -> GenerationHandle:
-        self.check_admission()
+        """Queues a generation whose place `admission.take` held (the place is the queue's from here)."""
+        self.admission.queued(1)
         self.waiting.append(seq)
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
         self._series.in_flight.inc()
@@ -105,9 +101,24 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
+    def expire(self, seq: Sequence, error: ServiceError) -> None:
+        """Event loop: a generation's deadline passed. Still waiting: dropped before any compute (counted
+        "expired"); running: its row is freed at the next step. Its stream raises `error`."""
+        if seq.done:
+            return
+        if any(s is seq for s in self.waiting):
+            self.waiting = deque(s for s in self.waiting if s is not seq)
+            seq.left = seq.counted_out = True
+            self._series.in_flight.dec()
+            metrics.DROPPED.labels(self.name, "expired").inc()
+            metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
+        seq.cancelled = True
+        seq.post(error)
+        self.wake.set()
+
     async def stop(self, grace: float) -> None:
         """Refuses new work, lets running generations finish for up to `grace` seconds, then ends them."""
-        self.closing = True
+        self.admission.closing = True
         deadline = time.monotonic() + grace
         while not self.idle and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

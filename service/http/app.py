@@ -1,9 +1,10 @@
 """The HTTP routes (Starlette): OpenAI-compatible embeddings, completions and models, translate, health.
 
-Each route is a few lines, as the gRPC methods are: JSON -> the protobuf request (schemas.py), the
-gRPC servicer's own core for the work (same registry, models, batchers and schedulers, same
-validation and admission), the reply -> JSON. `route()` (errors.py) counts the call as the RPC it
-mirrors with protocol="http" and maps every failure to OpenAI's error shape.
+Each route is a few lines, as the gRPC methods are: JSON -> the core's query (schemas.py, then the
+kind's converters), the same core the gRPC servicer calls (service/cores.py: same validation,
+admission, batching), the answer -> JSON. `route()` (errors.py) counts the call as the RPC it
+mirrors with protocol="http", gives the core its deadline and maps every failure to OpenAI's
+error shape.
 
     POST /v1/embeddings    EmbeddingService/Embed
     POST /v1/completions   GenerationService/Generate (GenerateStream with "stream": true)
@@ -18,8 +19,6 @@ Starlette middleware in front of every route, answering with `errors.error_respo
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -31,29 +30,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service import converters
-from service.embedding.grpc import EmbeddingServicer
+from service.cores import Cores
 from service.errors import label_model
-from service.fillmask.grpc import FillMaskServicer
+from service.fillmask import converters as fillmask_converters
 from service.generation import converters as generation_converters
-from service.generation.grpc import GenerationServicer
 from service.http import schemas
 from service.http.body import read_json
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
-from service.registry import ModelRegistry
-from service.settings import Settings
-from service.translation.grpc import TranslationServicer
+from service.translation import converters as translation_converters
 
 
 class Routes:
-    """The endpoints, over the servicers the gRPC server also builds on the same registry."""
+    """The endpoints, over the cores the gRPC servicers also call."""
 
-    def __init__(self, registry: ModelRegistry, settings: Settings, is_serving: Callable[[], bool]):
-        self.registry, self.settings, self.is_serving = registry, settings, is_serving
-        self.embedding = EmbeddingServicer(registry, settings)
-        self.generation = GenerationServicer(registry)
-        self.translation = TranslationServicer(registry)
-        self.fill_masks = FillMaskServicer(registry, settings)
+    def __init__(self, cores: Cores, is_serving: Callable[[], bool]):
+        self.cores, self.registry, self.settings, self.is_serving = cores, cores.registry, cores.settings, is_serving
 
     async def _json(self, request: Request) -> dict:
         """The body as a JSON object, bounded in size, time and nesting (service/http/body.py)."""
@@ -61,37 +53,33 @@ class Routes:
 
     @route("EmbeddingService", "Embed")
     async def embeddings(self, request: Request, call: HttpCall) -> Response:
-        pb_request = schemas.embed_request(await self._json(request))
-        reply = await call.unless_gone(request, self.embedding.embed(pb_request, call.deadline))
-        packed = pb_request.encoding == schemas.ENCODING_FORMATS["base64"]
-        return JSONResponse(schemas.embed_response(reply, packed))
+        query, packed = schemas.embed_request(await self._json(request))
+        answer = await call.unless_gone(request, self.cores.embedding.embed(query, call.deadline))
+        return JSONResponse(schemas.embed_response(answer, packed))
 
     @route("GenerationService", "Generate")
     async def completions(self, request: Request, call: HttpCall) -> Response:
         pb_request, stream = schemas.generate_request(await self._json(request))
         if stream:
             call.method = "GenerateStream"
-        model, handle = await self.generation.submit(pb_request)  # refusals come here, before any 200
-        completion = schemas.Completion(model.name)
+        query = generation_converters.generate_query(pb_request)
+        generation = await self.cores.generation.generate(query, call.deadline)  # refusals here, before any 200
+        completion = schemas.Completion(generation.model)
         if stream:
-            return call.stream(self._chunks(handle, completion, call.deadline), on_close=handle.cancel)
+            return call.stream(self._chunks(generation, completion), on_close=generation.cancel)
         try:
-            chunks = await call.unless_gone(request, _collect(handle))
+            chunks = await call.unless_gone(request, generation.collect())  # one wake-up at the end
         finally:
-            handle.cancel()
-        return JSONResponse(completion.response(generation_converters.generate_response(chunks, model.name)))
+            generation.cancel()
+        return JSONResponse(completion.response(chunks))
 
     @staticmethod
-    async def _chunks(handle, completion: schemas.Completion, deadline: float | None):
-        loop = asyncio.get_running_loop()
-        when = None if deadline is None else loop.time() + (deadline - time.monotonic())  # same clock
-        while True:  # the response cancels the handle when it ends: a client gone frees its cache row
-            async with asyncio.timeout_at(when):  # TimeoutError: a last error event, code DEADLINE_EXCEEDED
-                chunk = await anext(handle, None)
-            if chunk is None:
-                return
+    async def _chunks(generation, completion: schemas.Completion):
+        # The response cancels the generation when it ends: a client gone frees its cache row; the
+        # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
+        async for chunk in generation:
             # Chunks that queued up while the previous event was written go out as one.
-            yield completion.chunk(generation_converters.join_chunks([chunk, *handle.ready()]))
+            yield completion.chunk(generation_converters.join_chunks([chunk, *generation.ready()]))
 
     @route("ModelService", "ListModels")
     async def list_models(self, request: Request, call: HttpCall) -> Response:
@@ -111,23 +99,20 @@ class Routes:
 
     @route("TranslationService", "Translate")
     async def translate(self, request: Request, call: HttpCall) -> Response:
-        pb_request = schemas.translate_request(await self._json(request))
-        reply = await call.unless_gone(request, self.translation.translate(pb_request))
-        return JSONResponse(schemas.message_json(reply))
+        query = translation_converters.translate_query(schemas.translate_request(await self._json(request)))
+        answer = await call.unless_gone(request, self.cores.translation.translate(query, call.deadline))
+        return JSONResponse(schemas.message_json(translation_converters.translate_response(answer)))
 
     @route("FillMaskService", "FillMask")
     async def fill_mask(self, request: Request, call: HttpCall) -> Response:
-        pb_request = schemas.fill_mask_request(await self._json(request))
-        reply = await call.unless_gone(request, self.fill_masks.fill_mask(pb_request, call.deadline))
+        query = fillmask_converters.fill_mask_query(schemas.fill_mask_request(await self._json(request)))
+        answer = await call.unless_gone(request, self.cores.fill_mask.fill_mask(query, call.deadline))
+        reply = fillmask_converters.fill_mask_response(answer, self.settings.max_message_bytes)
         return JSONResponse(schemas.message_json(reply))
 
     async def health(self, request: Request) -> Response:
         serving = self.is_serving() and not self.registry.draining
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
-
-
-async def _collect(handle) -> list:
-    return await handle.collect()  # one wake-up at the end, not one per decode step
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -137,11 +122,11 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
                         status_code=exc.status_code)
 
 
-def build_app(registry: ModelRegistry, settings: Settings, is_serving: Callable[[], bool],
-              middleware: Sequence[Middleware] = (), worker_calls=None) -> Starlette:
+def build_app(cores: Cores, is_serving: Callable[[], bool], middleware: Sequence[Middleware] = (),
+              worker_calls=None) -> Starlette:
     """The ASGI app; `app.state.inflight` counts the calls the drain waits for; worker_calls (a
     worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does."""
-    r = Routes(registry, settings, is_serving)
+    r = Routes(cores, is_serving)
     app = Starlette(routes=[
         Route("/v1/embeddings", r.embeddings, methods=["POST"]),
         Route("/v1/completions", r.completions, methods=["POST"]),

@@ -1,12 +1,13 @@
 """JSON <-> protobuf for the HTTP routes: OpenAI's request and response shapes, TranslateRequest and
 FillMaskRequest.
 
-Requests become the same protobuf messages the gRPC servicers take, so both doors share one
-validation (service/embedding/grpc.py, service/generation/grpc.py); what is checked here is only what
-JSON adds: types, numbers a proto `float` cannot hold (a nonzero one it would read as 0 is refused:
-temperature 1e-50 is out of range, not greedy), and the OpenAI fields this server does not
-implement (refused, not ignored).
-Responses are built from the servicers' protobuf replies. `usage` is in every response.
+Requests are read into the inference.v1 request messages (their JSON schema, and the same field
+types and float32 rounding as gRPC), which each kind's converters turn into the core's query: both
+doors share one validation, the core's. What is checked here is only what JSON adds: types, numbers
+a proto `float` cannot hold (a nonzero one it would read as 0 is refused: temperature 1e-50 is out
+of range, not greedy), and the OpenAI fields this server does not implement (refused, not ignored).
+Responses are built from the cores' plain values (translate and fill-mask: the JSON of their reply
+messages). `usage` is in every response.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from service.converters import float32
+from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
-from service.generation.sequence import EOS, LENGTH, STOP, Chunk
+from service.generation.core import EOS, LENGTH, STOP, Chunk
+from service.packing import WIRE_DTYPE
 from service.proto import inference_pb2 as pb
 
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
@@ -80,21 +83,23 @@ def refuse_unsupported(body: dict, names: dict[str, Any]) -> None:
             raise InvalidArgument(f"{name} is not supported by this server (leave it out or set {neutral!r})")
 
 
-def embed_request(body: dict) -> pb.EmbedRequest:
+def embed_request(body: dict) -> tuple[EmbedQuery, bool]:
+    """(the embedding core's query, base64?)."""
     fmt = field(body, "encoding_format", str, "float")
     if fmt not in ENCODING_FORMATS:
         raise InvalidArgument(f"encoding_format={fmt[:32]!r} is not one of float, base64")
-    return pb.EmbedRequest(inputs=strings(body, "input"), model=field(body, "model", str, ""),
-                           dimensions=field(body, "dimensions", int, 0, minimum=0), encoding=ENCODING_FORMATS[fmt])
+    return EmbedQuery(inputs=strings(body, "input"), model=field(body, "model", str, ""),
+                      dimensions=field(body, "dimensions", int, 0, minimum=0)), fmt == "base64"
 
 
-def embed_response(reply: pb.EmbedResponse, packed: bool) -> dict:
+def embed_response(answer: Embeddings, packed: bool) -> dict:
     """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/packing.py)."""
+    rows = answer.vectors.astype(WIRE_DTYPE, copy=False) if packed else answer.vectors.tolist()
     data = [{"object": "embedding", "index": i,
-             "embedding": base64.b64encode(e.packed).decode("ascii") if packed else list(e.values)}
-            for i, e in enumerate(reply.embeddings)]
-    tokens = reply.usage.input_tokens
-    return {"object": "list", "data": data, "model": reply.model,
+             "embedding": base64.b64encode(row.tobytes()).decode("ascii") if packed else row}
+            for i, row in enumerate(rows)]
+    tokens = answer.input_tokens
+    return {"object": "list", "data": data, "model": answer.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
@@ -132,9 +137,11 @@ class Completion:
             out["usage"] = usage
         return out
 
-    def response(self, reply: pb.GenerateResponse) -> dict:
-        reason = {pb.FINISH_REASON_LENGTH: "length"}.get(reply.finish_reason, "stop")
-        return self.body(reply.text, reason, _usage(reply.usage.input_tokens, reply.usage.output_tokens))
+    def response(self, chunks: list[Chunk]) -> dict:
+        """The whole completion: every chunk's text joined, the last one's ending and usage."""
+        last = chunks[-1]
+        return self.body("".join(c.text for c in chunks), FINISH[last.finish_reason],
+                         _usage(last.input_tokens, last.output_tokens))
 
     def chunk(self, chunk: Chunk) -> dict:
         """A stream event; the last one carries the finish reason and the usage."""

@@ -102,7 +102,7 @@ class AttentionInspector:
             raise InvalidArgument(f"head {bad[0]} does not exist: model {self.name!r} has heads 0..{self.n_heads - 1}")
 
     async def inspect(self, query: AttentionQuery) -> AttentionResult:
-        self.check(query)
+        """The maps of a query that passed `check` (the core checks it once, before admitting it)."""
         start = time.perf_counter()
         source = await self._encode(query.text, "text", self.max_input_tokens)
         decoder_ids: list[int] = []

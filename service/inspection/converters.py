@@ -1,9 +1,10 @@
-"""AttentionRequest / AttentionResponse <-> the plain values of service/inspection/attention.py."""
+"""AttentionRequest / AttentionResponse <-> the attention core's plain values (service/inspection/core.py)."""
 
 from __future__ import annotations
 
 from service.converters import timings, usage
-from service.inspection.attention import AttentionQuery, AttentionResult
+from service.inspection.attention import AttentionQuery
+from service.inspection.core import AttentionMaps
 from service.inspection.stats import FIELDS
 from service.proto import inference_pb2 as pb
 
@@ -15,7 +16,8 @@ def attention_query(request: pb.AttentionRequest) -> AttentionQuery:
                           heads=tuple(request.heads))
 
 
-def attention_response(result: AttentionResult, model: str, kind: str, total_s: float) -> pb.AttentionResponse:
+def attention_response(answer: AttentionMaps) -> pb.AttentionResponse:
+    result, model, kind, total_s = answer.result, answer.model, answer.kind, answer.total_s
     maps = [pb.AttentionMap(kind=KINDS[m.kind], layer=m.layer, head=m.head, rows=m.weights.shape[0],
                             cols=m.weights.shape[1], weights=m.weights.ravel().tolist(),
                             stats=pb.HeadStats(**{f: float(v) for f, v in zip(FIELDS, m.stats)}))

@@ -1,9 +1,10 @@
 """`inference.GRPCInferenceService`, the Open Inference Protocol (KServe v2) over gRPC, on the service's port.
 
-Health and metadata RPCs answer from the registry; ModelInfer converts the tensors to the
-service's own request message (converters.py) and runs the same path as Embed, Generate and
-Translate: the same admission, validation, batching, errors (`@grpc_errors`) and metrics (service
-"GRPCInferenceService"). `tritonclient.grpc` works against it unchanged.
+Health and metadata RPCs answer from the registry; ModelInfer converts the tensors and parameters
+to the cores' queries (converters.py, through the v1 request message so its fields' checks apply)
+and calls the same cores as the v1 doors: the same admission, validation, batching, errors
+(`@grpc_errors`) and metrics (service "GRPCInferenceService"). `tritonclient.grpc` works against
+it unchanged.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
 
-from service import packing
 from service.converters import usage
-from service.embedding.grpc import EmbeddingServicer, deadline_of
+from service.cores import Cores
+from service.embedding import converters as embedding_converters
+from service.embedding.grpc import deadline_of
 from service.errors import InvalidArgument, NotFound, grpc_errors, label_model, quote
 from service.generation import converters as generation_converters
 from service.kserve import converters
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
-from service.registry import Backend, ModelRegistry
-from service.settings import Settings
+from service.registry import Backend
 from service.translation import converters as translation_converters
 
 SERVICE = "GRPCInferenceService"
@@ -33,9 +34,9 @@ SERVER_NAME = "transformer-serving"
 
 
 class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, registry: ModelRegistry, settings: Settings):
-        self.registry, self.settings = registry, settings
-        self.embedding = EmbeddingServicer(registry, settings)  # its checks and path, shared with Embed
+    def __init__(self, cores: Cores, max_generations: int):
+        self.cores, self.registry = cores, cores.registry
+        self.max_generations = max_generations  # settings gen_max_queue: one call never holds more places
 
     @grpc_errors(SERVICE)
     async def ServerLive(self, request, context: grpc.aio.ServicerContext) -> oip.ServerLiveResponse:
@@ -90,34 +91,35 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         return model
 
     async def _embed(self, model: Backend, texts: list[str], values: dict, context) -> tuple:
-        request = converters.embed_request(texts, model.name, values)
-        response = await self.embedding.embed(request, deadline_of(context))  # one path for both doors
-        return converters.embedding_outputs(packing.array(response)), response.usage
+        query = embedding_converters.embed_query(converters.embed_request(texts, model.name, values))
+        answer = await self.cores.embedding.embed(query, deadline_of(context))
+        return converters.embedding_outputs(answer.vectors), usage(answer.input_tokens)
 
     async def _generate(self, model: Backend, texts: list[str], values: dict, context) -> tuple:
         """One generation per text, decoded together by the model's scheduler; all or none."""
-        if len(texts) > self.settings.gen_max_queue:
+        if len(texts) > self.max_generations:
             raise InvalidArgument(f"{len(texts)} texts in one call; a generation model queues at most "
-                                  f"{self.settings.gen_max_queue}: split the call")
-        handles = []
+                                  f"{self.max_generations}: split the call")
+        deadline, generations = deadline_of(context), []
         try:
             for text in texts:
-                request = converters.generate_request(text, model.name, values)
-                handles.append(await model.submit_async(text, generation_converters.sampling_params(request)))
-            results = await asyncio.gather(*(_chunks(handle) for handle in handles))
+                query = generation_converters.generate_query(converters.generate_request(text, model.name, values))
+                generations.append(await self.cores.generation.generate(query, deadline))
+            results = await asyncio.gather(*(g.collect() for g in generations))
         finally:
-            for handle in handles:  # frees the rows of every sequence when one fails or the call ends
-                handle.cancel()
+            for generation in generations:  # frees the rows of every sequence when one fails or the call ends
+                generation.cancel()
         done = [generation_converters.generate_response(chunks, model.name) for chunks in results]
         counts = usage(sum(r.usage.input_tokens for r in done), sum(r.usage.output_tokens for r in done))
         return [converters.text_output("text_output", [r.text for r in done])], counts
 
     async def _translate(self, model: Backend, texts: list[str], values: dict, context) -> tuple:
         request = converters.translate_request(texts, model.name, values)
-        result = await model.translate(list(request.inputs), translation_converters.translate_options(request))
-        outputs = [converters.text_output("translation", [t.text for t in result.translations]),
-                   converters.scores_output([t.score for t in result.translations])]
-        return outputs, usage(result.input_tokens, result.output_tokens)
+        answer = await self.cores.translation.translate(translation_converters.translate_query(request),
+                                                        deadline_of(context))
+        outputs = [converters.text_output("translation", [t.text for t in answer.translations]),
+                   converters.scores_output([t.score for t in answer.translations])]
+        return outputs, usage(answer.input_tokens, answer.output_tokens)
 
 
 def _version() -> str:
@@ -127,13 +129,10 @@ def _version() -> str:
         return "0+unknown"
 
 
-async def _chunks(handle) -> list:
-    return await handle.collect()  # one wake-up at the end, not one per decode step
-
-
-def add_to_server(server: grpc.aio.Server, registry: ModelRegistry, settings: Settings) -> None:
+def register(server: grpc.aio.Server, cores: Cores) -> None:
     """Registers GRPCInferenceService on server."""
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(registry, settings), server)
+    servicer = InferenceServicer(cores, cores.settings.gen_max_queue)
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 
 def reflection_pool(*files: FileDescriptor) -> descriptor_pool.DescriptorPool:

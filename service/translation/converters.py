@@ -1,11 +1,12 @@
-"""Protobuf <-> plain values for TranslationService (engines never see protobuf)."""
+"""TranslateRequest / TranslateResponse <-> the translation core's plain values (service/translation/core.py)."""
 
 from __future__ import annotations
 
 from service.converters import usage
 from service.generation.converters import timings
 from service.proto import inference_pb2 as pb
-from service.translation.model import TranslateOptions, TranslateResult
+from service.translation.core import TranslateQuery, Translations
+from service.translation.model import TranslateOptions
 
 
 def translate_options(request: pb.TranslateRequest) -> TranslateOptions:
@@ -16,10 +17,14 @@ def translate_options(request: pb.TranslateRequest) -> TranslateOptions:
     )
 
 
-def translate_response(result: TranslateResult, model: str) -> pb.TranslateResponse:
+def translate_query(request: pb.TranslateRequest) -> TranslateQuery:
+    return TranslateQuery(list(request.inputs), translate_options(request), request.model)
+
+
+def translate_response(answer: Translations) -> pb.TranslateResponse:
     return pb.TranslateResponse(
-        translations=[pb.Translation(text=t.text, score=t.score) for t in result.translations],
-        model=model,
-        usage=usage(result.input_tokens, result.output_tokens),
-        timings=timings(result.timings),
+        translations=[pb.Translation(text=t.text, score=t.score) for t in answer.translations],
+        model=answer.model,
+        usage=usage(answer.input_tokens, answer.output_tokens),
+        timings=timings(answer.timings),
     )

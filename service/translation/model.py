@@ -1,17 +1,11 @@
 """`TranslationModel`: the registry backend for kind "translation" (encoder-decoder, greedy / beam).
 
-`translate(inputs, options)` validates the call (an input with more characters than its token limit
-can hold is refused untokenized: service/tokenizing.py), takes its places in the queue (or gets
-RESOURCE_EXHAUSTED) from its input count before any work, tokenizes (off the event loop when the
-call is large), checks lengths and queues one item per source, each with its own options. The
-model's Seq2SeqScheduler (service/translation/scheduler.py) batches sources of all calls
-continuously: newcomers join the decoder batch between steps, finished sources leave, greedy and
-beam sources share it, and each source's rows use its own max_length and length_penalty.
-Limits: a source may hold at most `max_input_tokens` tokens; beam_size at most
-`translate_max_beam`; 0 <= length_penalty <= search.MAX_LENGTH_PENALTY; max_length 0 means
-`translate_default_max_length` (settings) or else the model's `max_output_tokens`, and any value
-is capped by it and by the decoder's positions. A source whose search or detokenisation fails
-fails its own call (INTERNAL, saying which input), never its neighbours.
+`translate(inputs, options, deadline)` checks what needs the model (characters per input before
+tokenizing, beam size, length penalty, tokens per input), takes the call's queue places before any
+work (service/admission.py), tokenizes and queues one item per source with its own options; the
+Seq2SeqScheduler batches the sources of all calls continuously. The list rules (empty, at most
+`translate_max_inputs`) are the core's (core.py). A source whose search or detokenisation fails
+fails its own call, never its neighbours. Limits are documented in docs/api.md.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from tokenizers import Tokenizer
 
 from service import metrics, tokenizing
 from service.engine.graphio import GraphIO
-from service.errors import InvalidArgument, ServiceError
+from service.errors import DeadlineExceeded, InvalidArgument, ServiceError
 from service.generation.sequence import Timings
 from service.manifest import PACKED_ROLE, Manifest, ModelDir
 from service.registry import model_info
@@ -38,9 +32,6 @@ from service.translation.scheduler import Item, Seq2SeqScheduler
 from service.translation.search import MAX_LENGTH_PENALTY, Hypothesis, SourceSearch
 
 log = logging.getLogger(__name__)
-
-MAX_QUEUED_SOURCES = 4096  # beyond it RESOURCE_EXHAUSTED
-MAX_INPUTS = 256  # sources in one call
 
 
 class RowFailed(ServiceError):
@@ -91,8 +82,8 @@ class TranslationModel:
         self.device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.execution = "packed" if source_encoder.is_packed(encoder) else "padded"
         self.scheduler = Seq2SeqScheduler(self.name, encoder, decoder, self.io, runtime,
-                                          max_rows=settings.translate_max_batch, max_queue=MAX_QUEUED_SOURCES,
-                                          pad_id=self.pad_id, device=self.device,
+                                          max_rows=settings.translate_max_batch, max_queue=settings.translate_max_queue,
+                                          pad_id=self.pad_id, device=self.device, gate=runtime.gate,
                                           pack_row_tokens=settings.embed_pack_row_tokens
                                           if self.execution == "packed" else None,
                                           pack_align=source_encoder.alignment(variant))
@@ -112,23 +103,30 @@ class TranslationModel:
         tokenizer.no_truncation()
         return cls(m, encoder, decoder, tokenizer, settings, runtime, variant)
 
-    async def translate(self, inputs: list[str], options: TranslateOptions) -> TranslateResult:
-        """Translates every input (batched with concurrent calls); raises InvalidArgument and friends."""
+    async def translate(self, inputs: list[str], options: TranslateOptions,
+                        deadline: float | None = None) -> TranslateResult:
+        """Translates every input (batched with concurrent calls); `deadline`: time.monotonic() after which
+        queued sources are dropped and the call fails with DeadlineExceeded. Raises InvalidArgument and friends."""
         start = time.perf_counter()
         max_length = self._check(inputs, options)
-        self.scheduler.reserve(len(inputs))  # admission: before any work on the call
+        self.scheduler.admission.take(len(inputs))  # before any work on the call
         try:
             encoded = await self._tokenize(inputs)
         except BaseException:
-            self.scheduler.release(len(inputs))
+            self.scheduler.admission.release(len(inputs))
             raise
         tokenize_s = time.perf_counter() - start
         loop = asyncio.get_running_loop()
         items = [Item(ids, SourceSearch(options.beam_size, self.start_id, self.eos_id, max_length,
-                                        options.length_penalty), loop.create_future()) for ids in encoded]
+                                        options.length_penalty), loop.create_future(), deadline=deadline)
+                 for ids in encoded]
         self.scheduler.submit(items)
         try:
-            outputs = await asyncio.gather(*(it.future for it in items))
+            async with asyncio.timeout(None if deadline is None else deadline - time.monotonic()):
+                outputs = await asyncio.gather(*(it.future for it in items))
+        except TimeoutError as exc:
+            raise DeadlineExceeded("the call's deadline passed before its translations finished; allow more "
+                                   "time or split the call") from exc
         except Exception as exc:
             raise self._failure(items, exc) from exc
         finally:
@@ -177,10 +175,6 @@ class TranslationModel:
                          f"the server); the other calls in its batch were not affected")
 
     def _check(self, inputs: list[str], options: TranslateOptions) -> int:
-        if not inputs:
-            raise InvalidArgument("inputs is empty; send at least one sentence to translate")
-        if len(inputs) > MAX_INPUTS:
-            raise InvalidArgument(f"{len(inputs)} inputs in one call; the limit is {MAX_INPUTS}: split the call")
         for i, text in enumerate(inputs):
             tokenizing.check_chars(text, self.max_input_chars, f"inputs[{i}]", self.name,
                                    self.manifest.max_input_tokens, "split the sentence")

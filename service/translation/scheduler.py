@@ -25,7 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from service import metrics
-from service.errors import ResourceExhausted, Unavailable
+from service.admission import Admission, Gate
+from service.errors import DeadlineExceeded, Unavailable
 from service.translation import encoder as source_encoder
 from service.translation.engine import Seq2SeqBatch
 from service.translation.search import SourceSearch
@@ -45,6 +46,7 @@ class Item:
     search: SourceSearch
     future: asyncio.Future
     arrived: float = field(default_factory=time.perf_counter)
+    deadline: float | None = None  # time.monotonic() after which the call has expired
     isolated: bool = False  # restarting alone after a batch failure
     queue_s: float = 0.0
     inference_s: float = 0.0  # compute time of the steps its rows were in
@@ -52,41 +54,42 @@ class Item:
 
 class Seq2SeqScheduler:
     def __init__(self, name: str, encoder, decoder, io, runtime, *, max_rows: int, max_queue: int, pad_id: int,
-                 device: str | None, pack_row_tokens: int | None = None, pack_align: int = 1):
+                 device: str | None, pack_row_tokens: int | None = None, pack_align: int = 1,
+                 gate: Gate | None = None):
         """pack_row_tokens: None for a padded encoder graph, else a packed one's row length
         (service/translation/encoder.py); pack_align: where a packed source may start."""
         self.name, self.encoder, self.runtime = name, encoder, runtime
         self.pack_row_tokens, self.pack_align = pack_row_tokens, pack_align
-        self.max_rows, self.max_queue, self.pad_id = max_rows, max_queue, pad_id
+        self.max_rows, self.pad_id = max_rows, pad_id
         self.batch = Seq2SeqBatch(decoder, io, device)
         self.queue: deque[Item] = deque()
         self.members: dict[int, Item] = {}  # id(item.search) -> item, for sources in the batch
-        self.reserved = 0  # places taken by calls being tokenized
+        self._inference = metrics.INFERENCE_DURATION.labels(name)  # one engine run: an encoder run or a step
+        self.admission = Admission("translation", name, max_queue, "queued sources", gate=gate,
+                                   waiting=lambda: len(self.queue))
         self.turns = 0  # executor calls so far
-        self.closing = False
         self._solo = False  # an isolated source runs: nothing joins it
         self._turn_start = 0.0
         self._wake = asyncio.Event()
         self._poked = threading.Event()  # a call was cancelled: the compute thread returns to the loop
         metrics.QUEUE_CAPACITY.labels(name).set(max_queue)
 
-    def reserve(self, n: int) -> None:
-        """Takes n places in the queue for a call before any work on it, or refuses it."""
-        if self.closing:
-            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        waiting = len(self.queue) + self.reserved
-        if waiting + n > self.max_queue:
-            raise ResourceExhausted(f"translation queue of model {self.name!r} is full ({waiting} sources waiting, "
-                                    f"room for {self.max_queue}); retry with backoff")
-        self.reserved += n
+    @property
+    def max_queue(self) -> int:
+        return self.admission.capacity
 
-    def release(self, n: int) -> None:
-        """Gives back the places of a call that will not be queued (refused while tokenized, or cancelled)."""
-        self.reserved -= n
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:
+        self.admission.capacity = value
+
+    @property
+    def reserved(self) -> int:
+        """Places held by calls being tokenized (not queued yet)."""
+        return self.admission.reserved
 
     def submit(self, items: list[Item]) -> None:
-        """Queues a call's items in the places reserve() took for them."""
-        self.reserved -= len(items)
+        """Queues a call's items in the places `admission.take` held for them."""
+        self.admission.queued(len(items))
         self.queue.extend(items)
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.queue))
         self._wake.set()
@@ -124,7 +127,6 @@ class Seq2SeqScheduler:
             elapsed = time.perf_counter() - start
             for it in self.members.values():
                 it.inference_s += elapsed
-            metrics.INFERENCE_DURATION.labels(self.name).observe(elapsed)
 
     def _admit(self) -> list[Item]:
         """Waiting items, in arrival order, while their rows fit; an isolated one only into an empty batch."""
@@ -134,7 +136,7 @@ class Seq2SeqScheduler:
         self._solo, out, now = False, [], time.perf_counter()
         while self.queue:
             it = self.queue[0]
-            if it.future.done():
+            if self._dropped(it):
                 self.queue.popleft()
                 continue
             if (it.isolated and (rows or out)) or ((rows or out) and rows + it.search.k > self.max_rows):
@@ -151,6 +153,18 @@ class Seq2SeqScheduler:
         metrics.QUEUE_DEPTH.labels(self.name).set(len(self.queue))
         return out
 
+    def _dropped(self, it: Item) -> bool:
+        """True (and counted) when a queued source's call went away or expired; fails an expired call."""
+        expired = it.deadline is not None and time.monotonic() >= it.deadline
+        if expired and not it.future.done():
+            it.future.set_exception(DeadlineExceeded(
+                f"the call's deadline passed after {time.perf_counter() - it.arrived:.3f}s in the queue of "
+                f"{self.name!r}; allow more time or retry"))
+        if not it.future.done():
+            return False
+        metrics.DROPPED.labels(self.name, "expired" if expired else "cancelled").inc()
+        return True
+
     def _compute(self, newcomers: list[Item], gone: set[int], loop) -> tuple[Ended, list[SourceSearch]]:
         """Compute thread: drop, join, then decoder steps until the loop has work (a newcomer fits,
         a call was cancelled) or SLICE_S passes. Sources that end are handed to the loop as they
@@ -165,7 +179,9 @@ class Seq2SeqScheduler:
                 and time.perf_counter() < deadline:
             waited = waited + 1 if self.queue else 0
             try:
+                t0 = time.perf_counter()
                 ended = self.batch.step()
+                self._inference.observe(time.perf_counter() - t0)
             except Exception as exc:  # noqa: BLE001 - the decoder call failed for every row at once
                 sources = list(self.batch.sources)
                 self.batch.clear()
@@ -193,7 +209,9 @@ class Seq2SeqScheduler:
         try:
             seqs = [it.ids for it in items]
             feeds, mask, computed = source_encoder.feeds(seqs, self.pad_id, self.pack_row_tokens, self.pack_align)
+            t0 = time.perf_counter()
             cross = self.encoder.run(None, feeds)  # each (n, H, S, D), packed or not; mask (n, S)
+            self._inference.observe(time.perf_counter() - t0)
             metrics.BATCH_TOKENS.labels(self.name).observe(computed)
             metrics.PADDING_RATIO.labels(self.name).observe(computed / sum(map(len, seqs)))
             self.batch.join([it.search for it in items], cross, mask)
@@ -224,7 +242,7 @@ class Seq2SeqScheduler:
 
     async def stop(self, grace_s: float) -> None:
         """Refuses new calls, lets queued and running ones finish within grace_s, fails the rest."""
-        self.closing = True
+        self.admission.closing = True
         deadline = time.monotonic() + grace_s
         while any(not it.future.done() for it in [*self.queue, *self.members.values()]) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -1,0 +1,32 @@
+"""The cores every door calls: one per model kind, plain values in and out, built once per process.
+
+A core (`service/<kind>/core.py`) takes a dataclass query and a deadline (a `time.monotonic()`
+instant or None) and returns a dataclass of plain values and numpy arrays, never protobuf or JSON,
+so it could run in another process. It owns the call's validation (one place per rule, errors
+from service/errors.py), resolves the model, admits the call (service/admission.py) before any
+work, and counts it in the metrics. The doors (each kind's grpc.py, service/http/,
+service/kserve/) only convert to and from these values. docs/design/request-paths.md draws the path.
+"""
+
+from __future__ import annotations
+
+import time
+
+from service.errors import InvalidArgument
+
+
+def check_inputs(inputs: list[str], limit: int, what: str, split: str = "split the call") -> None:
+    """The rules every list of input texts follows: not empty, at most `limit`, no empty text.
+    `what` ends the messages ("text to embed"), `split` is the advice for too many."""
+    if not inputs:
+        raise InvalidArgument(f"inputs is empty; send at least one {what}")
+    if len(inputs) > limit:
+        raise InvalidArgument(f"{len(inputs)} inputs in one call; the limit is {limit}: {split}")
+    for i, text in enumerate(inputs):
+        if not text:
+            raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left before `deadline` (None: no deadline)."""
+    return None if deadline is None else deadline - time.monotonic()

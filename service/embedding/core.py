@@ -1,0 +1,49 @@
+"""The embedding core: texts in, an (N, D) float32 array out, for every door."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.core import check_inputs
+from service.errors import label_model
+from service.registry import ModelRegistry
+from service.settings import Settings
+
+
+@dataclass(frozen=True)
+class EmbedQuery:
+    inputs: list[str]
+    model: str = ""  # empty: the default embedding model
+    normalize: bool = True
+    truncate: bool = True
+    dimensions: int = 0  # 0: the model's full dimension
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    model: str
+    vectors: np.ndarray  # (N, D) float32, in input order
+    input_tokens: int
+    tokenize_s: float
+    queue_s: float
+    inference_s: float
+    total_s: float
+
+
+class EmbeddingCore:
+    def __init__(self, registry: ModelRegistry, settings: Settings):
+        self.registry, self.settings = registry, settings
+
+    async def embed(self, query: EmbedQuery, deadline: float | None = None) -> Embeddings:
+        """Validates, admits (the model's queue places, before tokenizing) and embeds; raises ServiceError."""
+        start = time.perf_counter()
+        check_inputs(query.inputs, self.settings.embed_max_inputs, "text to embed",
+                     "split the call (or use EmbedStream)")
+        model = self.registry.get("embedding", query.model)
+        label_model(model.name)
+        r = await model.embed(query.inputs, query.normalize, query.truncate, query.dimensions, deadline)
+        return Embeddings(model.name, r.embeddings, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s,
+                          time.perf_counter() - start)

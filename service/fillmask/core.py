@@ -1,0 +1,45 @@
+"""The fill-mask core: texts holding masks in, candidates per mask out, for every door."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from service.core import check_inputs
+from service.errors import label_model
+from service.fillmask.model import Candidate
+from service.registry import ModelRegistry
+from service.settings import Settings
+
+
+@dataclass(frozen=True)
+class FillMaskQuery:
+    inputs: list[str]
+    model: str = ""  # empty: the default fill-mask model
+    top_k: int = 0  # 0: the model's default
+
+
+@dataclass(frozen=True)
+class FilledMasks:
+    model: str
+    results: list[list[list[Candidate]]]  # input -> mask (in order) -> candidates, best first
+    input_tokens: int
+    tokenize_s: float
+    queue_s: float
+    inference_s: float
+    total_s: float
+
+
+class FillMaskCore:
+    def __init__(self, registry: ModelRegistry, settings: Settings):
+        self.registry, self.settings = registry, settings
+
+    async def fill_mask(self, query: FillMaskQuery, deadline: float | None = None) -> FilledMasks:
+        """Validates (Embed's input limits; masks and top_k by the model), admits and fills; raises ServiceError."""
+        start = time.perf_counter()
+        check_inputs(query.inputs, self.settings.embed_max_inputs, "text holding a [MASK]")
+        model = self.registry.get("fill-mask", query.model)
+        label_model(model.name)
+        r = await model.fill(query.inputs, query.top_k, deadline)
+        return FilledMasks(model.name, r.results, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s,
+                           time.perf_counter() - start)

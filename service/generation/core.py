@@ -1,0 +1,80 @@
+"""The generation core: a prompt and sampling parameters in, an async iterator of `Chunk`s out.
+
+`generate` validates and admits the call before any work (the model's queue place), then returns
+a `Generation`: iterate it for chunks (`ready()` takes those already posted, `collect()` waits for
+all of them at once). Its deadline is one timer: when it passes, a generation still waiting is
+dropped (counted "expired") and the iterator raises DeadlineExceeded; `cancel()` frees the row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from service.errors import DeadlineExceeded, InvalidArgument, label_model
+from service.generation.decoding import SamplingParams
+from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle, Timings
+from service.registry import ModelRegistry
+
+__all__ = ["EOS", "LENGTH", "STOP", "Chunk", "GenerateQuery", "Generation", "GenerationCore", "Timings"]
+
+MAX_STREAM_INTERVAL_MS = 1000
+
+
+@dataclass(frozen=True)
+class GenerateQuery:
+    prompt: str
+    params: SamplingParams
+    model: str = ""  # empty: the default generation model
+    stream_interval_ms: int = 0  # a stream pauses this long after each message (0: none)
+
+
+class Generation:
+    """One admitted generation: `async for chunk in generation`, `ready()`, `collect()`, `cancel()`."""
+
+    def __init__(self, model, handle: GenerationHandle, interval_s: float, deadline: float | None):
+        self.model = model.name
+        self.interval_s = interval_s
+        self._handle, self._expire, self._deadline = handle, model.expire, deadline
+        self._timer = None
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(loop.time() + (deadline - time.monotonic()), self._expired)
+
+    def _expired(self) -> None:
+        self._expire(self._handle, DeadlineExceeded("the call's deadline passed before the generation finished; "
+                                                    "allow more time or ask for fewer tokens"))
+
+    def __aiter__(self) -> GenerationHandle:
+        return self._handle  # chunks straight from the scheduler's handle: nothing added per token
+
+    def ready(self) -> list[Chunk]:
+        return self._handle.ready()
+
+    async def collect(self) -> list[Chunk]:
+        return await self._handle.collect()
+
+    def cancel(self) -> None:
+        """Ends the generation (idempotent): its row is freed at the scheduler's next step."""
+        if self._timer is not None:
+            self._timer.cancel()
+            if time.monotonic() >= self._deadline:  # the door's own deadline came first: still "expired"
+                self._expired()
+        self._handle.cancel()
+
+
+class GenerationCore:
+    def __init__(self, registry: ModelRegistry):
+        self.registry = registry
+
+    async def generate(self, query: GenerateQuery, deadline: float | None = None) -> Generation:
+        """Validates and admits (refusals raise here, before any work and before a door answers 200)."""
+        if query.stream_interval_ms > MAX_STREAM_INTERVAL_MS:
+            raise InvalidArgument(f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
+                                  f"soon as they are ready), got {query.stream_interval_ms}")
+        model = self.registry.get("generation", query.model)
+        label_model(model.name)
+        handle = await model.submit_async(query.prompt, query.params)
+        return Generation(model, handle, query.stream_interval_ms / 1e3, deadline)
+

@@ -1,0 +1,57 @@
+"""The attention core: a text (and a translator's target) in, attention maps per layer and head out.
+
+One `AttentionInspector` per served model, made on its first call (its graph session opens then).
+An empty model name means the default embedding model; any served model may be named. At most
+`attention_max_in_flight` calls compute at once (settings): a call holds whole-sequence maps of
+every layer, far more memory than an embedding, so more are refused with RESOURCE_EXHAUSTED
+before any work.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from service.admission import Admission
+from service.errors import label_model
+from service.inspection.attention import AttentionInspector, AttentionQuery, AttentionResult
+from service.manifest import ModelDir
+from service.registry import ModelRegistry
+from service.runtime import Runtime
+from service.settings import Settings
+
+__all__ = ["AttentionCore", "AttentionMaps", "AttentionQuery"]
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    model: str
+    kind: str  # the model's kind
+    result: AttentionResult
+    total_s: float
+
+
+class AttentionCore:
+    def __init__(self, registry: ModelRegistry, settings: Settings, runtime: Runtime):
+        self.registry, self.settings, self.runtime = registry, settings, runtime
+        self._inspectors: dict[str, AttentionInspector] = {}
+        self.admission = Admission("attention", "", settings.attention_max_in_flight, "calls computing",
+                                   gate=runtime.gate)
+
+    async def attention(self, query: AttentionQuery, model: str = "") -> AttentionMaps:
+        """Validates once, admits (a compute place), inspects; raises ServiceError."""
+        start = time.perf_counter()
+        backend = self.registry.find(model) if model else self.registry.get("embedding")
+        label_model(backend.name)
+        inspector = self._inspector(backend)
+        inspector.check(query)
+        with self.admission.holding():
+            result = await inspector.inspect(query)
+        return AttentionMaps(backend.name, backend.kind, result, time.perf_counter() - start)
+
+    def _inspector(self, backend) -> AttentionInspector:
+        if backend.name not in self._inspectors:
+            model_dir = ModelDir(self.registry.dirs[backend.name], backend.manifest)
+            self._inspectors[backend.name] = AttentionInspector(backend, model_dir, self.runtime,
+                                                                self.settings.max_message_bytes)
+        return self._inspectors[backend.name]
