@@ -61,11 +61,13 @@ MODEL_INFO = Gauge(
     ["model", "kind", "provider", "variant", "requested_provider"], multiprocess_mode="livemax",
 )
 INFERENCE_DURATION = Histogram(
-    "ts_inference_duration_seconds", "wall time of one model forward pass (one batch)", ["model"],
+    "ts_inference_duration_seconds", "wall time of one engine run: an encoder batch, a generation prefill or "
+    "decode step, a translator's encoder run or decoder step", ["model"],
     buckets=LATENCY_BUCKETS,
 )
 DROPPED = Counter(
-    "ts_dropped_items", "queued items dropped before compute because their call was cancelled or expired",
+    "ts_dropped_items", "queued items (inputs, generations, sources) dropped before compute because their call "
+    "was cancelled or expired",
     ["model", "reason"],
 )
 WORKER_RPCS = Counter(
