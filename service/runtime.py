@@ -1,25 +1,14 @@
 """onnxruntime in one place: execution-provider choice, session creation, the compute executor.
 
-`Runtime` is built once from Settings and shared by every model:
-- `create_session(path)` asks for CUDA when `device` is "cuda" (or "auto" and onnxruntime offers
-  it), else CPU, then reads `session.get_providers()`: onnxruntime falls back to CPU *silently*
-  when the CUDA libraries are missing (FACTS.md), so the provider actually in use is detected,
-  logged and exposed; with `strict_provider` a fallback raises `ProviderError` instead.
-- `await run(fn, *args)` runs blocking compute in ONE bounded ThreadPoolExecutor of
-  `compute_workers` threads, never on the event loop; onnxruntime releases the GIL while it runs,
-  so `compute_workers` batches run in parallel (intra-op threads per session from settings).
-- `choose_variant(manifest, role)` picks the graph variant to serve (settings `variant`).
-- `create_graph_session(path)`: a second CUDA session with `enable_cuda_graph` for generation decode
-  steps (settings `cuda_graph`), or None and the reason (not CUDA, or onnxruntime refused).
-- `embed_batch_limits()`: the embedding batch limits, by device where the settings leave them 0.
-- `gate`: the server's drain gate, which every model's admission checks (service/admission.py).
-- `kv_budget`: the process's KV-cache budget, shared by its generation models (service/generation/kvbudget.py).
-
-CUDA provider options (onnxruntime's CUDA EP documentation, docs/design/gpu.md): the memory arena
-grows by what is asked (`kSameAsRequested`; the default doubles, reserving up to twice the peak of
-the varying batch shapes served) and copies stay on the compute stream (`do_copy_in_default_stream`,
-the default, stated because the documentation warns that 0 can race). No cuDNN option: these
-graphs have no convolution.
+`Runtime` is built once from Settings and shared by every model. `create_session(path)` asks for
+CUDA when `device` is "cuda" (or "auto" and onnxruntime offers it), else CPU, then reads the
+providers actually in use, since onnxruntime falls back to CPU silently when the CUDA libraries are
+missing: the provider is logged and exposed, and with `strict_provider` a fallback raises
+`ProviderError`. `await run(fn, *args)` runs blocking compute in one bounded executor of
+`compute_workers` threads, never on the event loop. Also here: the variant to serve
+(`choose_variant`), a CUDA-graph session for decode steps, the embedding batch limits by device,
+the drain `gate` every model's admission checks, and the process's KV-cache budget. The CUDA
+provider options and why: docs/design/gpu.md.
 """
 
 from __future__ import annotations
