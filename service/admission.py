@@ -1,6 +1,7 @@
 """Admission: the one check every call passes before any work is spent on it.
 
-`Gate` is the server's: open until the drain starts (SIGTERM), then every call gets UNAVAILABLE.
+`Gate` is the server's: open until the drain starts (SIGTERM), then every new call gets UNAVAILABLE;
+a call admitted before (`Gate.enter`: a stream, a call that queues several times) goes on.
 `Admission` is one model's (or one compute pool's): `take(n)` refuses with UNAVAILABLE while the
 server drains or the model stops, and with RESOURCE_EXHAUSTED when the places already held plus
 `n` would pass `capacity`; else it holds `n` places until `release(n)` (the call failed before
@@ -11,10 +12,13 @@ decoder schedulers, and the attention pool. (TEI `core/src/infer.rs`: a permit f
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from service.errors import ResourceExhausted, Unavailable
+
+_ENTERED: contextvars.ContextVar[bool] = contextvars.ContextVar("ts_entered", default=False)
 
 
 class Gate:
@@ -24,8 +28,15 @@ class Gate:
         self.draining = False
 
     def check(self) -> None:
-        if self.draining:
+        """UNAVAILABLE once draining, unless the current call entered before (its task's context)."""
+        if self.draining and not _ENTERED.get():
             raise Unavailable("the server is shutting down; retry on another replica")
+
+    def enter(self) -> None:
+        """check(), then lets the current call (and the tasks it starts) through the drain: an open
+        stream's later messages, the texts of one KServe call, are in-flight work, not new calls."""
+        self.check()
+        _ENTERED.set(True)
 
 
 class Admission:

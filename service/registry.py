@@ -88,6 +88,7 @@ class ModelRegistry:
         self.dirs = dirs or {}  # model name -> its directory (InspectionService opens its attention graph)
         self.defaults = defaults  # kind -> default model name
         self.gate = gate or Gate()  # the process's drain gate (Runtime.gate): every model's admission checks it
+        self.warmed = False  # every model's warm-up passed (start()): KServe readiness reads it with the drain
 
     @property
     def draining(self) -> bool:
@@ -99,8 +100,9 @@ class ModelRegistry:
         self.gate.draining = value
 
     def admit(self) -> None:
-        """The drain check of calls that take no model's queue place (ModelService, KServe metadata)."""
-        self.gate.check()
+        """Admits the current call to the server (UNAVAILABLE while draining; Gate.enter): for calls that
+        take no queue place (ModelService, KServe metadata) and calls that take several (a stream)."""
+        self.gate.enter()
 
     @classmethod
     def load(cls, settings: Settings, runtime: Runtime) -> "ModelRegistry":
@@ -177,6 +179,7 @@ class ModelRegistry:
         for b in self:
             await b.warmup()
             log.info("model %s warmed up", b.name)
+        self.warmed = True
 
     async def stop(self) -> None:
         """Stops every model (each drains what it was given)."""

@@ -41,7 +41,7 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.EmbedResponse]:
         """One response per request, in order; up to STREAM_WINDOW requests are computed at once."""
-        self.core.registry.admit()  # a stream opened while draining is refused before it reads anything
+        self.core.registry.admit()  # refused while draining; once open, its messages go on through a drain
         window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
         reader = asyncio.create_task(self._read_stream(requests, window, deadline_of(context)))
         try:

@@ -45,6 +45,7 @@ class AttentionCore:
         label_model(backend.name)
         inspector = self._inspector(backend)
         inspector.check(query)
+        self.registry.admit()  # a translator's greedy target queues a translation: the same call
         with self.admission.holding():
             result = await inspector.inspect(query)
         return AttentionMaps(backend.name, backend.kind, result, time.perf_counter() - start)
