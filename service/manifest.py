@@ -17,10 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.kinds import KINDS as KIND_TABLE
+
 MANIFEST_FILE = "model.json"
 FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's inputs (above)
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
-KINDS = ("embedding", "generation", "translation", "fill-mask")
+KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
 POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
 ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder"),
          "fill-mask": ("encoder",)}

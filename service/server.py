@@ -1,30 +1,13 @@
-"""The gRPC server: models, servicers, health, reflection, metrics endpoint and graceful shutdown.
+"""The server: models, the cores and every door over them, health, reflection, metrics and the drain.
 
-Lifecycle (`Server.start` then `Server.shutdown`):
-1. load every model directory (registry; sessions on the chosen provider) and bind the port with
-   health NOT_SERVING, so probes see the server before it can serve;
-2. start each model's queue task and run a warm-up forward pass, then set health SERVING for the
-   overall "" service and each service that has a model (ModelService always);
-3. on SIGTERM / SIGINT (the server runs as PID 1 in a container and must handle them itself):
-   health NOT_SERVING at once (`enter_graceful_shutdown`), new calls refused with UNAVAILABLE,
-   in-flight calls finish within `grace_seconds` while the port stays open (service/inflight.py),
-   then grpc's server stops, the models' queues drain,
-   and `serve()` returns 0. (grpc `examples/python/route_guide/asyncio_route_guide_server.py`.)
-
-As one of several worker processes (`worker` = its index, service/supervisor.py) the server shares
-its port with the others (SO_REUSEPORT), warms up *before* it binds so the kernel never hands a
-connection to a cold worker, counts its calls per worker, and serves no metrics itself.
-
-Security (service/auth.py, docs/design/security.md): with --tls-cert/--tls-key the port speaks
-TLS only (mTLS with --tls-client-ca); with bearer tokens configured an interceptor refuses every
-call but health and reflection without one, before its handler runs; SIGHUP re-reads the tokens file.
-
-HTTP (service/http/: OpenAI-compatible routes over the same registry) binds with gRPC, answers
-/health from the same state, and drains with it; `http_port` -1 turns it off. It takes the same
-TLS settings and the same bearer tokens (service/http/security.py; /health stays open).
-
-While it serves, a task gives memory freed after large requests back to the system
-(service/memory.py).
+`Server.start` loads every model directory, builds the cores (service/cores.py), registers every
+gRPC service one way (`register(server, cores)` of each module in service/kinds.py `GRPC_DOORS`),
+binds with health NOT_SERVING, warms every model up, then serves (a worker of several warms up
+before it binds, so the kernel never hands a connection to a cold one). SIGTERM / SIGINT start
+`shutdown`: health NOT_SERVING, new calls UNAVAILABLE (the drain gate, service/admission.py),
+in-flight calls finish within `grace_seconds` with the port open, then the queues drain and
+`serve()` returns 0. HTTP (service/http/) binds with gRPC over the same cores and drains with it.
+The lifecycle, security and workers are in docs/design/service.md, security.md and workers.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """`EmbeddingModel`: the registry backend for kind "embedding" (tokenizer + engine + batcher).
 
-`embed()` takes plain Python values (the servicer converts protobuf) and returns an
-`EmbedResult`: take queue places (admission, refused at once when full: batcher.reserve), tokenize
-(inline for small calls, in a thread for large ones: encode_batch releases the GIL; an untruncated
-input too long to hold is refused before), queue through
-the batcher, then truncate dimensions / normalise in numpy.
+`embed()` takes plain values from the embedding core (core.py) and returns an `EmbedResult`: take
+the call's queue places (`batcher.admission`, refused at once when full), tokenize (inline for small
+calls, in a thread for large ones; an untruncated input too long to hold is refused before), queue
+through the batcher, then truncate dimensions / normalise in numpy.
 """
 
 from __future__ import annotations

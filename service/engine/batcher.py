@@ -1,27 +1,14 @@
-"""Dynamic batching of embedding inputs across concurrent calls: one queue task per model.
+"""Dynamic batching of encoder inputs (embedding, fill-mask) across concurrent calls: one queue task per model.
 
-A call's inputs become queue items sharing one `Request` (one future). The queue task waits for a
-free compute slot (`workers` batches run at once), lets a batch fill for at most `max_wait_s`
-after its oldest item arrived, then takes the run of length-sorted items around the oldest one
-that fits the token budget (rows x longest row: padding counted) and the row limit. Sorting by
-token count cuts padding; always including the oldest item means long inputs never starve. A
-packed engine (`BatchLimits.packed`: several inputs per row, packing.py) pads almost nothing, so
-its budget counts real tokens and the batch takes the oldest items first.
-Rows come back into each request by input index; the future resolves when every row has arrived,
-so large calls split over several batches merge back in order. `forward` returns one row per
-input (for embeddings a (B, C) array); `gather` joins a call's rows in input order (default
-`np.stack`: an (N, C) array). The fill-mask model (service/fillmask/) uses this same batcher with
-per-row mask predictions as rows and `list` as gather.
-
-Items of a call that was cancelled or whose deadline passed are dropped before compute (in the
-queue, and again in the worker right before the forward pass) and counted in
-`ts_dropped_items_total`.
-
-Admission comes before any work: the core takes a call's queue places from its input count alone
-(`admission.take(n)`, service/admission.py), before it is tokenized: RESOURCE_EXHAUSTED at once
-when queued plus taken inputs would pass `max_queue` (UNAVAILABLE while draining or stopping);
-`enqueue` turns the places into queue items, `admission.release` gives them back when
-tokenization fails. Queued + taken never exceeds `max_queue`.
+A call's inputs become queue items sharing one future. The queue task waits for a free compute slot
+(`workers` batches run at once), lets a batch fill for at most `max_wait_s` after its oldest item
+arrived, then takes the run of length-sorted items around the oldest one that fits the token budget
+(rows x longest row: padding counted) and the row limit; a packed engine (several inputs per row)
+budgets real tokens and takes the oldest items first. Rows come back into each call by input index.
+Items of a call that was cancelled or whose deadline passed are dropped before compute and counted
+in `ts_dropped_items_total`. Admission: `self.admission` (service/admission.py) holds a call's queue
+places from its input count before it is tokenized; `enqueue` turns them into queue items.
+(TEI `core/src/queue.rs`, `core/src/infer.rs`.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`FillMaskModel`: the registry backend for kind "fill-mask" (tokenizer + engine + the embedding batcher).
 
 `fill()` takes plain Python values and returns a `FillResult`, on the same path as Embed and with
-the same limits (settings `embed_*`): take queue places first (admission, `Batcher.reserve`),
+the same limits (settings `embed_*`): take queue places first (`batcher.admission`),
 tokenize (never truncating: a cut could drop a `[MASK]`; too long is INVALID_ARGUMENT), check
 every input's masks, queue through the batcher (the engine keeps each mask's best candidates),
 then slice `top_k` and write each candidate's `sequence`: the input with that mask filled, decoded

@@ -1,22 +1,12 @@
 """`GenerationModel`: the registry backend for kind "generation" (a GPT-style decoder with KV cache).
 
-`submit(prompt, params)` checks the parameters and that the queue has room (RESOURCE_EXHAUSTED at
-once, before any work), refuses a prompt with more characters than its token limit can hold
-(service/tokenizing.py: known without tokenizing it), tokenizes the prompt, checks its length,
-resolves max_new_tokens and hands a `Sequence` to the model's continuous-batching `Scheduler`; the
-returned handle yields `Chunk`s as tokens are generated. `submit_async` is the same for callers on
-the event loop (the servicers, HTTP, KServe): a long prompt is tokenized in a thread while its queue
-place is held. Limits (documented in docs/api.md):
-- a prompt may hold at most `max_input_tokens` tokens (manifest) and at most the served context
-  minus one, else INVALID_ARGUMENT (ModelInfo's max_input_tokens is that limit);
-- max_new_tokens 0 means `gen_default_max_new_tokens` (settings); any value is *capped* so that
-  prompt + new tokens fit the served context and at most `max_output_tokens` (manifest) are
-  generated; a capped generation ends with finish reason "length".
-The served context is the model's `max_positions`, capped by settings `gen_max_context`. The KV
-cache is a buffer of that many positions per row that the graph updates in place (IO binding; on the
-GPU under CUDA), see batchcache.py; its rows (`gen_max_batch`, fewer where the process's KV budget
-is short; none: the model is refused) come from kvbudget.py. With settings `cuda_graph` on CUDA,
-decode steps replay CUDA graphs.
+`submit_async(prompt, params)` checks the parameters, takes the call's queue place (admission,
+before any work), refuses a prompt with more characters than its token limit can hold, tokenizes
+(in a thread when long), checks the prompt's length, caps max_new_tokens to the served context and
+hands a `Sequence` to the model's continuous-batching `Scheduler`; the handle yields `Chunk`s.
+The served context is the model's `max_positions`, capped by settings `gen_max_context`; the KV
+cache is a buffer of that many positions per row, updated in place (cache.py), its rows from the
+process's KV budget (kvbudget.py). Limits are documented in docs/api.md.
 """
 
 from __future__ import annotations
