@@ -160,6 +160,12 @@ def start_call(service: str, method: str, protocol: str) -> _Call:
     return _Call(service, method, None, protocol)
 
 
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """A gRPC call's deadline as a time.monotonic() instant, what the cores take (None: no deadline)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
 def grpc_errors(service: str) -> Callable:
     """Decorator for grpc.aio handlers (coroutines, or async generators for streaming responses)."""
 

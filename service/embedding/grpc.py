@@ -8,7 +8,6 @@ status codes and counting the call.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -16,17 +15,11 @@ import grpc
 from service.cores import Cores
 from service.embedding import converters
 from service.embedding.core import EmbeddingCore
-from service.errors import grpc_errors
+from service.errors import deadline_of, grpc_errors
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
 STREAM_WINDOW = 8  # EmbedStream: requests of one stream in flight at once (keeps batches full)
-
-
-def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
-    """The call's deadline as a time.monotonic() instant (None: no deadline)."""
-    remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
 
 
 class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):

@@ -17,8 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from service.cores import Cores
-from service.embedding.grpc import deadline_of
-from service.errors import grpc_errors
+from service.errors import deadline_of, grpc_errors
 from service.generation import converters
 from service.generation.core import GenerationCore
 from service.proto import inference_pb2 as pb

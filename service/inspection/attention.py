@@ -101,14 +101,15 @@ class AttentionInspector:
         if bad:
             raise InvalidArgument(f"head {bad[0]} does not exist: model {self.name!r} has heads 0..{self.n_heads - 1}")
 
-    async def inspect(self, query: AttentionQuery) -> AttentionResult:
-        """The maps of a query that passed `check` (the core checks it once, before admitting it)."""
+    async def inspect(self, query: AttentionQuery, deadline: float | None = None) -> AttentionResult:
+        """The maps of a query that passed `check` (the core checks it once, before admitting it);
+        `deadline` bounds the greedy translation of a translator's missing target."""
         start = time.perf_counter()
         source = await self._encode(query.text, "text", self.max_input_tokens)
         decoder_ids: list[int] = []
         target, generated = query.target, 0
         if self.kind == "translation":
-            target, decoder_ids, generated = await self._target(query.text, query.target)
+            target, decoder_ids, generated = await self._target(query.text, query.target, deadline)
         tokenize_s = time.perf_counter() - start
         selected = [o for o in self.outputs if not query.layers or o[1] in query.layers]
         heads = sorted(set(query.heads)) or list(range(self.n_heads))
@@ -130,7 +131,7 @@ class AttentionInspector:
                                   "tokens; shorten it")
         return ids
 
-    async def _target(self, text: str, target: str) -> tuple[str, list[int], int]:
+    async def _target(self, text: str, target: str, deadline: float | None) -> tuple[str, list[int], int]:
         """-> (target text, decoder input ids, tokens generated): the given target, else the greedy translation."""
         from service.translation.model import TranslateOptions
 
@@ -139,7 +140,7 @@ class AttentionInspector:
         if target.strip():
             ids = await self._encode(target, "target", model.max_length)
         else:
-            translation = (await model.translate([text], TranslateOptions())).translations[0]
+            translation = (await model.translate([text], TranslateOptions(), deadline)).translations[0]
             target, ids, generated = translation.text, translation.token_ids, len(translation.token_ids)
         if ids and ids[-1] == model.eos_id:
             ids = ids[:-1]  # the last query is the one that predicts EOS

@@ -38,7 +38,7 @@ class AttentionCore:
         self.admission = Admission("attention", "", settings.attention_max_in_flight, "calls computing",
                                    gate=runtime.gate)
 
-    async def attention(self, query: AttentionQuery, model: str = "") -> AttentionMaps:
+    async def attention(self, query: AttentionQuery, model: str = "", deadline: float | None = None) -> AttentionMaps:
         """Validates once, admits (a compute place), inspects; raises ServiceError."""
         start = time.perf_counter()
         backend = self.registry.find(model) if model else self.registry.get("embedding")
@@ -47,7 +47,7 @@ class AttentionCore:
         inspector.check(query)
         self.registry.admit()  # a translator's greedy target queues a translation: the same call
         with self.admission.holding():
-            result = await inspector.inspect(query)
+            result = await inspector.inspect(query, deadline)
         return AttentionMaps(backend.name, backend.kind, result, time.perf_counter() - start)
 
     def _inspector(self, backend) -> AttentionInspector:

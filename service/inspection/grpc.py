@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from service.cores import Cores
-from service.errors import grpc_errors
+from service.errors import deadline_of, grpc_errors
 from service.inspection import converters
 from service.inspection.core import AttentionCore
 from service.proto import inference_pb2 as pb
@@ -18,7 +18,7 @@ class InspectionServicer(pb_grpc.InspectionServiceServicer):
 
     @grpc_errors("InspectionService")
     async def Attention(self, request: pb.AttentionRequest, context: grpc.aio.ServicerContext) -> pb.AttentionResponse:
-        answer = await self.core.attention(converters.attention_query(request), request.model)
+        answer = await self.core.attention(converters.attention_query(request), request.model, deadline_of(context))
         return converters.attention_response(answer)
 
 

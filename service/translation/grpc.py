@@ -5,8 +5,7 @@ from __future__ import annotations
 import grpc
 
 from service.cores import Cores
-from service.embedding.grpc import deadline_of
-from service.errors import grpc_errors
+from service.errors import deadline_of, grpc_errors
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.translation import converters
