@@ -289,12 +289,12 @@ def translator_parity(model: Translator, graph: Path, decoder_graph: Path, sourc
         if not np.array_equal(mask, src_mask):
             parity._fail(f"{variant} packed translator encoder: source mask differs from the padded one", 1.0, 0.0)
         diff = max(diff, *(float(np.abs(np.where(valid, r - c.astype(np.float32), 0)).max())
-                           for r, c in zip(ref, cross)))
+                           for r, c in zip(ref, cross, strict=True)))
         for i, s in enumerate(sources):
             alone, _ = translator_cross(sess, [s], cfg.pad_token_id, row_tokens, align)
             alone_diff = max(alone_diff, *(float(np.abs(a[0, :, : len(s)].astype(np.float32)
                                                         - c[i, :, : len(s)].astype(np.float32)).max())
-                                           for a, c in zip(alone, cross)))
+                                           for a, c in zip(alone, cross, strict=True)))
     figures = {"cross_kv_max_abs_diff": diff, "alone_max_abs_diff": alone_diff, "inputs": len(sources),
                "row_tokens": list(GATE_ROW_TOKENS)}
     limit, exact = parity.VARIANT_LIMITS[variant][1], parity.VARIANT_LIMITS[variant][2]

@@ -29,7 +29,6 @@ from service.translation.model import TranslateOptions, TranslationModel
 from tests.fixtures.server import metric
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINED = ROOT / "models" / "tatoeba-en-fr"
 
 SOURCES = ["Yes", "Where is the station?", "We should leave before it rains, Tom.", "a",
            "He paid 12,500 € at the café in Zürich."]
@@ -102,16 +101,15 @@ async def test_a_directory_without_a_packed_encoder_serves_padded(translate_root
     assert await translate(server, SOURCES) == reference
 
 
-async def test_the_trained_translator_packed_equals_padded():
-    """The shipped model (make models): greedy and beam tokens of 80 test sentences, packed and padded."""
-    if not (TRAINED / "model.json").is_file():
-        pytest.skip("the trained translator is not built (make models)")
+async def test_the_trained_translator_packed_equals_padded(trained_translator_dir):
+    """The shipped model: greedy and beam tokens of 80 test sentences, packed and padded."""
     lines = (ROOT / "tests" / "data" / "tatoeba-en-fr-160.txt").read_text(encoding="utf-8").splitlines()
     english = lines[::2]
     results = []
     for row_tokens in (128, 0):
-        runtime = Runtime(Settings.from_env(env={}, models=str(TRAINED.parent), embed_pack_row_tokens=row_tokens))
-        model = TranslationModel.load(load_model_dir(TRAINED), runtime.settings, runtime)
+        runtime = Runtime(Settings.from_env(env={}, models=str(trained_translator_dir.parent),
+                                            embed_pack_row_tokens=row_tokens))
+        model = TranslationModel.load(load_model_dir(trained_translator_dir), runtime.settings, runtime)
         await model.start()
         try:
             assert model.info()["manifest"]["serving.execution"] == ("packed" if row_tokens else "padded")
@@ -154,4 +152,4 @@ def test_a_reduced_precision_packed_encoder_computes_alone_what_it_computes_amon
     together, _ = packed.translator_cross(sess, seqs, pad, 64, 16)
     for i, s in enumerate(seqs):
         alone, _ = packed.translator_cross(sess, [s], pad, 64, 16)
-        assert all(np.array_equal(a[0, :, : len(s)], t[i, :, : len(s)]) for a, t in zip(alone, together))
+        assert all(np.array_equal(a[0, :, : len(s)], t[i, :, : len(s)]) for a, t in zip(alone, together, strict=True))
