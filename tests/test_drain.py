@@ -17,6 +17,7 @@ import httpx2 as httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+import tritonclient.http as triton_http
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -94,6 +95,15 @@ def test_sigterm_drains_every_door_and_exits_0(tiny_models_root):
                 kserve.infer("tiny-embed", [text])
             assert caught.value.status() == "StatusCode.UNAVAILABLE" and "shutting down" in caught.value.message()
             kserve.close()
+            rest = triton_http.InferenceServerClient(service.http_url.removeprefix("http://"))  # the REST binding
+            assert rest.is_server_live()
+            assert not rest.is_server_ready() and not rest.is_model_ready("tiny-embed")
+            rest_text = triton_http.InferInput("text", [1], "BYTES")
+            rest_text.set_data_from_numpy(np.array([b"a new call"], dtype=np.object_))
+            with pytest.raises(InferenceServerException) as caught:
+                rest.infer("tiny-embed", [rest_text])
+            assert caught.value.status() == "503" and "shutting down" in caught.value.message()
+            rest.close()
             with httpx.Client(base_url=service.http_url, timeout=10) as fresh_http:  # a new connection
                 health = fresh_http.get("/health")
                 assert health.status_code == 503 and health.json() == {"status": "NOT_SERVING"}

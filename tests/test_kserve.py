@@ -17,15 +17,17 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
-from client import generate_request, translate_request
+from client import fill_mask_request, generate_request, translate_request
 from service import packing
 from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 from tests.fixtures.server import metric
 
 TEXTS = ["Once upon a time", "The cat sat", "é ü and more"]
-OUTPUTS = {"tiny-embed": ["embedding"], "tiny-gpt": ["text_output"], "tiny-translate": ["translation", "score"]}
+OUTPUTS = {"tiny-embed": ["embedding"], "tiny-gpt": ["text_output"], "tiny-translate": ["translation", "score"],
+           "tiny-fill-mask": ["token", "token_id", "score"]}
 
 
 @pytest.fixture
@@ -71,6 +73,8 @@ async def test_health_and_metadata(server, client):
     info = await server.models.GetModel(pb.GetModelRequest(name="tiny-embed"))
     assert list(embed.outputs[0].shape) == [-1, info.embedding_dimension] and embed.outputs[0].datatype == "FP32"
     assert not await call(client.is_model_ready, "nope")
+    index = await call(client.get_model_repository_index)  # Triton's extension: how a client walks the models
+    assert [(m.name, m.version, m.state) for m in index.models] == [(name, "1", "READY") for name in sorted(OUTPUTS)]
     health = await health_pb2_grpc.HealthStub(server.channel).Check(
         health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"))
     assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -110,6 +114,22 @@ async def test_translation_equals_translate(server, client):
     only_score = await call(client.infer, "tiny-translate", [text_input(TEXTS)], parameters=params,
                             outputs=[triton.InferRequestedOutput("score")])
     assert only_score.as_numpy("translation") is None and only_score.as_numpy("score").shape == (3,)
+
+
+async def test_fill_mask_equals_fill_mask(server, client):
+    texts = ["The cat sat on the [MASK].", "a [MASK] b [MASK]", "[MASK]"]
+    result = await call(client.infer, "tiny-fill-mask", [text_input(texts)], parameters={"top_k": 3})
+    reference = await pb_grpc.FillMaskServiceStub(server.channel).FillMask(fill_mask_request(texts, top_k=3))
+    tokens, ids, scores = (result.as_numpy(n) for n in ("token", "token_id", "score"))
+    assert tokens.shape == ids.shape == scores.shape == (3, 2, 3)  # inputs x most masks x top_k
+    for i, filled in enumerate(reference.results):
+        for j, mask in enumerate(filled.masks):
+            assert [t.decode() for t in tokens[i, j]] == [c.token for c in mask.candidates]
+            assert ids[i, j].tolist() == [c.token_id for c in mask.candidates]
+            assert np.allclose(scores[i, j], [c.score for c in mask.candidates], atol=1e-7)
+        if len(filled.masks) == 1:  # past an input's own masks: padding no client can take for a prediction
+            assert tokens[i, 1].tolist() == [b""] * 3 and ids[i, 1].tolist() == [-1] * 3
+    assert result.get_response().parameters["input_tokens"].int64_param == reference.usage.input_tokens
 
 
 async def test_typed_contents_as_well_as_raw(server):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
 from client import AsyncClient, fill_mask_request
@@ -14,8 +15,9 @@ from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
+from tests.fixtures.server import status_of
 from tests.test_service_client import cli
-from tests.test_service_fillmask import MODEL, status_of
+from tests.test_service_fillmask import MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,12 +31,29 @@ async def test_bearer_tokens_guard_fill_mask(start_server, fill_models_root):
         assert len(response.results[0].masks[0].candidates) == 2
 
 
-async def test_kserve_door_says_fill_mask_is_not_its_kind(start_server, fill_models_root):
+async def test_kserve_door_serves_fill_mask(start_server, fill_models_root):
+    """Ready, described and inferred like every other kind: [inputs, masks, top_k] tensors equal to FillMask's."""
     srv = await start_server(fill_models_root)
     stub = oip_grpc.GRPCInferenceServiceStub(srv.channel)
-    assert not (await stub.ModelReady(oip.ModelReadyRequest(name=MODEL))).ready
-    code, details = await status_of(stub.ModelMetadata(oip.ModelMetadataRequest(name=MODEL)))
-    assert code == grpc.StatusCode.NOT_FOUND and "FillMaskService/FillMask" in details
+    assert (await stub.ModelReady(oip.ModelReadyRequest(name=MODEL))).ready
+    meta = await stub.ModelMetadata(oip.ModelMetadataRequest(name=MODEL))
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
+        ("token", "BYTES", [-1, -1, -1]), ("token_id", "INT64", [-1, -1, -1]), ("score", "FP32", [-1, -1, -1])]
+    texts = ["The cat sat on the [MASK].", "a [MASK] b [MASK]"]
+    request = oip.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="text", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
+        [t.encode() for t in texts])
+    request.parameters["top_k"].int64_param = 2
+    response = await stub.ModelInfer(request)
+    reference = await pb_grpc.FillMaskServiceStub(srv.channel).FillMask(fill_mask_request(texts, top_k=2))
+    assert [list(o.shape) for o in response.outputs] == [[2, 2, 2]] * 3
+    ids = np.frombuffer(response.raw_output_contents[1], dtype="<i8").reshape(2, 2, 2)
+    scores = np.frombuffer(response.raw_output_contents[2], dtype="<f4").reshape(2, 2, 2)
+    assert ids[0, 1].tolist() == [-1, -1] and scores[0, 1].tolist() == [0.0, 0.0]  # input 0 has one mask
+    for i, filled in enumerate(reference.results):
+        for j, mask in enumerate(filled.masks):
+            assert ids[i, j].tolist() == [c.token_id for c in mask.candidates]
+            assert np.allclose(scores[i, j], [c.score for c in mask.candidates], atol=1e-7)
 
 
 async def test_attention_of_the_fill_mask_model(start_server, fill_models_root):

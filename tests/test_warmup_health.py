@@ -19,7 +19,6 @@ import grpc
 import httpx2 as httpx
 import numpy as np
 import onnx
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import numpy_helper
 
@@ -80,19 +79,22 @@ async def test_not_serving_until_the_warm_up_succeeds(embed_models_root, caplog,
         assert reply.status_code == 200 and reply.json() == {"status": "SERVING"}
 
 
-@pytest.mark.xfail(strict=True, reason="KServe ServerReady/ModelReady read only the drain flag, not the warm-up "
-                                       "(service/kserve/servicer.py); issue 19's core (H1) to fix")
 async def test_kserve_not_ready_until_the_warm_up_succeeds(embed_models_root, caplog, monkeypatch):
-    async with (warming_up(embed_models_root, caplog, monkeypatch) as (address, _, release, starting),
-                grpc.aio.insecure_channel(address) as channel):
+    async with (warming_up(embed_models_root, caplog, monkeypatch) as (address, http_url, release, starting),
+                grpc.aio.insecure_channel(address) as channel, httpx.AsyncClient(base_url=http_url) as http):
         kserve = oip_grpc.GRPCInferenceServiceStub(channel)
         assert (await kserve.ServerLive(oip.ServerLiveRequest())).live
         assert not (await kserve.ServerReady(oip.ServerReadyRequest())).ready
         assert not (await kserve.ModelReady(oip.ModelReadyRequest(name="tiny-embed"))).ready
+        assert (await http.get("/v2/health/live")).status_code == 200  # the REST binding says the same
+        assert (await http.get("/v2/health/ready")).status_code == 503
+        assert (await http.get("/v2/models/tiny-embed/ready")).status_code == 503
         release.set()
         await starting
         assert (await kserve.ServerReady(oip.ServerReadyRequest())).ready
         assert (await kserve.ModelReady(oip.ModelReadyRequest(name="tiny-embed"))).ready
+        assert (await http.get("/v2/health/ready")).json() == {"ready": True}
+        assert (await http.get("/v2/models/tiny-embed/ready")).json() == {"name": "tiny-embed", "ready": True}
 
 
 def poison(model_dir) -> None:

@@ -12,6 +12,7 @@ error shape.
     POST /v1/translate     TranslationService/Translate (JSON of TranslateRequest/TranslateResponse)
     POST /v1/fill-mask     FillMaskService/FillMask     (JSON of FillMaskRequest/FillMaskResponse)
     GET  /health           200 while the service is SERVING, else 503 (warming up, draining); not counted
+    /v2/...                the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
 
 Authentication (and anything else every route must pass) goes in `build_app(middleware=...)`: one
 Starlette middleware in front of every route, answering with `errors.error_response`.
@@ -19,6 +20,7 @@ Starlette middleware in front of every route, answering with `errors.error_respo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -31,13 +33,15 @@ from starlette.routing import Route
 
 from service import converters
 from service.cores import Cores
-from service.errors import label_model
+from service.errors import InvalidArgument, label_model
 from service.fillmask import converters as fillmask_converters
 from service.generation import converters as generation_converters
-from service.http import schemas
+from service.generation.core import GenerateQuery
+from service.http import completions, schemas, tokenization
 from service.http.body import read_json
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
+from service.kserve import rest as kserve_rest
 from service.translation import converters as translation_converters
 
 
@@ -59,27 +63,67 @@ class Routes:
 
     @route("GenerationService", "Generate")
     async def completions(self, request: Request, call: HttpCall) -> Response:
-        pb_request, stream = schemas.generate_request(await self._json(request))
-        if stream:
+        query = completions.parse(await self._json(request))  # service/http/completions.py
+        if query.stream:
             call.method = "GenerateStream"
-        query = generation_converters.generate_query(pb_request)
-        generation = await self.cores.generation.generate(query, call.deadline)  # refusals here, before any 200
-        completion = schemas.Completion(generation.model)
-        if stream:
-            return call.stream(self._chunks(generation, completion), on_close=generation.cancel)
+        runs = await self._generate(query, call.deadline)  # refusals here, before any 200
+        completion = schemas.Completion(runs[0][1].model)
+        tokens = self.cores.generation.tokens(completion.model)  # token texts, text offsets
+        if query.stream:
+            choice = completions.Choice(tokens, query.prompts[0], query.echo, query.logprobs)
+            return call.stream(self._chunks(runs[0][1], completion, choice), on_close=runs[0][1].cancel)
         try:
-            chunks = await call.unless_gone(request, generation.collect())  # one wake-up at the end
+            results = await call.unless_gone(request, _collect(runs))  # one wake-up per choice, at its end
         finally:
-            generation.cancel()
-        return JSONResponse(completion.response(chunks))
+            for _, generation in runs:
+                generation.cancel()
+        return JSONResponse(completions.response(query, completion, tokens, results))
+
+    async def _generate(self, query: completions.CompletionRequest, deadline: float | None) -> list:
+        """Admits every choice of every prompt (each its own generation and queue place), or none."""
+        runs = []
+        try:
+            for i, j in completions.runs(query):
+                prompt = query.prompts[i]
+                name = "prompt" if len(query.prompts) == 1 else f"prompt[{i}]"
+                runs.append(((i, j), await self.cores.generation.generate(GenerateQuery(
+                    prompt, completions.choice_params(query, j), query.model, prompt_name=name), deadline)))
+        except BaseException:
+            for _, generation in runs:
+                generation.cancel()
+            raise
+        return runs
 
     @staticmethod
-    async def _chunks(generation, completion: schemas.Completion):
+    async def _chunks(generation, completion: schemas.Completion, choice: completions.Choice):
         # The response cancels the generation when it ends: a client gone frees its cache row; the
         # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
         async for chunk in generation:
             # Chunks that queued up while the previous event was written go out as one.
-            yield completion.chunk(generation_converters.join_chunks([chunk, *generation.ready()]))
+            yield completions.event(completion, choice, generation_converters.join_chunks([chunk, *generation.ready()]))
+
+    @route("GenerationService", "ChatCompletions")
+    async def chat_completions(self, request: Request, call: HttpCall) -> Response:
+        model = self.cores.generation.tokens(schemas.field(await self._json(request), "model", str, "")).model
+        raise InvalidArgument(f"model {model!r} is a plain language model without a chat template: it cannot turn "
+                              "messages into a prompt; send the text to POST /v1/completions")
+
+    @route("GenerationService", "Tokenize")
+    async def tokenize(self, request: Request, call: HttpCall) -> Response:
+        body = await self._json(request)
+        tokens = self.cores.generation.tokens(schemas.field(body, "model", str, ""))
+        return JSONResponse(await tokenization.tokenize(tokens, body))
+
+    @route("GenerationService", "Detokenize")
+    async def detokenize(self, request: Request, call: HttpCall) -> Response:
+        body = await self._json(request)
+        tokens = self.cores.generation.tokens(schemas.field(body, "model", str, ""))
+        return JSONResponse(tokenization.detokenize(tokens, body))
+
+    @route("GenerationService", "TokenizerInfo")
+    async def tokenizer_info(self, request: Request, call: HttpCall) -> Response:
+        name = schemas.text("model", request.query_params.get("model", ""))
+        return JSONResponse(tokenization.tokenizer_info(self.cores.generation.tokens(name)))
 
     @route("ModelService", "ListModels")
     async def list_models(self, request: Request, call: HttpCall) -> Response:
@@ -115,9 +159,18 @@ class Routes:
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
 
 
+async def _collect(runs: list) -> dict:
+    """(prompt, choice) -> the choice's chunks joined, once every generation has ended."""
+    chunks = await asyncio.gather(*(generation.collect() for _, generation in runs))
+    return {key: generation_converters.join_chunks(c) for (key, _), c in zip(runs, chunks, strict=True)}
+
+
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own errors (unknown path, wrong method) in the same shape as every other."""
     code = CODE_OF_STATUS.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
+    if request.url.path.startswith("/v2"):  # the KServe routes' own error shape
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse({"error": message}, status_code=exc.status_code)
     return JSONResponse(error_body(code, f"{request.method} {request.url.path}: {exc.detail}"),
                         status_code=exc.status_code)
 
@@ -130,11 +183,16 @@ def build_app(cores: Cores, is_serving: Callable[[], bool], middleware: Sequence
     app = Starlette(routes=[
         Route("/v1/embeddings", r.embeddings, methods=["POST"]),
         Route("/v1/completions", r.completions, methods=["POST"]),
+        Route("/v1/chat/completions", r.chat_completions, methods=["POST"]),
+        Route("/tokenize", r.tokenize, methods=["POST"]),
+        Route("/detokenize", r.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", r.tokenizer_info, methods=["GET"]),
         Route("/v1/models", r.list_models, methods=["GET"]),
         Route("/v1/models/{name:path}", r.get_model, methods=["GET"]),
         Route("/v1/translate", r.translate, methods=["POST"]),
         Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
         Route("/health", r.health, methods=["GET"]),
+        *kserve_rest.routes(cores),
     ], middleware=list(middleware), exception_handlers={HTTPException: _http_error})
     app.state.inflight = Inflight()
     app.state.worker_calls = worker_calls

@@ -1,10 +1,11 @@
 """Bearer tokens and TLS on the HTTP door: the same tokens and certificates as gRPC's.
 
 `BearerAuth` is a pure ASGI middleware: when tokens are configured (service/auth.py, the very
-`Tokens` object the gRPC interceptor uses, so SIGHUP reloads both doors) every route but
-`/health` needs `Authorization: Bearer <token>` (the openai SDK's `api_key`); a missing or wrong
-one, or two `Authorization` headers (gRPC refuses two values too), gets 401 in OpenAI's error shape with `WWW-Authenticate: Bearer`, counted in
-`ts_auth_failures_total{protocol="http"}`, before the route runs. `ssl_options(settings)` gives
+`Tokens` object the gRPC interceptor uses, so SIGHUP reloads both doors) every route but the
+probes (`/health`, KServe's `/v2/health/live` and `/v2/health/ready`) needs `Authorization: Bearer
+<token>` (the openai SDK's `api_key`); a missing or wrong one, or two `Authorization` headers (gRPC
+refuses two values too), gets 401 in OpenAI's error shape with `WWW-Authenticate: Bearer`, counted
+in `ts_auth_failures_total{protocol="http"}`, before the route runs. `ssl_options(settings)` gives
 uvicorn the certificate, key and, for mTLS, the client CA that gRPC uses.
 """
 
@@ -18,7 +19,7 @@ from service.auth import Tokens, authenticate_one
 from service.http.errors import error_response
 from service.settings import Settings
 
-OPEN_PATHS = frozenset({"/health"})  # probes, as gRPC health stays open
+OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})  # probes, as gRPC health stays open
 
 
 class BearerAuth:

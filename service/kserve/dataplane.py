@@ -22,16 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service import packing
-from service.embedding.grpc import EmbeddingServicer
+from service.cores import Cores
+from service.embedding.converters import embed_query
 from service.errors import InvalidArgument, NotFound, label_model, quote
-from service.fillmask.grpc import FillMaskServicer
-from service.generation import converters as generation
+from service.fillmask.converters import fill_mask_query
+from service.generation.converters import generate_query, join_chunks
 from service.kserve.parameters import checked, embed_request, fill_mask_request, generate_request, translate_request
 from service.kserve.tensors import Scalar, Tensor
-from service.registry import Backend, ModelRegistry
-from service.settings import Settings
-from service.translation import converters as translation
+from service.registry import Backend
+from service.translation.converters import translate_query
 
 SERVER_NAME = "transformer-serving"
 VERSION = "1"  # models are not versioned here; "" or "1" both name the served one
@@ -81,13 +80,14 @@ def server_version() -> str:
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, settings: Settings):
-        self.registry, self.settings = registry, settings
-        self.embedding = EmbeddingServicer(registry, settings)  # their checks and paths, shared with the v1 RPCs
-        self.fill_masks = FillMaskServicer(registry, settings)
+    """What both bindings call, over the cores every door shares (service/cores.py)."""
+
+    def __init__(self, cores: Cores):
+        self.cores, self.registry, self.settings = cores, cores.registry, cores.settings
 
     def ready(self) -> bool:
-        return not self.registry.draining
+        """Every model warmed up and the server not draining (the health check's SERVING)."""
+        return self.registry.warmed and not self.registry.draining
 
     def model(self, name: str, version: str) -> Backend:
         """The served model `name` (labelling the call's metrics with it); NotFound naming what exists."""
@@ -151,9 +151,8 @@ class DataPlane:
         return Inference(model.name, [by_name[n] for n in wanted], input_tokens, output_tokens)
 
     async def _embed(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        request = embed_request(texts, model.name, values)
-        response = await self.embedding.embed(request, deadline)
-        return [Tensor("embedding", "FP32", packing.array(response))], response.usage.input_tokens, 0
+        answer = await self.cores.embedding.embed(embed_query(embed_request(texts, model.name, values)), deadline)
+        return [Tensor("embedding", "FP32", answer.vectors)], answer.input_tokens, 0
 
     async def _generate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
         """One generation per text, decoded together by the model's scheduler; all or none."""
@@ -162,36 +161,37 @@ class DataPlane:
                 f"{len(texts)} texts in one call; a generation model queues at most "
                 f"{self.settings.gen_max_queue}: split the call"
             )
-        handles = []
+        generations = []
         try:
             for text in texts:
-                request = generate_request(text, model.name, values)
-                handles.append(await model.submit_async(text, generation.sampling_params(request)))
-            results = await asyncio.gather(*(handle.collect() for handle in handles))
+                query = generate_query(generate_request(text, model.name, values))
+                generations.append(await self.cores.generation.generate(query, deadline))
+            results = await asyncio.gather(*(g.collect() for g in generations))
         finally:
-            for handle in handles:  # frees the rows of every sequence when one fails or the call ends
-                handle.cancel()
-        done = [generation.generate_response(chunks, model.name) for chunks in results]
+            for generation in generations:  # frees the rows of every sequence when one fails or the call ends
+                generation.cancel()
+        done = [join_chunks(chunks) for chunks in results]  # the last chunk of each carries its token counts
         return (
-            [Tensor("text_output", "BYTES", _texts([r.text for r in done]))],
-            sum(r.usage.input_tokens for r in done),
-            sum(r.usage.output_tokens for r in done),
+            [Tensor("text_output", "BYTES", _texts([c.text for c in done]))],
+            sum(c.input_tokens for c in done),
+            sum(c.output_tokens for c in done),
         )
 
     async def _translate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        request = translate_request(texts, model.name, values)
-        result = await model.translate(list(request.inputs), translation.translate_options(request))
+        query = translate_query(translate_request(texts, model.name, values))
+        answer = await self.cores.translation.translate(query, deadline)
         outputs = [
-            Tensor("translation", "BYTES", _texts([t.text for t in result.translations])),
-            Tensor("score", "FP32", np.array([t.score for t in result.translations], dtype=np.float32)),
+            Tensor("translation", "BYTES", _texts([t.text for t in answer.translations])),
+            Tensor("score", "FP32", np.array([t.score for t in answer.translations], dtype=np.float32)),
         ]
-        return outputs, result.input_tokens, result.output_tokens
+        return outputs, answer.input_tokens, answer.output_tokens
 
     async def _fill_mask(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        request = fill_mask_request(texts, model.name, values)
-        response = await self.fill_masks.fill_mask(request, deadline)
-        masks = [[[(c.token, c.token_id, c.score) for c in m.candidates] for m in r.masks] for r in response.results]
-        return fill_mask_tensors(masks), response.usage.input_tokens, 0
+        answer = await self.cores.fill_mask.fill_mask(
+            fill_mask_query(fill_mask_request(texts, model.name, values)), deadline
+        )
+        masks = [[[(c.token, c.token_id, c.score) for c in mask] for mask in masks] for masks in answer.results]
+        return fill_mask_tensors(masks), answer.input_tokens, 0
 
 
 def fill_mask_tensors(results: list[list[list[tuple[str, int, float]]]]) -> list[Tensor]:

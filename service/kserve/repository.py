@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
 from service.errors import grpc_errors
 from service.kserve.dataplane import DataPlane
@@ -22,7 +23,7 @@ FULL_NAME = f"inference.{SERVICE}"
 _F = descriptor_pb2.FieldDescriptorProto
 
 
-def _message_classes() -> tuple[type, type]:
+def _message_classes() -> tuple[type[Message], type[Message]]:
     file = descriptor_pb2.FileDescriptorProto(
         name="transformer_serving/repository_index.proto", package="inference", syntax="proto3"
     )

@@ -29,13 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.cores import Cores
 from service.errors import InvalidArgument, ServiceError, bounded, quote
 from service.http.body import read_body
 from service.http.errors import STATUS, HttpCall, SlowBody, status_of
 from service.kserve import tensors
 from service.kserve.dataplane import SERVER_NAME, VERSION, DataPlane, input_texts, server_version
-from service.registry import ModelRegistry
-from service.settings import Settings
 
 SERVICE = "GRPCInferenceService"  # counted as the gRPC binding's service, protocol "http"
 EXTENSIONS = ["binary_tensor_data"]  # Triton's name for the binary tensor extension
@@ -82,8 +81,8 @@ def oip_route(method: str) -> Callable[[Endpoint], Callable[[Any, Request], Awai
 
 
 class Routes:
-    def __init__(self, registry: ModelRegistry, settings: Settings):
-        self.plane, self.settings = DataPlane(registry, settings), settings
+    def __init__(self, cores: Cores):
+        self.plane, self.settings = DataPlane(cores), cores.settings
 
     @oip_route("ServerLive")
     async def live(self, request: Request, call: HttpCall) -> Response:
@@ -167,9 +166,9 @@ def _model(request: Request) -> tuple[str, str]:
     return request.path_params["model"], request.path_params.get("version", "")
 
 
-def routes(registry: ModelRegistry, settings: Settings) -> list[Route]:
-    """The protocol's routes over the registry, for the HTTP app (service/http/app.py)."""
-    r = Routes(registry, settings)
+def routes(cores: Cores) -> list[Route]:
+    """The protocol's routes over the cores, for the HTTP app (service/http/app.py)."""
+    r = Routes(cores)
     model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
     return [
         Route("/v2/health/live", r.live, methods=["GET"]),
