@@ -15,19 +15,22 @@ from dataclasses import dataclass
 from service.errors import DeadlineExceeded, InvalidArgument, label_model
 from service.generation.decoding import SamplingParams
 from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle, Timings
+from service.generation.tokens import TokenizerInfo, Tokens
 from service.registry import ModelRegistry
 
-__all__ = ["EOS", "LENGTH", "STOP", "Chunk", "GenerateQuery", "Generation", "GenerationCore", "Timings"]
+__all__ = ["EOS", "LENGTH", "STOP", "Chunk", "GenerateQuery", "Generation", "GenerationCore", "Timings",
+           "TokenizerInfo", "Tokens"]
 
 MAX_STREAM_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True)
 class GenerateQuery:
-    prompt: str
+    prompt: str | list[int]  # text, or token ids taken as they are (no start token added)
     params: SamplingParams
     model: str = ""  # empty: the default generation model
     stream_interval_ms: int = 0  # a stream pauses this long after each message (0: none)
+    prompt_name: str = "prompt"  # how a refusal names the prompt (a request's prompt[i])
 
 
 class Generation:
@@ -75,6 +78,16 @@ class GenerationCore:
                                   f"soon as they are ready), got {query.stream_interval_ms}")
         model = self.registry.get("generation", query.model)
         label_model(model.name)
-        handle = await model.submit_async(query.prompt, query.params)
+        if isinstance(query.prompt, list):
+            handle = model.submit_ids(query.prompt, query.params, query.prompt_name)
+        else:
+            handle = await model.submit_async(query.prompt, query.params)
         return Generation(model, handle, query.stream_interval_ms / 1e3, deadline)
+
+    def tokens(self, model: str = "") -> Tokens:
+        """The model's tokenizer as a door needs it (takes no queue place: refused only while draining)."""
+        self.registry.admit()
+        backend = self.registry.get("generation", model)
+        label_model(backend.name)
+        return Tokens(backend)
 

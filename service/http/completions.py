@@ -21,9 +21,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from service.errors import InvalidArgument
+from service.generation.core import Chunk, Tokens
 from service.generation.decoding import IncrementalDetokenizer, SamplingParams
 from service.generation.scoring import TokenLogprobs
-from service.generation.sequence import Chunk
 from service.http.schemas import FINISH, FLOAT32, UINT64, field, refuse_unsupported, strings, text
 
 MAX_LOGPROBS = 5  # OpenAI's limit for completions
@@ -116,7 +116,7 @@ def runs(request: CompletionRequest) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(request.prompts)) for j in range(n)]
 
 
-def response(request: CompletionRequest, completion, tokenizer, results: dict[tuple[int, int], Chunk]) -> dict:
+def response(request: CompletionRequest, completion, tokens: Tokens, results: dict[tuple[int, int], Chunk]) -> dict:
     """The completion response: results (prompt, choice) -> the choice's joined chunk; a
     score-only request's choice 0 stands for all n."""
     choices, prompt_tokens, completion_tokens = [], 0, 0
@@ -125,7 +125,7 @@ def response(request: CompletionRequest, completion, tokenizer, results: dict[tu
         prompt_tokens += first.input_tokens
         for j in range(request.n):
             chunk = results.get((i, j), first)
-            choice = Choice(tokenizer, prompt, request.echo, request.logprobs)
+            choice = Choice(tokens, prompt, request.echo, request.logprobs)
             text, lp = choice.part(chunk, first.prompt_logprobs)
             completion_tokens += chunk.output_tokens if (i, j) in results else 0
             choices.append({"index": i * request.n + j, "text": text, "logprobs": lp,
@@ -138,10 +138,10 @@ class Choice:
     """One choice's `text` and `logprobs`, built from its chunks in order. prompt_scores: the
     prompt's scores when echo is on (choice 0 brings them in its first chunk; the others share them)."""
 
-    def __init__(self, tokenizer, prompt: Prompt, echo: bool, top: int | None):
-        self.tokenizer, self.echo, self.top = tokenizer, echo, top
+    def __init__(self, tokens: Tokens, prompt: Prompt, echo: bool, top: int | None):
+        self.tokens, self.echo, self.top = tokens, echo, top
         self.prompt_ids = prompt if isinstance(prompt, list) else None
-        self.prompt_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
+        self.prompt_text = prompt if isinstance(prompt, str) else tokens.decode(prompt, "prompt")
         self.offset = len(self.prompt_text)  # the next generated token's text offset
         self._detok: IncrementalDetokenizer | None = None
         self._echoed = not echo
@@ -167,7 +167,7 @@ class Choice:
 
     def _offsets(self, ids: list[int], context: list[int], start: int) -> list[int]:
         """Character offsets of ids' texts, decoded after context, starting at start."""
-        detok, out, at = IncrementalDetokenizer(self.tokenizer, context), [], start
+        detok, out, at = self.tokens.detokenizer(context), [], start
         for t in ids:
             out.append(at)
             at += len(detok.push(t))
@@ -175,7 +175,7 @@ class Choice:
 
     def _generated_offsets(self, ids: list[int]) -> list[int]:
         if self._detok is None:
-            self._detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids or [])
+            self._detok = self.tokens.detokenizer(self.prompt_ids or [])
         out = []
         for t in ids:
             out.append(self.offset)
@@ -200,7 +200,7 @@ class Choice:
     def _names(self, scores: TokenLogprobs) -> dict[int, str]:
         """Each token id of these scores -> its text as OpenAI shows a token (special tokens spelled out)."""
         ids = sorted({*scores.token_ids, *(t for row in scores.top_ids for t in row[: self.top])})
-        return dict(zip(ids, self.tokenizer.decode_batch([[t] for t in ids], skip_special_tokens=False), strict=True))
+        return dict(zip(ids, self.tokens.texts(ids), strict=True))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
