@@ -64,21 +64,24 @@ def vectors(response: pb.EmbedResponse) -> list[list[float]]:
     return array(response).tolist()
 
 
-def _stubs(obj: Any, channel: grpc.Channel | grpc.aio.Channel) -> None:
-    obj.embedding_stub = pb_grpc.EmbeddingServiceStub(channel)
-    obj.model_stub = pb_grpc.ModelServiceStub(channel)
-    obj.fill_mask_stub = pb_grpc.FillMaskServiceStub(channel)
-    obj.generation_stub = pb_grpc.GenerationServiceStub(channel)
-    obj.translation_stub = pb_grpc.TranslationServiceStub(channel)
-    obj.inspection_stub = pb_grpc.InspectionServiceStub(channel)
-    obj.health_stub = health_pb2_grpc.HealthStub(channel)
+class _Stubs:
+    """One stub per service of the contract, on one channel (sync or grpc.aio)."""
+
+    def _bind(self, channel: grpc.Channel | grpc.aio.Channel) -> None:
+        self.embedding_stub = pb_grpc.EmbeddingServiceStub(channel)
+        self.model_stub = pb_grpc.ModelServiceStub(channel)
+        self.fill_mask_stub = pb_grpc.FillMaskServiceStub(channel)
+        self.generation_stub = pb_grpc.GenerationServiceStub(channel)
+        self.translation_stub = pb_grpc.TranslationServiceStub(channel)
+        self.inspection_stub = pb_grpc.InspectionServiceStub(channel)
+        self.health_stub = health_pb2_grpc.HealthStub(channel)
 
 
 def _channel_options() -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
 
-class Client(GenerationClientMixin, TranslationClientMixin):
+class Client(_Stubs, GenerationClientMixin, TranslationClientMixin):
     """Blocking client; `timeout` (seconds) is the deadline of every call. `token`: bearer token;
     `tls_ca`: PEM CA of the server's certificate (TLS on); `tls_cert`/`tls_key`: client certificate (mTLS);
     `credentials`: all of these at once (client/channel.py), e.g. `Credentials.from_env()`."""
@@ -89,7 +92,7 @@ class Client(GenerationClientMixin, TranslationClientMixin):
         self.address, self.timeout = address, timeout
         self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
         self.channel = channels.open_channel(address, self.credentials, _channel_options())
-        _stubs(self, self.channel)
+        self._bind(self.channel)
 
     def __enter__(self) -> Client:
         return self
@@ -131,7 +134,7 @@ class Client(GenerationClientMixin, TranslationClientMixin):
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-class AsyncClient(AsyncGenerationClientMixin, AsyncTranslationClientMixin):
+class AsyncClient(_Stubs, AsyncGenerationClientMixin, AsyncTranslationClientMixin):
     """asyncio client (grpc.aio); same arguments and methods as Client, awaited."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
@@ -140,7 +143,7 @@ class AsyncClient(AsyncGenerationClientMixin, AsyncTranslationClientMixin):
         self.address, self.timeout = address, timeout
         self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
         self.channel = channels.open_channel(address, self.credentials, _channel_options(), aio=True)
-        _stubs(self, self.channel)
+        self._bind(self.channel)
 
     async def __aenter__(self) -> AsyncClient:
         return self

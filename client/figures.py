@@ -95,6 +95,8 @@ def alignment(response: pb.AttentionResponse) -> np.ndarray | None:
 
 def alignment_png(response: pb.AttentionResponse) -> bytes:
     w = alignment(response)
+    if w is None:
+        raise ValueError("no cross-attention maps: an alignment needs a translator's response")
     size = min(10.0, max(3.0, 0.3 * max(w.shape)))
     fig = Figure(figsize=(size, size))
     _heatmap(fig.subplots(), w, list(response.target_tokens), list(response.source_tokens),

@@ -37,6 +37,9 @@ def generate_request(prompt: str, model: str = "", max_new_tokens: int = 0, temp
 class GenerationClientMixin:
     """Blocking generate / generate_stream; needs generation_stub and timeout."""
 
+    generation_stub: Any
+    timeout: float | None
+
     def generate(self, prompt: str, **kwargs: Any) -> pb.GenerateResponse:
         return self.generation_stub.Generate(generate_request(prompt, **kwargs), timeout=self.timeout)
 
@@ -47,6 +50,9 @@ class GenerationClientMixin:
 
 class AsyncGenerationClientMixin:
     """asyncio versions of GenerationClientMixin's methods."""
+
+    generation_stub: Any
+    timeout: float | None
 
     async def generate(self, prompt: str, **kwargs: Any) -> pb.GenerateResponse:
         return await self.generation_stub.Generate(generate_request(prompt, **kwargs), timeout=self.timeout)

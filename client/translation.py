@@ -29,12 +29,18 @@ def translate_request(inputs: Iterable[str], model: str = "", beam_size: int = 0
 class TranslationClientMixin:
     """Blocking translate; needs translation_stub and timeout."""
 
+    translation_stub: Any
+    timeout: float | None
+
     def translate(self, inputs: Iterable[str], **kwargs: Any) -> pb.TranslateResponse:
         return self.translation_stub.Translate(translate_request(inputs, **kwargs), timeout=self.timeout)
 
 
 class AsyncTranslationClientMixin:
     """The asyncio version of TranslationClientMixin."""
+
+    translation_stub: Any
+    timeout: float | None
 
     async def translate(self, inputs: Iterable[str], **kwargs: Any) -> pb.TranslateResponse:
         return await self.translation_stub.Translate(translate_request(inputs, **kwargs), timeout=self.timeout)

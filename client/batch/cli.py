@@ -32,6 +32,7 @@ from client.batch.sources import FORMATS, InputError
 
 if TYPE_CHECKING:
     from client.batch.runner import JobConfig
+    from client.clients import Client
 
 log = logging.getLogger("client.batch")
 
@@ -83,7 +84,7 @@ def add_batch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return parser
 
 
-def client_handler(args: argparse.Namespace, client: object) -> int:
+def client_handler(args: argparse.Namespace, client: Client) -> int:
     args.address, args.credentials = client.address, client.credentials
     return main_args(args)
 

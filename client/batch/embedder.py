@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -101,7 +101,7 @@ class ChunkEmbedder:
                     for it in chunk.items if it.text is None]
         size = self.options.batch_size
         batches = [valid[i:i + size] for i in range(0, len(valid), size)]
-        results: list[tuple[list[Any], np.ndarray] | None] = [None] * len(batches)
+        results: list[Any] = [None] * len(batches)  # (ids, (n, D) vectors) per batch, every slot filled by _fill
         await self._fill(chunk.index, batches, results, failures)
         ids = [i for r in results for i in r[0]]
         vectors = np.concatenate([r[1] for r in results]) if results else np.zeros((0, self.dim), np.float32)
@@ -134,7 +134,7 @@ class ChunkEmbedder:
         async def write() -> None:
             for k in range(pos, len(batches)):
                 await window.acquire()
-                await call.write(self.request([it.text for it in batches[k]], f"{index}:{k}"))
+                await call.write(self.request([cast(str, it.text) for it in batches[k]], f"{index}:{k}"))
             await call.done_writing()
 
         writer = asyncio.ensure_future(write())
@@ -171,7 +171,7 @@ class ChunkEmbedder:
         ids, vectors = [], []
         for item in batch:
             try:
-                response = await self._unary(item.text)
+                response = await self._unary(cast(str, item.text))
             except grpc.aio.AioRpcError as e:
                 if e.code() in FATAL or e.code() in RETRYABLE:
                     raise BatchFailed(f"item {item.id!r}: {e.code().name}: {e.details()}") from e

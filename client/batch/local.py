@@ -65,6 +65,8 @@ def check_options(m: Manifest, options: LocalOptions) -> None:
     """Raises ValueError for options model `m` cannot take (a driver checks before any actor starts)."""
     if m.kind != "embedding":
         raise ValueError(f"model {m.name!r} is a {m.kind} model, not an embedding model")
+    if not m.embedding_dim:
+        raise ValueError(f"model {m.name!r}: its manifest gives no embedding_dim")
     if options.dimensions > (m.embedding_dim or 0):
         raise ValueError(f"dimensions={options.dimensions} is larger than model {m.name!r}'s {m.embedding_dim}")
     if options.variant != "auto" and options.variant not in m.variants("encoder"):
@@ -94,7 +96,7 @@ class LocalEmbedder:
             runtime.close()
         self.name, self.options, self.provider = m.name, options, runtime.provider
         self.tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
-        self.width = int(m.embedding_dim)  # C: the graph's pooled output
+        self.width = int(m.embedding_dim or 0)  # C: the graph's pooled output (check_options: > 0)
         self.dimension = options.dimensions or self.width
 
     def embed(self, texts: list[str]) -> np.ndarray:

@@ -210,6 +210,7 @@ def _job_error(error: BaseException | None) -> BaseException | None:
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
             return ActorFailed(f"an actor could not start: {lines[-1] if lines else error}")
         if isinstance(error, JOB_ERRORS):  # a RayTaskError posing as the error carries the original
-            return error.cause if isinstance(getattr(error, "cause", None), JOB_ERRORS) else error
+            cause = getattr(error, "cause", None)
+            return cause if isinstance(cause, JOB_ERRORS) else error
         error = error.__cause__ or error.__context__
     return None

@@ -90,7 +90,7 @@ def read_chunk(plan: Plan, chunk: int, offset: int, skip_bad: bool) -> pa.Table:
         bad = next((r for r in rows if r[3]), None)
         if bad is not None:
             raise BadInput(f"{bad[3]}; fix it, or pass --skip-bad to leave such lines out (they are counted)")
-    columns = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+    columns: list[Any] = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
     return pa.Table.from_arrays([pa.array([chunk] * len(rows), pa.int64()), pa.array(columns[0], pa.int64()),
                                  pa.array(columns[1], plan.id_type), pa.array(columns[2], pa.string()),
                                  pa.array(columns[3], pa.string())], schema=plan.schema())
@@ -172,7 +172,7 @@ class ChunkSource(Datasource):
         groups = [[(c, offsets[c]) for c in self.todo[i::tasks]] for i in range(tasks)]
         return [ReadTask(partial(_read_group, light, group, self.skip_bad),
                          BlockMetadata(num_rows=sum(light.chunk_rows(c) for c, _ in group), size_bytes=None,
-                                       input_files=[str(light.spec.path)], exec_stats=None),
+                                       input_files=(str(light.spec.path),), exec_stats=None),
                          schema=light.schema())
                 for group in groups if group]
 
