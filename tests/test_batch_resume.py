@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from service.proto import inference_pb2 as pb
-from tests.fixtures.server import metric
+from tests.fixtures.server import metric, until
 
 LINES = 20_000
 CHUNK = 500
@@ -48,15 +48,6 @@ def ledger_chunks(ledger: Path) -> set[int]:
     return chunks
 
 
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def stream_calls() -> float:
     labels = {"service": "EmbeddingService", "method": "EmbedStream", "model": "tiny-embed", "code": "OK",
               "protocol": "grpc"}
@@ -87,8 +78,8 @@ async def test_20k_lines_killed_half_way_then_resumed(start_server, embed_models
            "--concurrency", "3", "--no-progress", "--log-level", "WARNING"]
 
     first = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
-    await wait_for(lambda: len(ledger_chunks(ledger)) >= CHUNKS // 2 or first.returncode is not None, 300,
-                   "half of the chunks")
+    await until(lambda: len(ledger_chunks(ledger)) >= CHUNKS // 2 or first.returncode is not None, 300,
+                "half of the chunks")
     first.kill()
     await first.wait()
     assert first.returncode == -9, (await first.stderr.read()).decode()
@@ -101,7 +92,7 @@ async def test_20k_lines_killed_half_way_then_resumed(start_server, embed_models
     _, stderr = await second.communicate()
     assert second.returncode == 0, stderr.decode()
     # The resumed run streamed only the chunks the first one had not finished (one stream each).
-    await wait_for(lambda: stream_calls() - calls_before >= CHUNKS - len(done_before_kill), 10, "stream metrics")
+    await until(lambda: stream_calls() - calls_before >= CHUNKS - len(done_before_kill), 10, "stream metrics")
     assert stream_calls() - calls_before == CHUNKS - len(done_before_kill)
 
     table = pq.read_table(output)

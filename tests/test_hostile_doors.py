@@ -27,8 +27,7 @@ from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 from service.proto.inference_pb2_grpc import EmbeddingServiceStub
 from tests.fixtures.models import copy_model_dir
-from tests.fixtures.server import metric
-from tests.test_service_batching import until
+from tests.fixtures.server import metric, until
 
 BIG = "hello " * 2621440  # 15 MiB: under the 16 MiB message limit
 DEEP = b"[" * 100000 + b"]" * 100000

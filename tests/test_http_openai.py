@@ -19,8 +19,8 @@ from client import embed_request, generate_request
 from service import packing
 from service.proto import inference_pb2 as pb
 from service.settings import Settings
-from tests.fixtures.server import metric
-from tests.test_service_batching import MODEL, BlockedExecutor, queued_behind_block, until
+from tests.fixtures.server import metric, until
+from tests.test_service_batching import MODEL, BlockedExecutor, queued_behind_block
 
 TEXTS = ["the quick brown fox", "hello", "a somewhat longer sentence with more words in it"]
 

@@ -26,7 +26,7 @@ from service.fillmask.model import MAX_CANDIDATES, MAX_MASKS, MAX_TOP_K
 from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
-from tests.fixtures.server import metric
+from tests.fixtures.server import metric, status_of
 
 MODEL = "tiny-fill-mask"
 TEXTS = ["The cat sat on the [MASK].", "[MASK]", "a [MASK] b [MASK] c", "é ü [MASK] ß — unicode", "[MASK][MASK]",
@@ -72,14 +72,6 @@ def assert_same(got: list, expected: list) -> None:
     assert [[c[2:] for c in mask] for mask in got] == [[c[2:] for c in mask] for mask in expected]
     np.testing.assert_allclose([c[1] for mask in got for c in mask], [c[1] for mask in expected for c in mask],
                                atol=1e-5)
-
-
-async def status_of(call) -> tuple[grpc.StatusCode, str]:
-    try:
-        await call
-    except grpc.aio.AioRpcError as e:
-        return e.code(), e.details()
-    return grpc.StatusCode.OK, ""
 
 
 async def test_fill_mask_matches_reference(start_server, fill_models_root, tiny_models_root):
@@ -168,8 +160,9 @@ async def test_a_bad_call_fails_alone(start_server, fill_models_root):
 
 
 async def test_queue_admission_and_deadlines_are_embeds(start_server, fill_models_root, monkeypatch):
+    from tests.fixtures.server import until
     from tests.test_service_admission import Exploding
-    from tests.test_service_batching import BlockedExecutor, until
+    from tests.test_service_batching import BlockedExecutor
 
     srv = await start_server(fill_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=8)
     stub, model = pb_grpc.FillMaskServiceStub(srv.channel), srv.server.registry.get("fill-mask")

@@ -9,18 +9,14 @@ import pytest
 
 from client import AsyncClient, generate_request
 from service.proto import inference_pb2 as pb
-from tests.fixtures.server import metric
+from tests.fixtures.server import generate_stream, metric
 
 PROMPTS = ["Once upon a time", "The cat", "Hi", "Tom and Sue went", "A dog", "é ü", "Sam", "One day, a little"]
 
 
-async def stream_chunks(server, prompt: str, **kwargs) -> list[pb.GenerateChunk]:
-    return [c async for c in server.generation.GenerateStream(generate_request(prompt, **kwargs))]
-
-
 async def test_stream_and_unary_give_the_same_text(server):
     unary = await server.generation.Generate(generate_request("Once upon a time", max_new_tokens=40))
-    chunks = await stream_chunks(server, "Once upon a time", max_new_tokens=40)
+    chunks = await generate_stream(server, "Once upon a time", max_new_tokens=40)
     assert "".join(c.text for c in chunks) == unary.text
     assert [t for c in chunks for t in c.token_ids] == list(unary.token_ids)
     assert all(c.finish_reason == pb.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
@@ -53,14 +49,14 @@ async def test_stop_sequence_is_cut_in_unary_and_stream(server):
     expected = full.text[: full.text.find(stop)]
     cut = await server.generation.Generate(generate_request("Once upon a time", max_new_tokens=40, stop=[stop, "\x00zz"]))
     assert cut.text == expected and cut.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
-    chunks = await stream_chunks(server, "Once upon a time", max_new_tokens=40, stop=[stop])
+    chunks = await generate_stream(server, "Once upon a time", max_new_tokens=40, stop=[stop])
     assert "".join(c.text for c in chunks) == expected
     assert chunks[-1].finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
 
 
 async def test_concurrent_greedy_streams_equal_each_alone(server):
     alone = [(await server.generation.Generate(generate_request(p, max_new_tokens=24))).token_ids for p in PROMPTS]
-    crowd = await asyncio.gather(*(stream_chunks(server, p, max_new_tokens=24) for p in PROMPTS))
+    crowd = await asyncio.gather(*(generate_stream(server, p, max_new_tokens=24) for p in PROMPTS))
     assert [[t for c in chunks for t in c.token_ids] for chunks in crowd] == [list(a) for a in alone]
 
 

@@ -17,11 +17,8 @@ from service.generation.decoding import SamplingParams
 from service.generation.model import GenerationModel
 from service.generation.sequence import GenerationHandle
 from service.proto import inference_pb2 as pb
+from tests.fixtures.server import generate_stream
 from tests.test_textgen_engine import load, runtime  # noqa: F401 - the fixture
-
-
-async def stream(server, prompt: str, **kwargs) -> list[pb.GenerateChunk]:
-    return [c async for c in server.generation.GenerateStream(generate_request(prompt, **kwargs))]
 
 
 def assert_same_generation(chunks: list[pb.GenerateChunk], unary: pb.GenerateResponse) -> None:
@@ -40,8 +37,8 @@ def assert_same_generation(chunks: list[pb.GenerateChunk], unary: pb.GenerateRes
 async def test_stream_interval_joins_tokens_and_loses_none(server, params):
     unary = await server.generation.Generate(generate_request("Once upon a time", max_new_tokens=48, **params))
     assert len(unary.token_ids) > 8
-    every = await stream(server, "Once upon a time", max_new_tokens=48, **params)
-    joined = await stream(server, "Once upon a time", max_new_tokens=48, stream_interval_ms=1000, **params)
+    every = await generate_stream(server, "Once upon a time", max_new_tokens=48, **params)
+    joined = await generate_stream(server, "Once upon a time", max_new_tokens=48, stream_interval_ms=1000, **params)
     assert_same_generation(every, unary)
     assert_same_generation(joined, unary)
     assert len(joined[0].token_ids) >= 1  # the first message is not held back

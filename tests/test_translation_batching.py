@@ -1,7 +1,7 @@
 """Translation's continuous batch: per-call options, isolation of failures, admission.
 
 Engines are driven directly (real onnxruntime sessions, the real scheduler task). Results in a
-crowd are compared with the same calls alone on the trained translator (models/tatoeba-en-fr:
+crowd are compared with the same calls alone on the trained translator (checkpoints/tatoeba-en-fr:
 decisive weights, so options visibly change outputs) and on the tiny seeded model (which rarely
 emits EOS: its calls run to max_length, long enough to be overtaken).
 """
@@ -21,7 +21,6 @@ from service.translation import search
 from service.translation.engine import Seq2SeqBatch
 from service.translation.model import TranslateOptions, TranslationModel
 
-TRAINED = Path(__file__).resolve().parents[1] / "models" / "tatoeba-en-fr"
 SENTENCES = ["We should leave before it starts raining.", "Yes.", "I think that he is right.", "Where is the station?"]
 # (sentences, options): beam 4 at two length penalties that change some outputs, greedy, short caps
 CALLS = [(SENTENCES, TranslateOptions(beam_size=4, length_penalty=0.2)),
@@ -44,10 +43,9 @@ async def load(root: Path, name: str, max_batch: int, **kwargs) -> tuple[Transla
 
 
 @pytest.fixture
-async def trained():
-    if not (TRAINED / "model.json").is_file():
-        pytest.skip("the trained translator is not built (make models)")
-    model, runtime = await load(TRAINED.parent, TRAINED.name, max_batch=8)  # fewer rows than the crowd: rows queue
+async def trained(trained_translator_dir):
+    trained_dir = trained_translator_dir
+    model, runtime = await load(trained_dir.parent, trained_dir.name, max_batch=8)  # fewer rows than the crowd
     yield model
     await model.stop()
     runtime.close()

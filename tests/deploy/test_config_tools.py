@@ -17,6 +17,7 @@ PROM = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "transformer-serving.json"
 
 
+@pytest.mark.deploy
 def test_hadolint_passes_on_the_dockerfile():
     result = run([tool("hadolint"), "--failure-threshold", "info", str(ROOT / "Dockerfile")])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -34,6 +35,7 @@ def test_dockerfile_stages_share_one_runtime_for_cpu_and_gpu():
     assert "HEALTHCHECK" in runtime and "python -m client " in runtime
 
 
+@pytest.mark.deploy
 def test_promtool_checks_config_and_rules():
     promtool = tool("promtool", "apt-get install -y --no-install-recommends prometheus")
     for args in (["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"]):
@@ -41,6 +43,7 @@ def test_promtool_checks_config_and_rules():
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.deploy
 def test_promtool_alert_unit_tests_pass():
     promtool = tool("promtool", "apt-get install -y --no-install-recommends prometheus")
     result = run([promtool, "test", "rules", "alerts_test.yml"], cwd=PROM)
@@ -50,6 +53,7 @@ def test_promtool_alert_unit_tests_pass():
     assert defined == tested, f"alerts without a unit test: {defined - tested}"
 
 
+@pytest.mark.deploy
 def test_promtool_rejects_a_broken_rule(tmp_path):
     """The check above can fail: a rule with a bad expression is refused."""
     promtool = tool("promtool", "apt-get install -y --no-install-recommends prometheus")
@@ -58,6 +62,7 @@ def test_promtool_rejects_a_broken_rule(tmp_path):
     assert run([promtool, "check", "rules", str(bad)]).returncode != 0
 
 
+@pytest.mark.deploy
 @pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"],
                                    ["compose.yaml", "compose.secure.yaml"]])
 def test_compose_config_is_valid(files):

@@ -16,6 +16,7 @@ from tests.deploy.tools import DEPLOY, run, tool
 K8S = DEPLOY / "k8s"
 KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "overlays/secure", "jobs/embed"]
 CRD_KINDS = {"PodMonitor"}
+pytestmark = pytest.mark.deploy  # kubectl kustomize renders every manifest (make test-deploy)
 
 
 def render(path: str) -> list[dict]:
