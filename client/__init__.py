@@ -15,5 +15,17 @@ from client.clients import DEFAULT_ADDRESS, AsyncClient, Client, array, embed_re
 from client.generation import generate_request
 from client.translation import translate_request
 
-__all__ = ["DEFAULT_ADDRESS", "AsyncClient", "Client", "Credentials", "array", "attention_request",
-           "embed_request", "fill_mask_request", "generate_request", "open_channel", "translate_request", "vectors"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "AsyncClient",
+    "Client",
+    "Credentials",
+    "array",
+    "attention_request",
+    "embed_request",
+    "fill_mask_request",
+    "generate_request",
+    "open_channel",
+    "translate_request",
+    "vectors",
+]

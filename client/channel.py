@@ -20,8 +20,13 @@ from pathlib import Path
 
 import grpc
 
-ENV = {"token": "TS_TOKEN", "tls_ca": "TS_TLS_CA", "tls_cert": "TS_TLS_CLIENT_CERT", "tls_key": "TS_TLS_CLIENT_KEY",
-       "server_name": "TS_TLS_SERVER_NAME"}
+ENV = {
+    "token": "TS_TOKEN",
+    "tls_ca": "TS_TLS_CA",
+    "tls_cert": "TS_TLS_CLIENT_CERT",
+    "tls_key": "TS_TLS_CLIENT_KEY",
+    "server_name": "TS_TLS_SERVER_NAME",
+}
 
 
 @dataclass(frozen=True)
@@ -56,20 +61,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--token, --tls-ca, --tls-client-cert, --tls-client-key (defaults from the TS_* variables)."""
     env = Credentials.from_env()
     group = parser.add_argument_group("security (docs/design/security.md)")
-    group.add_argument("--token", default=env.token,
-                       help="bearer token sent as 'authorization: Bearer <token>' (env TS_TOKEN: safer than a flag)")
-    group.add_argument("--tls-ca", default=env.tls_ca, help="PEM CA of the server's certificate; turns TLS on "
-                       "(env TS_TLS_CA)")
-    group.add_argument("--tls-client-cert", default=env.tls_cert, help="PEM client certificate for mTLS "
-                       "(env TS_TLS_CLIENT_CERT)")
-    group.add_argument("--tls-client-key", default=env.tls_key, help="PEM key of --tls-client-cert "
-                       "(env TS_TLS_CLIENT_KEY)")
-    group.add_argument("--tls-server-name", default=env.server_name, help="name the server's certificate must "
-                       "carry, when not the address's host (env TS_TLS_SERVER_NAME)")
+    group.add_argument(
+        "--token",
+        default=env.token,
+        help="bearer token sent as 'authorization: Bearer <token>' (env TS_TOKEN: safer than a flag)",
+    )
+    group.add_argument(
+        "--tls-ca", default=env.tls_ca, help="PEM CA of the server's certificate; turns TLS on (env TS_TLS_CA)"
+    )
+    group.add_argument(
+        "--tls-client-cert", default=env.tls_cert, help="PEM client certificate for mTLS (env TS_TLS_CLIENT_CERT)"
+    )
+    group.add_argument(
+        "--tls-client-key", default=env.tls_key, help="PEM key of --tls-client-cert (env TS_TLS_CLIENT_KEY)"
+    )
+    group.add_argument(
+        "--tls-server-name",
+        default=env.server_name,
+        help="name the server's certificate must carry, when not the address's host (env TS_TLS_SERVER_NAME)",
+    )
 
 
-def open_channel(address: str, credentials: Credentials = Credentials(), options: list | None = None,
-                 aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
+def open_channel(
+    address: str, credentials: Credentials = Credentials(), options: list | None = None, aio: bool = False
+) -> grpc.Channel | grpc.aio.Channel:
     """A sync (or grpc.aio) channel to address presenting these credentials on every call."""
     options = list(options or [])
     if credentials.server_name:
@@ -86,33 +101,50 @@ def open_channel(address: str, credentials: Credentials = Credentials(), options
 
 def _channel_credentials(credentials: Credentials) -> grpc.ChannelCredentials:
     """TLS from PEM files (OSError when one is unreadable); no CA file = the system's roots."""
+
     def read(path: str) -> bytes | None:
         return Path(path).read_bytes() if path else None
 
-    return grpc.ssl_channel_credentials(root_certificates=read(credentials.tls_ca),
-                                        private_key=read(credentials.tls_key),
-                                        certificate_chain=read(credentials.tls_cert))
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(credentials.tls_ca),
+        private_key=read(credentials.tls_key),
+        certificate_chain=read(credentials.tls_cert),
+    )
 
 
 def _bearer(token: str) -> tuple[str, str]:
     return ("authorization", f"Bearer {token}")
 
 
-class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials",
-                                                   "wait_for_ready", "compression")), grpc.ClientCallDetails):
+class _Details(
+    collections.namedtuple(
+        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 
-class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _Token(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds the bearer token to every call of a sync channel."""
 
     def __init__(self, token: str):
         self._metadata = _bearer(token)
 
     def _details(self, d: grpc.ClientCallDetails) -> _Details:
-        return _Details(d.method, d.timeout, [*(d.metadata or ()), self._metadata], d.credentials,
-                        getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+        return _Details(
+            d.method,
+            d.timeout,
+            [*(d.metadata or ()), self._metadata],
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._details(details), request)

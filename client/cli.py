@@ -34,8 +34,14 @@ def _print_json(obj: Any) -> None:
 
 
 def _cmd_embed(args: argparse.Namespace, client: Client) -> int:
-    response = client.embed_response(args.texts, model=args.model, normalize=args.normalize,
-                                     truncate=args.truncate, dimensions=args.dimensions, packed=args.packed)
+    response = client.embed_response(
+        args.texts,
+        model=args.model,
+        normalize=args.normalize,
+        truncate=args.truncate,
+        dimensions=args.dimensions,
+        packed=args.packed,
+    )
     _print_json(MessageToDict(response, preserving_proto_field_name=True))
     return 0
 

@@ -33,11 +33,23 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-def embed_request(inputs: Iterable[str], model: str = "", normalize: bool | None = None, truncate: bool | None = None,
-                  dimensions: int = 0, request_id: str = "", packed: bool = False) -> pb.EmbedRequest:
+def embed_request(
+    inputs: Iterable[str],
+    model: str = "",
+    normalize: bool | None = None,
+    truncate: bool | None = None,
+    dimensions: int = 0,
+    request_id: str = "",
+    packed: bool = False,
+) -> pb.EmbedRequest:
     """An EmbedRequest; `packed` asks for the vectors as little-endian float32 bytes (Embedding.packed)."""
-    request = pb.EmbedRequest(inputs=list(inputs), model=model, dimensions=dimensions, request_id=request_id,
-                              encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32 if packed else pb.EMBEDDING_ENCODING_FLOAT)
+    request = pb.EmbedRequest(
+        inputs=list(inputs),
+        model=model,
+        dimensions=dimensions,
+        request_id=request_id,
+        encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32 if packed else pb.EMBEDDING_ENCODING_FLOAT,
+    )
     if normalize is not None:
         request.normalize = normalize
     if truncate is not None:
@@ -86,9 +98,16 @@ class Client(_Stubs, GenerationClientMixin, TranslationClientMixin):
     `tls_ca`: PEM CA of the server's certificate (TLS on); `tls_cert`/`tls_key`: client certificate (mTLS);
     `credentials`: all of these at once (client/channel.py), e.g. `Credentials.from_env()`."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
-                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
-                 credentials: channels.Credentials | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout: float | None = 30.0,
+        token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
+        credentials: channels.Credentials | None = None,
+    ):
         self.address, self.timeout = address, timeout
         self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
         self.channel = channels.open_channel(address, self.credentials, _channel_options())
@@ -137,9 +156,16 @@ class Client(_Stubs, GenerationClientMixin, TranslationClientMixin):
 class AsyncClient(_Stubs, AsyncGenerationClientMixin, AsyncTranslationClientMixin):
     """asyncio client (grpc.aio); same arguments and methods as Client, awaited."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = 30.0, token: str = "",
-                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
-                 credentials: channels.Credentials | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout: float | None = 30.0,
+        token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
+        credentials: channels.Credentials | None = None,
+    ):
         self.address, self.timeout = address, timeout
         self.credentials = credentials or channels.Credentials(token, tls_ca, tls_cert, tls_key)
         self.channel = channels.open_channel(address, self.credentials, _channel_options(), aio=True)

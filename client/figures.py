@@ -82,8 +82,13 @@ def panel_png(response: pb.AttentionResponse, m: pb.AttentionMap) -> bytes:
     tokens = max(m.rows, m.cols)
     size = min(6.0, max(2.6, tokens * 0.16))
     fig = Figure(figsize=(size, size))
-    _heatmap(fig.subplots(), weights(m), *axes_tokens(response, m), f"L{m.layer} H{m.head}",
-             fontsize=max(4.0, 9 - tokens / 12))
+    _heatmap(
+        fig.subplots(),
+        weights(m),
+        *axes_tokens(response, m),
+        f"L{m.layer} H{m.head}",
+        fontsize=max(4.0, 9 - tokens / 12),
+    )
     return _png(fig)
 
 
@@ -99,8 +104,14 @@ def alignment_png(response: pb.AttentionResponse) -> bytes:
         raise ValueError("no cross-attention maps: an alignment needs a translator's response")
     size = min(10.0, max(3.0, 0.3 * max(w.shape)))
     fig = Figure(figsize=(size, size))
-    _heatmap(fig.subplots(), w, list(response.target_tokens), list(response.source_tokens),
-             "cross-attention, mean over layers and heads", fontsize=9)
+    _heatmap(
+        fig.subplots(),
+        w,
+        list(response.target_tokens),
+        list(response.source_tokens),
+        "cross-attention, mean over layers and heads",
+        fontsize=9,
+    )
     return _png(fig)
 
 
@@ -111,8 +122,10 @@ def _img(data: bytes, alt: str, css: str) -> str:
 def html_page(response: pb.AttentionResponse) -> str:
     """One self-contained HTML page (see the module doc)."""
     heads = sorted({m.head for m in response.maps})
-    parts = [f"<h1>Attention of {html.escape(response.model)} ({html.escape(response.kind)})</h1>",
-             f"<p>source: {html.escape(' '.join(label(t) for t in response.source_tokens))}</p>"]
+    parts = [
+        f"<h1>Attention of {html.escape(response.model)} ({html.escape(response.kind)})</h1>",
+        f"<p>source: {html.escape(' '.join(label(t) for t in response.source_tokens))}</p>",
+    ]
     if response.target_tokens:
         parts.append(f"<p>target: {html.escape(response.target)}</p>")
     if alignment(response) is not None:
@@ -122,16 +135,23 @@ def html_page(response: pb.AttentionResponse) -> str:
         if not maps:
             continue
         parts.append(f'<h2>{title}</h2><div class="grid" style="grid-template-columns: repeat({len(heads)}, 1fr)">')
-        parts += [f'<figure class="panel" data-kind="{pb.AttentionKind.Name(kind)}" data-layer="{m.layer}" '
-                  f'data-head="{m.head}">{_img(panel_png(response, m), f"layer {m.layer} head {m.head}", "map")}'
-                  "</figure>" for m in maps]
+        parts += [
+            f'<figure class="panel" data-kind="{pb.AttentionKind.Name(kind)}" data-layer="{m.layer}" '
+            f'data-head="{m.head}">{_img(panel_png(response, m), f"layer {m.layer} head {m.head}", "map")}'
+            "</figure>"
+            for m in maps
+        ]
         parts.append("</div>")
     parts.append(stats_table(response))
-    style = ("body{font-family:sans-serif;margin:1em} .grid{display:grid;gap:4px} figure{margin:0} "
-             "img.map{width:100%} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:2px 6px;"
-             "text-align:right}")
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention: {html.escape(response.model)}'
-            f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;margin:1em} .grid{display:grid;gap:4px} figure{margin:0} "
+        "img.map{width:100%} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:2px 6px;"
+        "text-align:right}"
+    )
+    return (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention: {html.escape(response.model)}'
+        f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
 def stats_table(response: pb.AttentionResponse) -> str:

@@ -23,12 +23,29 @@ from client import args as types
 from service.proto import inference_pb2 as pb
 
 
-def generate_request(prompt: str, model: str = "", max_new_tokens: int = 0, temperature: float = 0.0, top_k: int = 0,
-                     top_p: float = 0.0, repetition_penalty: float = 0.0, stop: Iterable[str] = (),
-                     seed: int | None = None, stream_interval_ms: int = 0) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(prompt=prompt, model=model, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, stop=list(stop),
-                                 stream_interval_ms=stream_interval_ms)
+def generate_request(
+    prompt: str,
+    model: str = "",
+    max_new_tokens: int = 0,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 0.0,
+    repetition_penalty: float = 0.0,
+    stop: Iterable[str] = (),
+    seed: int | None = None,
+    stream_interval_ms: int = 0,
+) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(
+        prompt=prompt,
+        model=model,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        stop=list(stop),
+        stream_interval_ms=stream_interval_ms,
+    )
     if seed is not None:
         request.seed = seed
     return request
@@ -64,9 +81,16 @@ class AsyncGenerationClientMixin:
 
 def _cmd_generate(args: argparse.Namespace, client: GenerationClientMixin) -> int:
     stream = client.generate_stream(
-        args.prompt, model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop=args.stop or (),
-        seed=args.seed)
+        args.prompt,
+        model=args.model,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        stop=args.stop or (),
+        seed=args.seed,
+    )
     last = None
     for chunk in stream:
         sys.stdout.write(chunk.text)
@@ -74,9 +98,12 @@ def _cmd_generate(args: argparse.Namespace, client: GenerationClientMixin) -> in
         last = chunk
     sys.stdout.write("\n")
     if last is not None:
-        summary = {"finish_reason": pb.FinishReason.Name(last.finish_reason), "model": last.model,
-                   "usage": MessageToDict(last.usage, preserving_proto_field_name=True),
-                   "timings": MessageToDict(last.timings, preserving_proto_field_name=True)}
+        summary = {
+            "finish_reason": pb.FinishReason.Name(last.finish_reason),
+            "model": last.model,
+            "usage": MessageToDict(last.usage, preserving_proto_field_name=True),
+            "timings": MessageToDict(last.timings, preserving_proto_field_name=True),
+        }
         sys.stderr.write(json.dumps(summary) + "\n")
     return 0
 

@@ -20,10 +20,12 @@ from client import args as types
 from service.proto import inference_pb2 as pb
 
 
-def translate_request(inputs: Iterable[str], model: str = "", beam_size: int = 0, max_length: int = 0,
-                      length_penalty: float = 0.0) -> pb.TranslateRequest:
-    return pb.TranslateRequest(inputs=list(inputs), model=model, beam_size=beam_size, max_length=max_length,
-                               length_penalty=length_penalty)
+def translate_request(
+    inputs: Iterable[str], model: str = "", beam_size: int = 0, max_length: int = 0, length_penalty: float = 0.0
+) -> pb.TranslateRequest:
+    return pb.TranslateRequest(
+        inputs=list(inputs), model=model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty
+    )
 
 
 class TranslationClientMixin:
@@ -47,10 +49,16 @@ class AsyncTranslationClientMixin:
 
 
 def _cmd_translate(args: argparse.Namespace, client: TranslationClientMixin) -> int:
-    response = client.translate(args.texts, model=args.model, beam_size=args.beam_size, max_length=args.max_length,
-                                length_penalty=args.length_penalty)
-    sys.stdout.write(json.dumps(MessageToDict(response, preserving_proto_field_name=True), indent=2,
-                                ensure_ascii=False) + "\n")
+    response = client.translate(
+        args.texts,
+        model=args.model,
+        beam_size=args.beam_size,
+        max_length=args.max_length,
+        length_penalty=args.length_penalty,
+    )
+    sys.stdout.write(
+        json.dumps(MessageToDict(response, preserving_proto_field_name=True), indent=2, ensure_ascii=False) + "\n"
+    )
     return 0
 
 

@@ -53,15 +53,21 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
     io.add_argument("--restart", action="store_true", help="discard a previous run's parts instead of resuming")
     srv = parser.add_argument_group("server and model")
     if address:  # under the client CLI, its global --address and security flags apply
-        srv.add_argument("--address", default=os.environ.get("TS_ADDRESS", DEFAULT_ADDRESS),
-                         help="gRPC target: host:port or dns:///svc-headless:50051 "
-                              f"(env TS_ADDRESS; {DEFAULT_ADDRESS})")
+        srv.add_argument(
+            "--address",
+            default=os.environ.get("TS_ADDRESS", DEFAULT_ADDRESS),
+            help=f"gRPC target: host:port or dns:///svc-headless:50051 (env TS_ADDRESS; {DEFAULT_ADDRESS})",
+        )
         channels.add_arguments(parser)  # --token, --tls-ca, ... (TS_TOKEN, TS_TLS_CA, ...)
     srv.add_argument("--model", default="", help="embedding model (default: the server's default)")
     srv.add_argument("--dimensions", type=int, default=0, help="keep the first N values (0: all)")
     srv.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None, help="L2-normalise")
-    srv.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None,
-                     help="truncate long texts (--no-truncate: they are recorded as failures)")
+    srv.add_argument(
+        "--truncate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="truncate long texts (--no-truncate: they are recorded as failures)",
+    )
     run = parser.add_argument_group("throughput and retries")
     run.add_argument("--batch-size", type=int, default=32, help="texts per request (default 32)")
     run.add_argument("--chunk-size", type=int, default=1024, help="texts per chunk = per part file (default 1024)")
@@ -71,8 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser, address: bool = True) -> None
     run.add_argument("--chunk-timeout", type=float, default=600.0, help="deadline of one chunk's stream, seconds")
     run.add_argument("--shard-index", type=int, default=None, help="this shard (default $JOB_COMPLETION_INDEX or 0)")
     run.add_argument("--shard-count", type=int, default=1, help="number of shards (default 1)")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                     help="progress bar (--no-progress: a log line every 30 s)")
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bar (--no-progress: a log line every 30 s)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -90,12 +100,17 @@ def client_handler(args: argparse.Namespace, client: Client) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = types.Parser(prog="ts-embed-batch",
-                                     description="Embed a large file through the service's EmbedStream "
-                                                 "(resumable, sharded); see docs/deploy.md.")
-    parser.add_argument("--engine", choices=ENGINES, default="grpc",
-                        help="grpc: through a running service (these flags); ray: on a Ray cluster, no server "
-                             "(ts-embed-batch --engine ray --help)")
+    parser = types.Parser(
+        prog="ts-embed-batch",
+        description="Embed a large file through the service's EmbedStream (resumable, sharded); see docs/deploy.md.",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="grpc",
+        help="grpc: through a running service (these flags); ray: on a Ray cluster, no server "
+        "(ts-embed-batch --engine ray --help)",
+    )
     add_arguments(parser)
     return parser
 
@@ -115,17 +130,36 @@ def job_config(args: argparse.Namespace) -> JobConfig:
     output = Path(shard_output(args.output, shard_index, args.shard_count))
     if output.suffix not in OUTPUT_SUFFIXES:
         raise ValueError(f"--output {output}: must end in {' or '.join(OUTPUT_SUFFIXES)}")
-    embed = EmbedOptions(model=args.model, normalize=args.normalize, truncate=args.truncate,
-                         dimensions=args.dimensions, batch_size=args.batch_size, window=args.window,
-                         max_retries=args.max_retries, timeout=args.chunk_timeout)
+    embed = EmbedOptions(
+        model=args.model,
+        normalize=args.normalize,
+        truncate=args.truncate,
+        dimensions=args.dimensions,
+        batch_size=args.batch_size,
+        window=args.window,
+        max_retries=args.max_retries,
+        timeout=args.chunk_timeout,
+    )
     from client.batch.runner import JobConfig
 
     credentials = getattr(args, "credentials", None) or channels.Credentials.from_args(args)
-    return JobConfig(input=args.input, output=output, address=args.address, credentials=credentials,
-                     format=args.format,
-                     id_field=args.id_field, text_field=args.text_field, dtype=args.dtype,
-                     chunk_size=args.chunk_size, concurrency=args.concurrency, shard_index=shard_index,
-                     shard_count=args.shard_count, restart=args.restart, progress=args.progress, embed=embed)
+    return JobConfig(
+        input=args.input,
+        output=output,
+        address=args.address,
+        credentials=credentials,
+        format=args.format,
+        id_field=args.id_field,
+        text_field=args.text_field,
+        dtype=args.dtype,
+        chunk_size=args.chunk_size,
+        concurrency=args.concurrency,
+        shard_index=shard_index,
+        shard_count=args.shard_count,
+        restart=args.restart,
+        progress=args.progress,
+        embed=embed,
+    )
 
 
 def shard_output(template: str, shard: int, shards: int) -> str:
@@ -142,8 +176,9 @@ def shard_output(template: str, shard: int, shards: int) -> str:
 
 
 def main_args(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         cfg = job_config(args)
     except ValueError as e:

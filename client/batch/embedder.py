@@ -30,10 +30,17 @@ from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       grpc.StatusCode.DEADLINE_EXCEEDED})
-FATAL = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED,
-                   grpc.StatusCode.UNAUTHENTICATED})
+RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+FATAL = frozenset(
+    {
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
 PROBE_TEXT = "transformer-serving batch probe"
 
 
@@ -77,8 +84,13 @@ class ChunkEmbedder:
 
     def request(self, texts: list[str], request_id: str = "") -> pb.EmbedRequest:
         o = self.options
-        req = pb.EmbedRequest(inputs=texts, model=o.model, dimensions=o.dimensions, request_id=request_id,
-                              encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32)
+        req = pb.EmbedRequest(
+            inputs=texts,
+            model=o.model,
+            dimensions=o.dimensions,
+            request_id=request_id,
+            encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32,
+        )
         if o.normalize is not None:
             req.normalize = o.normalize
         if o.truncate is not None:
@@ -97,10 +109,11 @@ class ChunkEmbedder:
 
     async def embed(self, chunk: Chunk) -> ChunkResult:
         valid = [it for it in chunk.items if it.text is not None]
-        failures = [{"id": it.id, "code": "INVALID_INPUT", "message": it.error}
-                    for it in chunk.items if it.text is None]
+        failures = [
+            {"id": it.id, "code": "INVALID_INPUT", "message": it.error} for it in chunk.items if it.text is None
+        ]
         size = self.options.batch_size
-        batches = [valid[i:i + size] for i in range(0, len(valid), size)]
+        batches = [valid[i : i + size] for i in range(0, len(valid), size)]
         results: list[Any] = [None] * len(batches)  # (ids, (n, D) vectors) per batch, every slot filled by _fill
         await self._fill(chunk.index, batches, results, failures)
         ids = [i for r in results for i in r[0]]
@@ -142,11 +155,13 @@ class ChunkEmbedder:
             for k in range(pos, len(batches)):
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    raise BatchFailed(f"chunk {index}: the stream ended after {k - pos} of {len(batches) - pos} "
-                                      "responses")
+                    raise BatchFailed(
+                        f"chunk {index}: the stream ended after {k - pos} of {len(batches) - pos} responses"
+                    )
                 if response.request_id and response.request_id != f"{index}:{k}":
-                    raise BatchFailed(f"chunk {index}: response {response.request_id!r} out of order "
-                                      f"(expected {index}:{k})")
+                    raise BatchFailed(
+                        f"chunk {index}: response {response.request_id!r} out of order (expected {index}:{k})"
+                    )
                 results[k] = ([it.id for it in batches[k]], self._vectors(response, len(batches[k])))
                 window.release()
             if await call.read() is not grpc.aio.EOF:  # the server ends the call once all are answered

@@ -27,8 +27,18 @@ from service.manifest import MANIFEST_FILE, Manifest, ModelDir, ModelDirError, d
 from service.runtime import CUDA, ProviderError, Runtime
 from service.settings import VARIANT_CHOICES, Settings
 
-__all__ = ["VARIANT_CHOICES", "LocalEmbedder", "LocalOptions", "ModelDir", "ProviderError", "check_cuda",
-           "check_options", "find_model", "load_model_dir", "manifest_sha256"]
+__all__ = [
+    "VARIANT_CHOICES",
+    "LocalEmbedder",
+    "LocalOptions",
+    "ModelDir",
+    "ProviderError",
+    "check_cuda",
+    "check_options",
+    "find_model",
+    "load_model_dir",
+    "manifest_sha256",
+]
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,10 @@ def find_model(models: Path, name: str) -> ModelDir:
     else:
         found.sort(key=lambda d: (d.manifest.extra.get("default") is not True, d.manifest.name))
     if not found:
-        raise ModelDirError(f"no embedding model {name + ' ' if name else ''}under {models} "
-                            "(pass --models DIR, --model NAME; `make models` builds the default ones)")
+        raise ModelDirError(
+            f"no embedding model {name + ' ' if name else ''}under {models} "
+            "(pass --models DIR, --model NAME; `make models` builds the default ones)"
+        )
     return load_model_dir(found[0].path)
 
 
@@ -70,15 +82,18 @@ def check_options(m: Manifest, options: LocalOptions) -> None:
     if options.dimensions > (m.embedding_dim or 0):
         raise ValueError(f"dimensions={options.dimensions} is larger than model {m.name!r}'s {m.embedding_dim}")
     if options.variant != "auto" and options.variant not in m.variants("encoder"):
-        raise ValueError(f"model {m.name!r} has no {options.variant} encoder graph "
-                         f"(has: {', '.join(m.variants('encoder'))})")
+        raise ValueError(
+            f"model {m.name!r} has no {options.variant} encoder graph (has: {', '.join(m.variants('encoder'))})"
+        )
 
 
 def check_cuda() -> None:
     """Raises ProviderError unless this onnxruntime offers CUDA (onnxruntime-gpu)."""
     if CUDA not in ort.get_available_providers():
-        raise ProviderError(f"device cuda: this onnxruntime offers only {', '.join(ort.get_available_providers())}; "
-                            "install onnxruntime-gpu instead of onnxruntime (never both)")
+        raise ProviderError(
+            f"device cuda: this onnxruntime offers only {', '.join(ort.get_available_providers())}; "
+            "install onnxruntime-gpu instead of onnxruntime (never both)"
+        )
 
 
 class LocalEmbedder:
@@ -87,8 +102,14 @@ class LocalEmbedder:
         check_options(m, options)
         if options.device == "cuda":
             check_cuda()
-        settings = Settings.from_env(env={}, device=options.device, variant=options.variant, strict_provider=True,
-                                     intra_op_threads=options.threads, compute_workers=1)
+        settings = Settings.from_env(
+            env={},
+            device=options.device,
+            variant=options.variant,
+            strict_provider=True,
+            intra_op_threads=options.threads,
+            compute_workers=1,
+        )
         runtime = Runtime(settings)
         try:
             self.variant, self.engine = load_engine(model_dir, settings, runtime)
@@ -106,6 +127,6 @@ class LocalEmbedder:
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         size = self.options.batch_size
         for start in range(0, len(order), size):
-            rows = order[start:start + size]
+            rows = order[start : start + size]
             pooled[rows] = self.engine.forward([encoded[i] for i in rows])  # (B, C)
         return postprocess(pooled, self.options.normalize, self.options.dimensions)  # (N, D)

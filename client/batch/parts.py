@@ -93,8 +93,10 @@ class PartsFolder:
         self.root.mkdir(parents=True, exist_ok=True)
         foreign = sorted(p.name for p in self.root.iterdir() if not _OURS.fullmatch(p.name))
         if foreign:
-            raise JobMismatch(f"--output {self.root} holds files that are not this job's ({', '.join(foreign[:5])}); "
-                              "choose a new or empty folder")
+            raise JobMismatch(
+                f"--output {self.root} holds files that are not this job's ({', '.join(foreign[:5])}); "
+                "choose a new or empty folder"
+            )
         if restart:
             log.warning("--restart: removing the parts in %s", self.root)
             for p in self.root.iterdir():
@@ -110,8 +112,10 @@ class PartsFolder:
 
     def _check(self, old: dict[str, Any]) -> None:
         if changed := changed_parameters(old, self.header, _INFORMATIONAL):
-            raise JobMismatch(f"{self.root} holds a job with other parameters ({changed}); rerun with the same "
-                              "parameters to resume, or pass --restart to start over")
+            raise JobMismatch(
+                f"{self.root} holds a job with other parameters ({changed}); rerun with the same "
+                "parameters to resume, or pass --restart to start over"
+            )
 
     def done(self) -> set[int]:
         return {int(m.group(1)) for p in self.root.iterdir() if (m := _PART.fullmatch(p.name))}
@@ -126,8 +130,10 @@ class PartsFolder:
             bad += int((meta.metadata or {}).get(BAD_LINES_KEY, b"0"))
         missing = sorted(set(range(chunks)) - set(done))
         if missing:
-            raise Incomplete(f"{self.root}: {len(missing)} of {chunks} chunks have no part (first: {missing[0]}); "
-                               "rerun the same command to finish them")
+            raise Incomplete(
+                f"{self.root}: {len(missing)} of {chunks} chunks have no part (first: {missing[0]}); "
+                "rerun the same command to finish them"
+            )
         summary = Summary(self.root, rows, bad, chunks)
         _write_atomic(self.root / SUCCESS_FILE, json.dumps({"rows": rows, "bad_lines": bad, "chunks": chunks}) + "\n")
         return summary

@@ -43,8 +43,16 @@ from client.batch.ray_source import ChunkSource, Plan, make_plan
 
 log = logging.getLogger(__name__)
 
-SUMMARY_SCHEMA = pa.schema([("chunk", pa.int64()), ("rows", pa.int64()), ("bad_lines", pa.int64()),
-                            ("first_bad", pa.string()), ("variant", pa.string()), ("provider", pa.string())])
+SUMMARY_SCHEMA = pa.schema(
+    [
+        ("chunk", pa.int64()),
+        ("rows", pa.int64()),
+        ("bad_lines", pa.int64()),
+        ("first_bad", pa.string()),
+        ("variant", pa.string()),
+        ("provider", pa.string()),
+    ]
+)
 SHOWN_BAD_LINES = 10  # skipped bad lines logged one by one; the rest are counted
 
 
@@ -100,22 +108,30 @@ class EmbedActor:
 
     def __call__(self, block: pa.Table) -> pa.Table:
         chunks = pc.unique(block["chunk"]).to_pylist()
-        return pa.Table.from_pylist([self._chunk(c, block.filter(pc.equal(block["chunk"], c))) for c in chunks],
-                                    schema=SUMMARY_SCHEMA)
+        return pa.Table.from_pylist(
+            [self._chunk(c, block.filter(pc.equal(block["chunk"], c))) for c in chunks], schema=SUMMARY_SCHEMA
+        )
 
     def _chunk(self, chunk: int, rows: pa.Table) -> dict[str, Any]:
         expected = self.job.plan.chunk_rows(chunk)
         if rows.num_rows != expected:  # a part must hold its whole chunk, or a rerun would lose the rest
-            raise RuntimeError(f"chunk {chunk} arrived as {rows.num_rows} of its {expected} lines (Ray split "
-                               "its block?); use a smaller --chunk-size")
+            raise RuntimeError(
+                f"chunk {chunk} arrived as {rows.num_rows} of its {expected} lines (Ray split "
+                "its block?); use a smaller --chunk-size"
+            )
         good = rows.filter(pc.is_valid(rows["text"]))
         errors = rows["error"].drop_null()
         vectors = self.embedder.embed(good["text"].to_pylist())  # (n, D)
         table = part_table(good["id"].combine_chunks(), vectors, self.job.dtype)
         write_part(Path(self.job.output), chunk, table, len(errors))
-        return {"chunk": chunk, "rows": good.num_rows, "bad_lines": len(errors),
-                "first_bad": errors[0].as_py() if len(errors) else None,
-                "variant": self.embedder.variant, "provider": self.embedder.provider}
+        return {
+            "chunk": chunk,
+            "rows": good.num_rows,
+            "bad_lines": len(errors),
+            "first_bad": errors[0].as_py() if len(errors) else None,
+            "variant": self.embedder.variant,
+            "provider": self.embedder.provider,
+        }
 
 
 def run_ray_job(cfg: RayJobConfig) -> Summary:
@@ -124,8 +140,14 @@ def run_ray_job(cfg: RayJobConfig) -> Summary:
     cfg = replace(cfg, input=cfg.input.resolve(), output=cfg.output.resolve(), models=cfg.models.resolve())
     spec = sources.SourceSpec(cfg.input, sources.detect_format(cfg.input, cfg.format), cfg.id_field, cfg.text_field)
     model_dir = find_model(cfg.models, cfg.model)
-    options = LocalOptions(device=cfg.device, variant=cfg.variant, threads=cfg.threads, batch_size=cfg.batch_size,
-                           normalize=cfg.normalize, dimensions=cfg.dimensions)
+    options = LocalOptions(
+        device=cfg.device,
+        variant=cfg.variant,
+        threads=cfg.threads,
+        batch_size=cfg.batch_size,
+        normalize=cfg.normalize,
+        dimensions=cfg.dimensions,
+    )
     check_options(model_dir.manifest, options)
     if cfg.device == "cuda" and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
         check_cuda()  # the actors run here: fail before Ray starts
@@ -133,23 +155,47 @@ def run_ray_job(cfg: RayJobConfig) -> Summary:
     folder = PartsFolder(cfg.output, _header(cfg, spec, plan, model_dir))
     done = folder.open(cfg.restart)
     todo = [c for c in range(plan.chunks) if c not in done]
-    log.info("%s: %d lines in %d chunks, %d already done; model %s from %s", cfg.input, plan.rows, plan.chunks,
-             len(done & set(range(plan.chunks))), model_dir.manifest.name, model_dir.path)
+    log.info(
+        "%s: %d lines in %d chunks, %d already done; model %s from %s",
+        cfg.input,
+        plan.rows,
+        plan.chunks,
+        len(done & set(range(plan.chunks))),
+        model_dir.manifest.name,
+        model_dir.path,
+    )
     if todo:
         _run(cfg, plan, todo, ActorJob(str(model_dir.path), options, str(cfg.output), cfg.dtype, plan.light()))
     summary = folder.finish(plan.chunks)
-    log.info("%s: %d embeddings in %d parts; %d bad lines skipped", summary.output, summary.rows, summary.chunks,
-             summary.bad_lines)
+    log.info(
+        "%s: %d embeddings in %d parts; %d bad lines skipped",
+        summary.output,
+        summary.rows,
+        summary.chunks,
+        summary.bad_lines,
+    )
     return summary
 
 
 def _header(cfg: RayJobConfig, spec: sources.SourceSpec, plan: Plan, model_dir: ModelDir) -> dict[str, Any]:
     manifest = manifest_sha256(model_dir)
-    return {"engine": "ray", "input": str(cfg.input), "input_fingerprint": sources.fingerprint(cfg.input),
-            "rows": plan.rows, "format": spec.format, "id_field": spec.id_field, "text_field": spec.text_field,
-            "chunk_size": cfg.chunk_size, "model": model_dir.manifest.name, "manifest_sha256": manifest,
-            "device": cfg.device, "variant": cfg.variant, "normalize": cfg.normalize, "dimensions": cfg.dimensions,
-            "dtype": cfg.dtype}
+    return {
+        "engine": "ray",
+        "input": str(cfg.input),
+        "input_fingerprint": sources.fingerprint(cfg.input),
+        "rows": plan.rows,
+        "format": spec.format,
+        "id_field": spec.id_field,
+        "text_field": spec.text_field,
+        "chunk_size": cfg.chunk_size,
+        "model": model_dir.manifest.name,
+        "manifest_sha256": manifest,
+        "device": cfg.device,
+        "variant": cfg.variant,
+        "normalize": cfg.normalize,
+        "dimensions": cfg.dimensions,
+        "dtype": cfg.dtype,
+    }
 
 
 def _run(cfg: RayJobConfig, plan: Plan, todo: list[int], job: ActorJob) -> None:
@@ -162,12 +208,24 @@ def _run(cfg: RayJobConfig, plan: Plan, todo: list[int], job: ActorJob) -> None:
     resources = {"num_gpus": 1} if cfg.device == "cuda" else {"num_cpus": cfg.threads}
     ray.data.DataContext.get_current().enable_progress_bars = cfg.progress
     # Reads are cheap next to embedding: no CPU reserved (the actors hold them all), a few at a time.
-    ds = ray.data.read_datasource(ChunkSource(plan, todo, cfg.skip_bad), num_cpus=0, concurrency=actors,
-                                  override_num_blocks=len(todo))
-    ds = ds.map_batches(EmbedActor, fn_constructor_args=(job,), batch_size=None, batch_format="pyarrow",
-                        compute=ray.data.ActorPoolStrategy(size=actors), **resources)
-    log.info("%d chunks to do on %d actors (%s each), batches of %d rows", len(todo), actors,
-             "1 GPU" if cfg.device == "cuda" else f"{cfg.threads} CPU", cfg.batch_size)
+    ds = ray.data.read_datasource(
+        ChunkSource(plan, todo, cfg.skip_bad), num_cpus=0, concurrency=actors, override_num_blocks=len(todo)
+    )
+    ds = ds.map_batches(
+        EmbedActor,
+        fn_constructor_args=(job,),
+        batch_size=None,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        **resources,
+    )
+    log.info(
+        "%d chunks to do on %d actors (%s each), batches of %d rows",
+        len(todo),
+        actors,
+        "1 GPU" if cfg.device == "cuda" else f"{cfg.threads} CPU",
+        cfg.batch_size,
+    )
     shown, engines = 0, set()
     try:
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -177,8 +235,12 @@ def _run(cfg: RayJobConfig, plan: Plan, todo: list[int], job: ActorJob) -> None:
                     log.info("an actor runs the %s graph on %s", row["variant"], row["provider"])
                 if row["bad_lines"] and shown < SHOWN_BAD_LINES:
                     shown += 1
-                    log.warning("skipped %d bad lines in chunk %d, the first: %s", row["bad_lines"], row["chunk"],
-                                row["first_bad"])
+                    log.warning(
+                        "skipped %d bad lines in chunk %d, the first: %s",
+                        row["bad_lines"],
+                        row["chunk"],
+                        row["first_bad"],
+                    )
     except Exception as e:  # Ray wraps what a task raised; the job's own errors are shown plainly
         cause = _job_error(e)
         if cause is None:
@@ -190,14 +252,21 @@ def _actor_count(cfg: RayJobConfig, cluster: dict[str, float]) -> int:
     if cfg.device == "cuda":
         gpus = int(cluster.get("GPU", 0))
         if gpus < max(cfg.num_actors, 1):
-            raise ProviderError(f"--device cuda: each actor takes one GPU; the Ray cluster has {gpus} "
-                                f"(resources: {dict(sorted(cluster.items()))})")
+            raise ProviderError(
+                f"--device cuda: each actor takes one GPU; the Ray cluster has {gpus} "
+                f"(resources: {dict(sorted(cluster.items()))})"
+            )
         return cfg.num_actors or gpus
     cpus = int(cluster.get("CPU", 1))
     actors = cfg.num_actors or max(1, cpus // cfg.threads)
     if actors * cfg.threads > cpus:
-        log.warning("%d actors x %d threads need %d CPUs; the cluster has %d now: the rest wait for more nodes",
-                    actors, cfg.threads, actors * cfg.threads, cpus)
+        log.warning(
+            "%d actors x %d threads need %d CPUs; the cluster has %d now: the rest wait for more nodes",
+            actors,
+            cfg.threads,
+            actors * cfg.threads,
+            cpus,
+        )
     return actors
 
 

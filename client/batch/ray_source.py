@@ -54,8 +54,15 @@ class Plan:
         return replace(self, offsets=())
 
     def schema(self) -> pa.Schema:
-        return pa.schema([("chunk", pa.int64()), ("line", pa.int64()), ("id", self.id_type),
-                          ("text", pa.string()), ("error", pa.string())])
+        return pa.schema(
+            [
+                ("chunk", pa.int64()),
+                ("line", pa.int64()),
+                ("id", self.id_type),
+                ("text", pa.string()),
+                ("error", pa.string()),
+            ]
+        )
 
 
 def make_plan(spec: SourceSpec, chunk_size: int) -> Plan:
@@ -65,8 +72,9 @@ def make_plan(spec: SourceSpec, chunk_size: int) -> Plan:
     if spec.format == "parquet":
         names = pq.ParquetFile(spec.path).schema_arrow.names
         if spec.text_field not in names:
-            raise InputError(f"{spec.path}: no column {spec.text_field!r} (columns: {', '.join(names)}); "
-                             "pass --text-field")
+            raise InputError(
+                f"{spec.path}: no column {spec.text_field!r} (columns: {', '.join(names)}); pass --text-field"
+            )
         return Plan(spec, chunk_size, pq.ParquetFile(spec.path).metadata.num_rows, (), id_type(spec))
     offsets, rows, position = [], 0, 0
     with open(spec.path, "rb") as f:
@@ -91,9 +99,16 @@ def read_chunk(plan: Plan, chunk: int, offset: int, skip_bad: bool) -> pa.Table:
         if bad is not None:
             raise BadInput(f"{bad[3]}; fix it, or pass --skip-bad to leave such lines out (they are counted)")
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
-    return pa.Table.from_arrays([pa.array([chunk] * len(rows), pa.int64()), pa.array(columns[0], pa.int64()),
-                                 pa.array(columns[1], plan.id_type), pa.array(columns[2], pa.string()),
-                                 pa.array(columns[3], pa.string())], schema=plan.schema())
+    return pa.Table.from_arrays(
+        [
+            pa.array([chunk] * len(rows), pa.int64()),
+            pa.array(columns[0], pa.int64()),
+            pa.array(columns[1], plan.id_type),
+            pa.array(columns[2], pa.string()),
+            pa.array(columns[3], pa.string()),
+        ],
+        schema=plan.schema(),
+    )
 
 
 Row = tuple[int, Any, "str | None", "str | None"]  # line, id, text, error
@@ -164,17 +179,27 @@ class ChunkSource(Datasource):
         size = Path(self.plan.spec.path).stat().st_size
         return size * len(self.todo) // max(self.plan.chunks, 1)
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context: Any = None) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+    ) -> list[ReadTask]:
         tasks = max(1, min(parallelism, len(self.todo)))
         light = self.plan.light()  # a task carries its own chunks' offsets, not the whole file's
         offsets = self.plan.offsets or (0,) * self.plan.chunks
         groups = [[(c, offsets[c]) for c in self.todo[i::tasks]] for i in range(tasks)]
-        return [ReadTask(partial(_read_group, light, group, self.skip_bad),
-                         BlockMetadata(num_rows=sum(light.chunk_rows(c) for c, _ in group), size_bytes=None,
-                                       input_files=(str(light.spec.path),), exec_stats=None),
-                         schema=light.schema())
-                for group in groups if group]
+        return [
+            ReadTask(
+                partial(_read_group, light, group, self.skip_bad),
+                BlockMetadata(
+                    num_rows=sum(light.chunk_rows(c) for c, _ in group),
+                    size_bytes=None,
+                    input_files=(str(light.spec.path),),
+                    exec_stats=None,
+                ),
+                schema=light.schema(),
+            )
+            for group in groups
+            if group
+        ]
 
 
 def _read_group(plan: Plan, chunks: list[tuple[int, int]], skip_bad: bool):

@@ -53,9 +53,11 @@ class JobConfig:
 
 
 def channel_options() -> list[tuple[str, object]]:
-    return [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.service_config", SERVICE_CONFIG)]
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.service_config", SERVICE_CONFIG),
+    ]
 
 
 async def run_job(cfg: JobConfig) -> Summary:
@@ -71,31 +73,57 @@ async def run_job(cfg: JobConfig) -> Summary:
             log.info("%s: already complete (ledger %s); nothing to do", cfg.output, store.ledger)
             return store.finalize()
         total = sources.shard_item_count(sources.count_items(spec), cfg.chunk_size, cfg.shard_index, cfg.shard_count)
-        log.info("shard %d/%d of %s: %d texts, %d already done; model %s, dimension %d", cfg.shard_index,
-                 cfg.shard_count, cfg.input, total, store.rows_done(), embedder.model, dim)
+        log.info(
+            "shard %d/%d of %s: %d texts, %d already done; model %s, dimension %d",
+            cfg.shard_index,
+            cfg.shard_count,
+            cfg.input,
+            total,
+            store.rows_done(),
+            embedder.model,
+            dim,
+        )
         with _Progress(total, store.rows_done(), cfg.progress, cfg.log_every) as progress:
             await _pump(cfg, spec, store, embedder, progress)
     summary = await asyncio.to_thread(store.finalize)
-    log.info("wrote %d embeddings to %s; %d failed items in %s", summary.rows, summary.output, summary.failed,
-             summary.failures_file)
+    log.info(
+        "wrote %d embeddings to %s; %d failed items in %s",
+        summary.rows,
+        summary.output,
+        summary.failed,
+        summary.failures_file,
+    )
     return summary
 
 
 def _header(cfg: JobConfig, spec: sources.SourceSpec, model: str, dim: int) -> dict:
     o = cfg.embed
-    return {"input": str(cfg.input), "input_fingerprint": sources.fingerprint(cfg.input), "format": spec.format,
-            "id_field": spec.id_field, "text_field": spec.text_field, "chunk_size": cfg.chunk_size,
-            "shard_index": cfg.shard_index, "shard_count": cfg.shard_count, "model": model, "dimension": dim,
-            "normalize": o.normalize, "truncate": o.truncate, "dtype": cfg.dtype}
+    return {
+        "input": str(cfg.input),
+        "input_fingerprint": sources.fingerprint(cfg.input),
+        "format": spec.format,
+        "id_field": spec.id_field,
+        "text_field": spec.text_field,
+        "chunk_size": cfg.chunk_size,
+        "shard_index": cfg.shard_index,
+        "shard_count": cfg.shard_count,
+        "model": model,
+        "dimension": dim,
+        "normalize": o.normalize,
+        "truncate": o.truncate,
+        "dtype": cfg.dtype,
+    }
 
 
-async def _pump(cfg: JobConfig, spec: sources.SourceSpec, store: JobStore, embedder: ChunkEmbedder,
-                progress: _Progress) -> None:
+async def _pump(
+    cfg: JobConfig, spec: sources.SourceSpec, store: JobStore, embedder: ChunkEmbedder, progress: _Progress
+) -> None:
     queue: asyncio.Queue = asyncio.Queue(maxsize=cfg.concurrency)
 
     async def produce() -> None:
-        chunks = sources.iter_chunks(sources.iter_items(spec), cfg.chunk_size, cfg.shard_index, cfg.shard_count,
-                                     skip=frozenset(store.done))
+        chunks = sources.iter_chunks(
+            sources.iter_items(spec), cfg.chunk_size, cfg.shard_index, cfg.shard_count, skip=frozenset(store.done)
+        )
         for chunk in chunks:
             await queue.put(chunk)
         for _ in range(cfg.concurrency):
@@ -121,8 +149,9 @@ class _Progress:
 
     def __init__(self, total: int, done: int, bar: bool, log_every: float):
         self.total, self.done, self.log_every = total, done, log_every
-        self.bar = tqdm(total=total, initial=done, unit="text", unit_scale=True, smoothing=0.05,
-                        desc="embedding", disable=not bar)
+        self.bar = tqdm(
+            total=total, initial=done, unit="text", unit_scale=True, smoothing=0.05, desc="embedding", disable=not bar
+        )
         self.start, self.start_done, self.last_log = time.monotonic(), done, time.monotonic()
 
     def __enter__(self) -> _Progress:
@@ -139,5 +168,11 @@ class _Progress:
             self.last_log = now
             rate = (self.done - self.start_done) / max(now - self.start, 1e-9)
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-            log.info("%d/%d texts (%.1f%%), %.0f texts/s, ETA %.0fs", self.done, self.total,
-                     100.0 * self.done / max(self.total, 1), rate, eta)
+            log.info(
+                "%d/%d texts (%.1f%%), %.0f texts/s, ETA %.0fs",
+                self.done,
+                self.total,
+                100.0 * self.done / max(self.total, 1),
+                rate,
+                eta,
+            )

@@ -115,8 +115,13 @@ def shard_item_count(total: int, chunk_size: int, shard_index: int, shard_count:
     return count
 
 
-def iter_chunks(items: Iterator[Item], chunk_size: int, shard_index: int = 0, shard_count: int = 1,
-                skip: frozenset[int] = frozenset()) -> Iterator[Chunk]:
+def iter_chunks(
+    items: Iterator[Item],
+    chunk_size: int,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    skip: frozenset[int] = frozenset(),
+) -> Iterator[Chunk]:
     """The chunks of one shard, in order, leaving out those in `skip` (already done)."""
     chunk = Chunk(0)
     for item in items:
@@ -178,8 +183,7 @@ def _parquet_items(spec: SourceSpec) -> Iterator[Item]:
     pf = pq.ParquetFile(spec.path)
     names = pf.schema_arrow.names
     if spec.text_field not in names:
-        raise InputError(f"{spec.path}: no column {spec.text_field!r} (columns: {', '.join(names)}); "
-                         "pass --text-field")
+        raise InputError(f"{spec.path}: no column {spec.text_field!r} (columns: {', '.join(names)}); pass --text-field")
     has_id = spec.id_field in names
     columns = [spec.id_field, spec.text_field] if has_id else [spec.text_field]
     row = 0

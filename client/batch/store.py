@@ -91,8 +91,10 @@ class JobStore:
 
     def _check_header(self, old: dict[str, Any]) -> None:
         if changed := changed_parameters(old, self.header, _INFORMATIONAL):
-            raise LedgerMismatch(f"{self.work} holds a job with other parameters ({changed}); "
-                                 "rerun with the same parameters to resume, or pass --restart to start over")
+            raise LedgerMismatch(
+                f"{self.work} holds a job with other parameters ({changed}); "
+                "rerun with the same parameters to resume, or pass --restart to start over"
+            )
 
     def rows_done(self) -> int:
         return sum(r["rows"] + len(r["failures"]) for r in self.done.values())
@@ -185,7 +187,7 @@ def _merge_npy(parts: list[Path], output: Path, rows: int, dim: int, dtype: str)
         table = pq.read_table(part)
         n = table.num_rows
         flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        matrix[at:at + n] = flat.reshape(n, dim)  # (n, D)
+        matrix[at : at + n] = flat.reshape(n, dim)  # (n, D)
         ids.append(np.asarray(table.column("id").to_numpy(zero_copy_only=False)))
         at += n
     matrix.flush()
