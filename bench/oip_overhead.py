@@ -2,9 +2,10 @@
 
 One real `python -m service` over `--models`; alternating rounds of `--calls` sequential calls
 embedding the same `--texts` sentences: `inference.v1.EmbeddingService/Embed` (packed vectors,
-the cheaper v1 encoding) and `inference.GRPCInferenceService/ModelInfer` through tritonclient.grpc
-(raw tensors). Server CPU (user + system, /proc) and wall-clock per call, the ratio per round,
-and whether both returned the same vectors.
+the cheaper v1 encoding), `inference.GRPCInferenceService/ModelInfer` through tritonclient.grpc
+(raw tensors), and the REST binding through tritonclient.http with binary tensors (its default)
+and with JSON tensors. Server CPU (user + system, /proc) and wall-clock per call, each side's
+ratio to Embed per round, and whether all returned the same vectors.
 
     python -m bench.oip_overhead --models models --calls 200 --rounds 3
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import tritonclient.grpc as triton
+import tritonclient.http as triton_http
 
 from bench.common import ServiceProcess, conditions, emit, summary
 from bench.procstat import cpu_seconds
@@ -55,24 +57,34 @@ def main(argv: list[str] | None = None) -> int:
         client = triton.InferenceServerClient(server.address)
         tensor = triton.InferInput("text", [len(texts)], "BYTES")
         tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+        rest = triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
+        binary, json_text = (triton_http.InferInput("text", [len(texts)], "BYTES") for _ in range(2))
+        binary.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+        json_text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=False)
+        as_json = [triton_http.InferRequestedOutput("embedding", binary_data=False)]
         sides = {"v1_embed_packed": lambda: stub.Embed(request),
-                 "oip_model_infer": lambda: client.infer(args.model, [tensor])}
-        same = np.array_equal(packing.array(stub.Embed(request)), sides["oip_model_infer"]().as_numpy("embedding"))
+                 "oip_model_infer": lambda: client.infer(args.model, [tensor]),
+                 "oip_rest_binary": lambda: rest.infer(args.model, [binary]),
+                 "oip_rest_json": lambda: rest.infer(args.model, [json_text], outputs=as_json)}
+        reference = packing.array(stub.Embed(request))
+        same = all(np.array_equal(reference, sides[s]().as_numpy("embedding")) for s in list(sides)[1:])
         for call in sides.values():  # warm-up
             timed(server.proc.pid, call, 20)
         figures: dict[str, dict[str, list[float]]] = {s: {"cpu_ms": [], "wall_ms": []} for s in sides}
-        ratios = []
+        ratios: dict[str, list[float]] = {s: [] for s in list(sides)[1:]}
         for _ in range(args.rounds):
             for side, call in sides.items():
                 cpu, wall = timed(server.proc.pid, call, args.calls)
                 figures[side]["cpu_ms"].append(cpu)
                 figures[side]["wall_ms"].append(wall)
-            ratios.append(figures["oip_model_infer"]["cpu_ms"][-1] / figures["v1_embed_packed"]["cpu_ms"][-1])
+            for side in ratios:
+                ratios[side].append(figures[side]["cpu_ms"][-1] / figures["v1_embed_packed"]["cpu_ms"][-1])
     finally:
         server.stop()
     emit({"model": args.model, "texts_per_call": args.texts, "calls_per_round": args.calls, "same_vectors": same,
           **{side: {k: summary(v) for k, v in f.items()} for side, f in figures.items()},
-          "server_cpu_ratio_oip_over_v1": summary(ratios, 3), "conditions": [before, conditions()]})
+          **{f"server_cpu_ratio_{side}_over_v1": summary(r, 3) for side, r in ratios.items()},
+          "conditions": [before, conditions()]})
     return 0
 
 
