@@ -295,6 +295,29 @@ async def test_bearer_tokens_guard_the_routes_but_not_the_probes(start_server):
         await client.close()
 
 
+async def test_a_full_queue_is_429(start_server, fill_models_root):
+    """Room for 256 queued inputs, one input per forward pass: of two 256-input calls sent together,
+    the second finds the fill-mask queue full (as FillMask's own test in test_overload_doors.py)."""
+    srv = await start_server(
+        fill_models_root, compute_workers=1, embed_max_batch_size=1, embed_max_wait_ms=0.0, embed_max_queue=256
+    )
+    labels = {
+        "service": "GRPCInferenceService",
+        "method": "ModelInfer",
+        "model": "tiny-fill-mask",
+        "code": "RESOURCE_EXHAUSTED",
+        "protocol": "http",
+    }
+    before = metric("ts_requests_total", labels)
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [256], "data": ["a [MASK] sat"] * 256}]}
+    async with httpx.AsyncClient(base_url=srv.http_url, timeout=120) as http:
+        replies = await asyncio.gather(*(http.post("/v2/models/tiny-fill-mask/infer", json=body) for _ in range(2)))
+    assert sorted(r.status_code for r in replies) == [200, 429], [r.text[:200] for r in replies]
+    refused = next(r for r in replies if r.status_code == 429).json()["error"]
+    assert "tiny-fill-mask" in refused and "queue" in refused
+    assert metric("ts_requests_total", labels) == before + 1
+
+
 async def test_the_deadline_header_bounds_a_call(server, client):
     with pytest.raises(InferenceServerException) as caught:
         await client(
