@@ -12,6 +12,7 @@ error shape.
     POST /v1/translate     TranslationService/Translate (JSON of TranslateRequest/TranslateResponse)
     POST /v1/fill-mask     FillMaskService/FillMask     (JSON of FillMaskRequest/FillMaskResponse)
     GET  /health           200 while the service is SERVING, else 503 (warming up, draining); not counted
+    /v2/...                the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
 
 Authentication (and anything else every route must pass) goes in `build_app(middleware=...)`: one
 Starlette middleware in front of every route, answering with `errors.error_response`.
@@ -40,6 +41,7 @@ from service.http import completions, schemas, tokenization
 from service.http.body import read_json
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
+from service.kserve import rest as kserve_rest
 from service.translation import converters as translation_converters
 
 
@@ -166,6 +168,9 @@ async def _collect(runs: list) -> dict:
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own errors (unknown path, wrong method) in the same shape as every other."""
     code = CODE_OF_STATUS.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
+    if request.url.path.startswith("/v2"):  # the KServe routes' own error shape
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse({"error": message}, status_code=exc.status_code)
     return JSONResponse(error_body(code, f"{request.method} {request.url.path}: {exc.detail}"),
                         status_code=exc.status_code)
 
@@ -187,6 +192,7 @@ def build_app(cores: Cores, is_serving: Callable[[], bool], middleware: Sequence
         Route("/v1/translate", r.translate, methods=["POST"]),
         Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
         Route("/health", r.health, methods=["GET"]),
+        *kserve_rest.routes(cores),
     ], middleware=list(middleware), exception_handlers={HTTPException: _http_error})
     app.state.inflight = Inflight()
     app.state.worker_calls = worker_calls
