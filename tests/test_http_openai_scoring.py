@@ -23,8 +23,11 @@ SENTENCE = "Once upon a time, a cat sat on the mat."
 MODEL = "tiny-gpt"
 
 
-def sdk(server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
+@pytest.fixture
+async def client(server):
+    """The openai SDK on the server's HTTP port, closed after the test (no retries: they would hide a status)."""
+    async with openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0) as sdk:
+        yield sdk
 
 
 def reference(server, ids: list[int]) -> np.ndarray:
@@ -59,11 +62,11 @@ def check_offsets(text: str, logprobs) -> None:
 
 
 @pytest.mark.parametrize("as_ids", [False, True], ids=["text", "token-ids"])
-async def test_echo_scores_a_sentence_as_onnxruntime_does(server, as_ids):
+async def test_echo_scores_a_sentence_as_onnxruntime_does(server, as_ids, client):
     ids = await tokenize(server, SENTENCE)
     assert ids[0] == 0 and len(ids) > 10  # the start token the tokenizer prepends, then the sentence
     ref = reference(server, ids)  # (T-1, V)
-    reply = await sdk(server).completions.create(model=MODEL, prompt=ids if as_ids else SENTENCE, max_tokens=0,
+    reply = await client.completions.create(model=MODEL, prompt=ids if as_ids else SENTENCE, max_tokens=0,
                                                  echo=True, logprobs=3, temperature=0)
     choice = reply.choices[0]
     lp = choice.logprobs
@@ -84,9 +87,9 @@ async def test_echo_scores_a_sentence_as_onnxruntime_does(server, as_ids):
     assert reply.usage.prompt_tokens == len(ids) and reply.usage.completion_tokens == 0
 
 
-async def test_echo_with_new_tokens_scores_prompt_and_continuation(server):
+async def test_echo_with_new_tokens_scores_prompt_and_continuation(server, client):
     ids = await tokenize(server, SENTENCE)
-    reply = await sdk(server).completions.create(model=MODEL, prompt=SENTENCE, max_tokens=6, echo=True, logprobs=1,
+    reply = await client.completions.create(model=MODEL, prompt=SENTENCE, max_tokens=6, echo=True, logprobs=1,
                                                  temperature=0)
     choice = reply.choices[0]
     lp = choice.logprobs
@@ -108,9 +111,9 @@ async def grpc_ids(server, prompt: str, **params) -> list[int]:
     return list((await server.generation.Generate(generate_request(prompt, model=MODEL, **params))).token_ids)
 
 
-async def test_generated_tokens_logprobs_are_raw_and_offsets_follow_the_prompt(server):
+async def test_generated_tokens_logprobs_are_raw_and_offsets_follow_the_prompt(server, client):
     ids = await tokenize(server, SENTENCE)
-    reply = await sdk(server).completions.create(model=MODEL, prompt=SENTENCE, max_tokens=8, logprobs=2,
+    reply = await client.completions.create(model=MODEL, prompt=SENTENCE, max_tokens=8, logprobs=2,
                                                  temperature=0.8, seed=3)
     lp = reply.choices[0].logprobs
     generated = await grpc_ids(server, SENTENCE, max_new_tokens=8, temperature=0.8, seed=3)
@@ -122,8 +125,7 @@ async def test_generated_tokens_logprobs_are_raw_and_offsets_follow_the_prompt(s
     check_offsets(SENTENCE + reply.choices[0].text, lp)
 
 
-async def test_n_choices_are_their_own_seed_streams(server):
-    client = sdk(server)
+async def test_n_choices_are_their_own_seed_streams(server, client):
     many = await client.completions.create(model=MODEL, prompt=["Once upon", "The dog"], n=3, max_tokens=10,
                                            temperature=1.0, seed=11)
     assert [c.index for c in many.choices] == list(range(6))
@@ -138,8 +140,7 @@ async def test_n_choices_are_their_own_seed_streams(server):
     assert many.usage.prompt_tokens == prompts and many.usage.completion_tokens == completion_tokens
 
 
-async def test_token_id_prompts_generate_as_their_text(server):
-    client = sdk(server)
+async def test_token_id_prompts_generate_as_their_text(server, client):
     texts = ["Once upon a time", "A cat"]
     ids = [await tokenize(server, t) for t in texts]
     by_ids = await client.completions.create(model=MODEL, prompt=ids, max_tokens=12, temperature=0)
@@ -196,9 +197,9 @@ async def test_lm_eval_detects_the_remote_tokenizer(server):
     assert await asyncio.to_thread(probe) == (True, 0, SENTENCE)
 
 
-async def test_chat_completions_says_the_model_has_no_chat_template(server):
+async def test_chat_completions_says_the_model_has_no_chat_template(server, client):
     with pytest.raises(openai.BadRequestError) as err:
-        await sdk(server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert err.value.status_code == 400 and "plain language model" in err.value.message
 
 
@@ -221,8 +222,7 @@ async def test_bad_values_are_400_naming_the_field(server, body, field):
     assert error["code"] == "INVALID_ARGUMENT" and field in error["message"]
 
 
-async def test_stream_with_echo_and_logprobs_equals_the_whole_reply(server):
-    client = sdk(server)
+async def test_stream_with_echo_and_logprobs_equals_the_whole_reply(server, client):
     params = dict(model=MODEL, prompt=SENTENCE, max_tokens=10, echo=True, logprobs=2, temperature=0.7, seed=5)
     whole = (await client.completions.create(**params)).choices[0]
     events = [e async for e in await client.completions.create(stream=True, **params)]
