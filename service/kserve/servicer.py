@@ -13,8 +13,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
 
 from service.cores import Cores
-from service.embedding.grpc import deadline_of
-from service.errors import grpc_errors
+from service.errors import deadline_of, grpc_errors
 from service.kserve import converters, repository
 from service.kserve.dataplane import SERVER_NAME, DataPlane, server_version
 from service.proto import open_inference_grpc_pb2 as oip
