@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Kind:
         """The Settings field naming its default model: default_<kind>_model ("-" as "_")."""
         return f"default_{self.name.replace('-', '_')}_model"
 
-    def backend_class(self) -> type:
+    def backend_class(self) -> Any:
         module, _, attr = self.backend.partition(":")
         return getattr(importlib.import_module(module), attr)
 

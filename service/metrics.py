@@ -72,7 +72,8 @@ DROPPED = Counter(
 )
 WORKER_RPCS = Counter(
     "ts_worker_rpcs",
-    "calls (gRPC and HTTP) accepted by each worker process (health checks and reflection aside); only with --workers > 1",
+    "calls (gRPC and HTTP) accepted by each worker process (health checks and reflection aside); "
+    "only with --workers > 1",
     ["worker"],
 )
 

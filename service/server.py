@@ -17,6 +17,7 @@ import importlib
 import logging
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -70,7 +71,7 @@ class Server:
         self.http: HttpServer | None = None
         self.serving = False  # the overall health status is SERVING (HTTP's /health reads it)
         self.metrics_port: int | None = None
-        self._metrics_server = None
+        self._metrics_server: Any = None
         self._stopping: asyncio.Task | None = None
         self.memory = MemoryTrimmer()
         self._trimming: asyncio.Task | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from service.core import check_inputs
 from service.errors import label_model
 from service.registry import ModelRegistry
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.embedding.model import EmbeddingModel
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class EmbeddingCore:
         start = time.perf_counter()
         check_inputs(query.inputs, self.settings.embed_max_inputs, "text to embed",
                      "split the call (or use EmbedStream)")
-        model = self.registry.get("embedding", query.model)
+        model = cast("EmbeddingModel", self.registry.get("embedding", query.model))
         label_model(model.name)
         r = await model.embed(query.inputs, query.normalize, query.truncate, query.dimensions, deadline)
         return Embeddings(model.name, r.embeddings, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s,

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from service.core import check_inputs
 from service.errors import label_model
 from service.fillmask.model import Candidate
 from service.registry import ModelRegistry
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.fillmask.model import FillMaskModel
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class FillMaskCore:
         """Validates (Embed's input limits; masks and top_k by the model), admits and fills; raises ServiceError."""
         start = time.perf_counter()
         check_inputs(query.inputs, self.settings.embed_max_inputs, "text holding a [MASK]")
-        model = self.registry.get("fill-mask", query.model)
+        model = cast("FillMaskModel", self.registry.get("fill-mask", query.model))
         label_model(model.name)
         r = await model.fill(query.inputs, query.top_k, deadline)
         return FilledMasks(model.name, r.results, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s,

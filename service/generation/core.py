@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from service.errors import DeadlineExceeded, InvalidArgument, label_model
 from service.generation.decoding import SamplingParams
@@ -22,6 +23,9 @@ __all__ = ["EOS", "LENGTH", "STOP", "Chunk", "GenerateQuery", "Generation", "Gen
            "TokenizerInfo", "Tokens"]
 
 MAX_STREAM_INTERVAL_MS = 1000
+
+if TYPE_CHECKING:
+    from service.generation.model import GenerationModel
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Generation:
         """Ends the generation (idempotent): its row is freed at the scheduler's next step."""
         if self._timer is not None:
             self._timer.cancel()
-            if time.monotonic() >= self._deadline:  # the door's own deadline came first: still "expired"
+            if self._deadline is not None and time.monotonic() >= self._deadline:  # the door's deadline fired first
                 self._expired()
         self._handle.cancel()
 
@@ -76,7 +80,7 @@ class GenerationCore:
         if query.stream_interval_ms > MAX_STREAM_INTERVAL_MS:
             raise InvalidArgument(f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
                                   f"soon as they are ready), got {query.stream_interval_ms}")
-        model = self.registry.get("generation", query.model)
+        model = cast("GenerationModel", self.registry.get("generation", query.model))
         label_model(model.name)
         if isinstance(query.prompt, list):
             handle = model.submit_ids(query.prompt, query.params, query.prompt_name)

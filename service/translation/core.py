@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from service.core import check_inputs
 from service.errors import label_model
@@ -11,6 +12,9 @@ from service.generation.sequence import Timings
 from service.registry import ModelRegistry
 from service.settings import Settings
 from service.translation.model import TranslateOptions, Translation
+
+if TYPE_CHECKING:
+    from service.translation.model import TranslationModel
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class TranslationCore:
         """Validates, admits (queue places per source, before tokenizing) and translates; raises ServiceError."""
         start = time.perf_counter()
         check_inputs(query.inputs, self.settings.translate_max_inputs, "sentence to translate")
-        model = self.registry.get("translation", query.model)
+        model = cast("TranslationModel", self.registry.get("translation", query.model))
         label_model(model.name)
         r = await model.translate(query.inputs, query.options, deadline)
         r.timings.total_ms = (time.perf_counter() - start) * 1e3

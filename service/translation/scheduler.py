@@ -133,7 +133,8 @@ class Seq2SeqScheduler:
         if self._solo and self.members:
             return []
         rows = sum(it.search.k for it in self.members.values())  # live rows (cancelled ones leave at the next turn)
-        self._solo, out, now = False, [], time.perf_counter()
+        out: list[Item] = []
+        self._solo, now = False, time.perf_counter()
         while self.queue:
             it = self.queue[0]
             if self._dropped(it):
