@@ -63,7 +63,7 @@ def test_flags_take_the_shard_from_the_indexed_job(monkeypatch, tmp_path):
     cfg = cli.job_config(args)
     assert (cfg.shard_index, cfg.shard_count, cfg.output) == (3, 4, Path("o-3.npy"))
     for bad in (["--shard-count", "2"], ["--output", "o.csv"], ["--batch-size", "0"]):
-        argv = [str(tmp_path / "in.txt"), "--output", "o.npy", "--shard-count", "4"] + bad
+        argv = [str(tmp_path / "in.txt"), "--output", "o.npy", "--shard-count", "4", *bad]
         with pytest.raises(ValueError):
             cli.job_config(cli.build_parser().parse_args(argv))
     assert cli.main([str(tmp_path / "in.txt"), "--output", "o.csv"]) == 2

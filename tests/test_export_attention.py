@@ -20,7 +20,7 @@ def _rows(kind: str) -> list:
     ids = [tok.encode(t).ids for t in TEXTS]
     if kind != "translation":
         return ids
-    return [(s, [1, *t[: 3 + 4 * i]]) for i, (s, t) in enumerate(zip(ids, reversed(ids)))]
+    return [(s, [1, *t[: 3 + 4 * i]]) for i, (s, t) in enumerate(zip(ids, reversed(ids), strict=True))]
 
 
 @pytest.mark.parametrize("kind", list(NAMES))
@@ -41,7 +41,7 @@ def test_graph_matches_pytorch_and_respects_masks(tiny_models_root, kind):
     sess = parity.session(md.file(md.manifest.graph("attention").file))
     feeds = attention._feeds(model, _rows(kind))
     names = [o.name for o in sess.get_outputs()]
-    got = dict(zip(names, sess.run(names, feeds)))
+    got = dict(zip(names, sess.run(names, feeds), strict=True))
     inputs = [torch.from_numpy(feeds[i.name]) for i in sess.get_inputs()]
     with torch.no_grad():
         if kind == "translation":  # encode + teacher-forced decode, three groups of maps
@@ -51,7 +51,7 @@ def test_graph_matches_pytorch_and_respects_masks(tiny_models_root, kind):
             blocks = model.encoder.blocks if kind == "fill-mask" else model.blocks
             ref = attention.recorded([[b.attn for b in blocks]], lambda: run(*inputs))
     assert len(ref) == len(names)
-    for name, r in zip(names, ref):
+    for name, r in zip(names, ref, strict=True):
         g = got[name]  # (B, H, T, S)
         assert np.abs(g - r.numpy()).max() <= 1e-5, name
         np.testing.assert_allclose(g.sum(-1), 1.0, atol=1e-5)

@@ -70,7 +70,7 @@ def test_matches_the_formula_and_stays_close_to_fp32(graphs):
     x[1, 2] = 0.0  # an all-zero row: its scale floor keeps it finite
     x[2, 0] *= 100.0  # one loud row does not coarsen the others
     y1, y2, z, u = sessions["int8"].run(None, {"x": x})
-    f1, f2, fz, _ = sessions["fp32"].run(None, {"x": x})
+    f1, f2, _fz, _ = sessions["fp32"].run(None, {"x": x})
     np.testing.assert_allclose(y1, _reference(x, weights["w1"]), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(y2, _reference(x, weights["w2"]), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(u, _reference(np.maximum(x, 0), weights["w1"]), rtol=1e-5, atol=1e-6)
@@ -87,5 +87,5 @@ def test_a_row_gives_the_same_bits_alone_and_in_any_batch(graphs):
     together = sessions["int8"].run(["y1", "y2"], {"x": crowd})
     for i in range(8):
         alone = sessions["int8"].run(["y1", "y2"], {"x": crowd[i: i + 1]})
-        for a, t in zip(alone, together):
+        for a, t in zip(alone, together, strict=True):
             assert np.array_equal(a[0], t[i])

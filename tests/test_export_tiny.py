@@ -53,8 +53,10 @@ def test_decoder_graph_io_follows_the_kv_contract(tiny_models_root):
     assert names[:4] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
     assert [(t.dtype, t.shape) for t in g.inputs[2:4]] == [("int32", ["batch"]), ("int32", [])]
     assert names[4:] == [f"past_key_values.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
-    assert [t.name for t in g.outputs] == ["logits"] + [f"present.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
-    buffer = ["batch", m.architecture["n_heads"], "max_sequence", m.architecture["d_model"] // m.architecture["n_heads"]]
+    presents = [f"present.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
+    assert [t.name for t in g.outputs] == ["logits", *presents]
+    heads = m.architecture["n_heads"]
+    buffer = ["batch", heads, "max_sequence", m.architecture["d_model"] // heads]
     assert g.inputs[4].shape == buffer and g.outputs[1].shape == buffer  # present is the past buffer
     assert m.format_version == 2
 

@@ -63,7 +63,7 @@ def _greedy(cache: SlotCache, prompts: list[list[int]], steps: int, leave_at: in
             order = cache.keep([i for i in range(len(alive)) if i != 1])
             alive = [alive[i] for i in order]
         logits = cache.step([out[r][-1] for r in alive])
-        for r, t in zip(alive, logits.argmax(-1)):
+        for r, t in zip(alive, logits.argmax(-1), strict=True):
             out[r].append(int(t))
     return out
 
@@ -117,7 +117,7 @@ def test_row_copier_moves_rows_like_numpy():
     copier = RowCopier(["CPUExecutionProvider"], "cpu", [v.data_ptr() for v in values], row_bytes)
     keep = [0, 2, 4, 5]
     copier.move([(dst, src) for dst, src in enumerate(keep) if dst != src])
-    for d, v in zip(data, values):
+    for d, v in zip(data, values, strict=True):
         np.testing.assert_array_equal(v.numpy()[: len(keep)], d[keep])
 
 

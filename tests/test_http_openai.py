@@ -111,9 +111,8 @@ async def test_full_queue_is_429_rate_limit(srv):
 
 
 async def test_deadline_is_504(srv):
-    async with BlockedExecutor(srv.server.runtime):
-        async with httpx.AsyncClient(base_url=srv.http_url) as http:
-            reply = await http.post("/v1/embeddings", json={"input": "late"}, headers={"X-Request-Timeout": "0.2"})
+    async with BlockedExecutor(srv.server.runtime), httpx.AsyncClient(base_url=srv.http_url) as http:
+        reply = await http.post("/v1/embeddings", json={"input": "late"}, headers={"X-Request-Timeout": "0.2"})
     assert reply.status_code == 504 and reply.json()["error"]["code"] == "DEADLINE_EXCEEDED"
 
 
@@ -244,11 +243,11 @@ async def test_a_stream_whose_client_leaves_is_cancelled_and_freed(start_server)
               "protocol": "http"}
     cancelled = metric("ts_requests_total", labels)
     body = {"prompt": "Once upon a time", "max_tokens": 60, "stream": True}
-    async with httpx.AsyncClient(base_url=running.http_url) as http:
-        async with BlockedExecutor(running.server.runtime):  # no token can be computed meanwhile
-            async with http.stream("POST", "/v1/completions", json=body) as reply:
-                assert reply.status_code == 200  # headers out: the generation is admitted and queued
-            await until(lambda: metric("ts_requests_total", labels) == cancelled + 1)  # the client left
+    # BlockedExecutor: no token can be computed meanwhile
+    async with httpx.AsyncClient(base_url=running.http_url) as http, BlockedExecutor(running.server.runtime):
+        async with http.stream("POST", "/v1/completions", json=body) as reply:
+            assert reply.status_code == 200  # headers out: the generation is admitted and queued
+        await until(lambda: metric("ts_requests_total", labels) == cancelled + 1)  # the client left
     await until(lambda: running.server.http._inflight.count == 0)
     await until(lambda: metric("ts_generations_in_flight", {"model": "tiny-gpt"}) == 0)  # its row freed
 

@@ -198,4 +198,5 @@ async def test_reflection_describes_the_service(server):
             reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.v1.EmbeddingService")]
     listed, kserve_file, v1_file = [r async for r in stub.ServerReflectionInfo(iter(asks))]
     assert "inference.GRPCInferenceService" in {s.name for s in listed.list_services_response.service}
-    assert kserve_file.file_descriptor_response.file_descriptor_proto and v1_file.file_descriptor_response.file_descriptor_proto
+    assert kserve_file.file_descriptor_response.file_descriptor_proto
+    assert v1_file.file_descriptor_response.file_descriptor_proto

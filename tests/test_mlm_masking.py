@@ -69,7 +69,7 @@ def test_whole_word_masking_takes_every_piece_of_a_word():
 def test_same_generator_seed_same_masking():
     ids, special = _sample()
     a, b = _mask(ids[:64], special[:64], seed=7), _mask(ids[:64], special[:64], seed=7)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[1], _mask(ids[:64], special[:64], seed=8)[1])
 
 

@@ -44,9 +44,9 @@ def _reference(kind: str, source: list[int], decoder: list[int] | None = None) -
 
 def _check_maps(response: pb.AttentionResponse, reference: list[np.ndarray], kinds: list[int]) -> None:
     """Every map equals PyTorch's (in kind, layer, head order), rows sum to 1, causal is lower-triangular."""
-    flat = [(kind, ref[h]) for kind, ref in zip(kinds, reference) for h in range(ref.shape[0])]
+    flat = [(kind, ref[h]) for kind, ref in zip(kinds, reference, strict=True) for h in range(ref.shape[0])]
     assert [m.kind for m in response.maps] == [k for k, _ in flat]
-    for m, (_, ref) in zip(response.maps, flat):
+    for m, (_, ref) in zip(response.maps, flat, strict=True):
         w = _weights(m)
         assert np.abs(w - ref).max() <= 1e-5
         np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
@@ -176,7 +176,7 @@ async def test_attention_calls_beyond_the_cap_are_resource_exhausted(start_serve
     srv = await start_server(attention_max_in_flight=1, compute_workers=1)
     labels = {"service": "InspectionService", "method": "Attention", "model": "tiny-embed", "protocol": "grpc"}
     refused_before = metric("ts_requests_total", {**labels, "code": "RESOURCE_EXHAUSTED"})
-    request = pb.AttentionRequest(text="x" * (MAX_INPUT_TOKENS["embedding"] - 2))  # the longest input: [CLS] + 46 + [SEP]
+    request = pb.AttentionRequest(text="x" * (MAX_INPUT_TOKENS["embedding"] - 2))  # [CLS] + 46 + [SEP]: the longest
     outcomes = await asyncio.gather(*[_stub(srv).Attention(request) for _ in range(24)], return_exceptions=True)
     refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
     served = [o for o in outcomes if isinstance(o, pb.AttentionResponse)]

@@ -31,7 +31,7 @@ class BlockedExecutor:
         self.started.set()
         self.release_event.wait(30)
 
-    async def __aenter__(self) -> "BlockedExecutor":
+    async def __aenter__(self) -> BlockedExecutor:
         await asyncio.to_thread(self.started.wait, 30)
         return self
 

@@ -53,7 +53,7 @@ async def test_embed_options_apply_to_their_own_rows(start_server, embed_models_
     passes, inputs = forward_passes("tiny-embed"), sum(len(r.inputs) for r in requests)
     crowd = await asyncio.gather(*(outcome(srv.embedding.Embed(r)) for r in requests))
     assert forward_passes("tiny-embed") - passes < inputs / 2  # the crowd shared forward passes
-    for request, (code, response), (crowd_code, crowd_response) in zip(requests, alone, crowd):
+    for request, (code, response), (crowd_code, crowd_response) in zip(requests, alone, crowd, strict=True):
         assert crowd_code == code, request
         if code != "OK":
             too_long = "x" * 120 in request.inputs
@@ -107,7 +107,7 @@ async def test_generate_options_apply_to_their_own_rows(server):
     shared = (metric("ts_generation_batch_size_count", {"model": "tiny-gpt"}) - steps
               - (metric("ts_generation_batch_size_bucket", {"model": "tiny-gpt", "le": "1.0"}) - single))
     assert shared > 0  # some decode steps ran several of the crowd's rows together
-    for request, want, got_unary, got_stream in zip(requests, alone, crowd[0::2], crowd[1::2]):
+    for request, want, got_unary, got_stream in zip(requests, alone, crowd[0::2], crowd[1::2], strict=True):
         assert unary(got_unary) == want, request
         assert got_stream == want, request
     sampled = alone[5:]

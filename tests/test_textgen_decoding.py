@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,7 +21,8 @@ from service.generation.decoding import (
     next_token,
 )
 
-CORPUS = ["Once upon a time there was a little cat.", "Le chat est très mignon, n'est-ce pas ?", "日本語のテキスト 🐱🐶"]
+CORPUS = ["Once upon a time there was a little cat.", "Le chat est très mignon, n'est-ce pas ?",
+          "日本語のテキスト 🐱🐶"]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +169,7 @@ def test_stop_prefix_released_when_it_does_not_match():
 def test_stop_matcher_equals_cutting_the_whole_text(text, cuts, stop):
     bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
     m = StopMatcher((stop,))
-    out = "".join(m.push(text[a:b]) for a, b in zip(bounds, bounds[1:])) + m.flush()
+    out = "".join(m.push(text[a:b]) for a, b in itertools.pairwise(bounds)) + m.flush()
     i = text.find(stop)
     assert out == (text[:i] if i >= 0 else text)
     assert m.stopped == (i >= 0)

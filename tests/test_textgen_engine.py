@@ -75,8 +75,8 @@ async def test_concurrent_greedy_equals_alone_and_cache_is_compacted(runtime, ti
     its own, so a row's tokens cannot depend on its neighbours."""
     model = await load(GenerationModel, runtime, tiny_models_root, "tiny-gpt", variant)
     lengths = [5, 30, 12, 25, 8, 17]
-    alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths)]
-    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths)))
+    alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths, strict=True)]
+    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths, strict=True)))
     assert list(crowd) == alone
     assert model.scheduler.idle and model.scheduler.cache.rows == 0 and model.scheduler.cache.tokens == 0
     await model.stop()
@@ -136,7 +136,7 @@ async def test_translation_greedy_matches_pytorch_and_beam_one(runtime, tiny_mod
     ref = _torch_translator(model)
     greedy = await model.translate(SOURCES, TranslateOptions(max_length=24))
     beam1 = await model.translate(SOURCES, TranslateOptions(beam_size=1, max_length=24, length_penalty=1.0))
-    for text, out in zip(SOURCES, greedy.translations):
+    for text, out in zip(SOURCES, greedy.translations, strict=True):
         src = _ids(model, text)
         expected = ref.greedy_decode(src, torch.ones_like(src), 24)[0]
         assert out.text == model.tokenizer.decode(expected, skip_special_tokens=True)
@@ -177,9 +177,9 @@ async def test_beam_score_is_length_normalised_logprob(runtime, tiny_models_root
     ref = _torch_translator(model)
     lp = 0.8
     result = await model.translate(SOURCES, TranslateOptions(beam_size=4, max_length=24, length_penalty=lp))
-    for text, out in zip(SOURCES, result.translations):
+    for text, out in zip(SOURCES, result.translations, strict=True):
         src, tokens = _ids(model, text), out.token_ids
-        ys = torch.tensor([[model.start_id] + tokens[:-1]])
+        ys = torch.tensor([[model.start_id, *tokens[:-1]]])
         with torch.no_grad():
             logits = ref(src, torch.ones_like(src), ys, torch.ones_like(ys))[0].numpy()  # (T, V)
         logp = log_softmax(logits)[np.arange(len(tokens)), tokens].sum()

@@ -69,12 +69,12 @@ async def failure_of(handle) -> ServiceError:
 
 
 async def test_a_row_whose_text_or_sampling_fails_fails_alone(model):
-    alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+    alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
     text_fails = submit_sequence(model, "Once upon a time", FailingTokenizer(model.tokenizer, after=7),
                                  max_new_tokens=30)
     sampling_fails = submit_sequence(model, "The cat", max_new_tokens=30, temperature=0.8)
     sampling_fails.sequence.sampling.rng = FailingGenerator()
-    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)),
+    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)),
                                  failure_of(text_fails), failure_of(sampling_fails))
     assert list(crowd[: len(PROMPTS)]) == alone
     text_error, sampling_error = crowd[len(PROMPTS):]
@@ -87,17 +87,17 @@ async def test_a_row_whose_text_or_sampling_fails_fails_alone(model):
 async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_alone(model):
     """The graph raises whenever one poison row is in the batch: its neighbours are re-prefilled from
     their tokens so far and end with the tokens they get alone; the poison row fails by itself."""
-    alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+    alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
     sched, cache = model.scheduler, model.scheduler.cache
     poison = submit_sequence(model, "Tom", max_new_tokens=30)
     real_prefill, real_step = cache.prefill, cache.step
     calls = {"prefill": 0, "step": 0}
 
-    def prefill(prompts):
+    def prefill(prompts, every_position=False):
         calls["prefill"] += 1
         if poison.sequence.cache_ids in prompts and poison.sequence.retried:
             raise RuntimeError("injected prefill failure")
-        return real_prefill(prompts)
+        return real_prefill(prompts, every_position=every_position)
 
     def step(tokens):
         calls["step"] += 1
@@ -106,7 +106,7 @@ async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_a
         return real_step(tokens)
 
     cache.prefill, cache.step = prefill, step
-    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)),
+    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)),
                                  failure_of(poison))
     assert list(crowd[: len(PROMPTS)]) == alone
     assert crowd[-1].code == grpc.StatusCode.INTERNAL and "failed twice" in crowd[-1].message

@@ -38,13 +38,13 @@ def test_batched_sampling_equals_the_per_row_reference(batch):
     vocab, params, dtype, ties, seed = batch
     data = np.random.default_rng(seed)
     seen = [data.integers(0, vocab, size=data.integers(0, 12)) for _ in params]
-    rows = [Row(p, s, make_rng(p.seed)) for p, s in zip(params, seen)]
+    rows = [Row(p, s, make_rng(p.seed)) for p, s in zip(params, seen, strict=True)]
     reference_rngs = [make_rng(p.seed) for p in params]
     for _ in range(3):  # consecutive steps: every row's generator must advance as the reference's does
         logits = data.normal(0, 3, size=(len(params), vocab))
         logits = (np.round(logits, 1) if ties else logits).astype(dtype)
         expected = []
-        for row, p, s, rng in zip(logits, params, seen, reference_rngs):
+        for row, p, s, rng in zip(logits, params, seen, reference_rngs, strict=True):
             penalised = s if p.repetition_penalty not in (0.0, 1.0) else s[:0]
             expected.append(next_token(row, p, penalised, rng))
         assert choose_tokens(logits, rows) == expected

@@ -52,7 +52,7 @@ async def test_steps_while_the_loop_is_busy_go_out_in_one_hand_off_and_join(runt
     assert len(wakeups) == 1 and len(sched._outbox) == 19 and not sched.running
     await asyncio.sleep(0)
     assert not sched._outbox
-    for handle, expected in zip(handles, alone):
+    for handle, expected in zip(handles, alone, strict=True):
         chunks = [await handle.__anext__(), *handle.ready()]
         assert chunks[-1].finish_reason is not None
         assert [t for c in chunks for t in c.token_ids] == expected

@@ -47,7 +47,8 @@ async def test_stop_sequence_is_cut_in_unary_and_stream(server):
     assert len(full.text) > 12
     stop = full.text[8:11]
     expected = full.text[: full.text.find(stop)]
-    cut = await server.generation.Generate(generate_request("Once upon a time", max_new_tokens=40, stop=[stop, "\x00zz"]))
+    request = generate_request("Once upon a time", max_new_tokens=40, stop=[stop, "\x00zz"])
+    cut = await server.generation.Generate(request)
     assert cut.text == expected and cut.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
     chunks = await generate_stream(server, "Once upon a time", max_new_tokens=40, stop=[stop])
     assert "".join(c.text for c in chunks) == expected

@@ -30,8 +30,8 @@ def trained(model, trainer, normalizer=None, pre_tokenizer=None) -> Tokenizer:
 
 
 def byte_level() -> Tokenizer:
-    return trained(models.BPE(), trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
-                   pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=False))
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return trained(models.BPE(), trainer, pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=False))
 
 
 def metaspace_unk() -> Tokenizer:
@@ -56,9 +56,11 @@ def nfc_byte_level() -> Tokenizer:
 BOUNDED = {"byte-level BPE": byte_level, "Metaspace BPE with <unk>": metaspace_unk, "byte fallback": llama_like,
            "NFC": nfc_byte_level}
 UNBOUNDED = {
-    "WordPiece": lambda: trained(models.WordPiece(unk_token="[UNK]"), trainers.WordPieceTrainer(special_tokens=["[UNK]"]),
+    "WordPiece": lambda: trained(models.WordPiece(unk_token="[UNK]"),
+                                 trainers.WordPieceTrainer(special_tokens=["[UNK]"]),
                                  normalizers.BertNormalizer(), pre_tokenizers.BertPreTokenizer()),
-    "fuse_unk": lambda: trained(models.BPE(unk_token="<unk>", fuse_unk=True), trainers.BpeTrainer(special_tokens=["<unk>"])),
+    "fuse_unk": lambda: trained(models.BPE(unk_token="<unk>", fuse_unk=True),
+                                trainers.BpeTrainer(special_tokens=["<unk>"])),
     "Unigram": lambda: trained(models.Unigram(), trainers.UnigramTrainer(unk_token="<unk>", special_tokens=["<unk>"])),
     "Strip": lambda: _with(byte_level(), normalizer=normalizers.Strip()),
     "Whitespace": lambda: trained(models.BPE(unk_token="<unk>"), trainers.BpeTrainer(special_tokens=["<unk>"]),

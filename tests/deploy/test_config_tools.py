@@ -95,8 +95,8 @@ def _metric_names() -> set[str]:
     """Every sample name the service can export (prometheus_client's registry after import)."""
     from prometheus_client import REGISTRY
 
-    import service.auth  # noqa: F401
-    import service.generation.metrics  # noqa: F401
+    import service.auth
+    import service.generation.metrics
     import service.metrics  # noqa: F401
 
     names = set()

@@ -108,7 +108,8 @@ def test_secure_overlay_mounts_tls_and_tokens_from_secrets():
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         command = container[probe]["exec"]["command"]
         assert "grpc" not in container[probe] and command[:3] == ["python", "-m", "client"]
-        assert command[-1] == "health" and container[probe]["timeoutSeconds"] > float(command[command.index("--timeout") + 1])
+        timeout = float(command[command.index("--timeout") + 1])
+        assert command[-1] == "health" and container[probe]["timeoutSeconds"] > timeout
     assert int(env["TS_WORKERS"]) * int(env["TS_COMPUTE_WORKERS"]) == cpus(container["resources"]["limits"]["cpu"])
 
 
