@@ -1,16 +1,11 @@
-"""The cores every door calls: one per model kind, plain values in and out, built once per process.
-
-A core (`service/<kind>/core.py`) takes a dataclass query and a deadline (a `time.monotonic()`
-instant or None) and returns a dataclass of plain values and numpy arrays, never protobuf or JSON,
-so it could run in another process. It owns the call's validation (one place per rule, errors
-from service/errors.py), resolves the model, admits the call (service/admission.py) before any
-work, and counts it in the metrics. The doors (each kind's grpc.py, service/http/,
-service/kserve/) only convert to and from these values. docs/design/request-paths.md draws the path.
+"""What the per-kind cores share. A core (`service/<kind>/core.py`) takes a dataclass query and a deadline
+(a `time.monotonic()` instant or None) and returns a dataclass of plain values and numpy arrays, never
+protobuf or JSON, so it could run in another process; it validates (one place per rule, errors from
+service/errors.py), resolves the model, and the model admits the call (service/admission.py) before
+any work. The doors only convert (docs/design/request-paths.md); service/cores.py builds the cores.
 """
 
 from __future__ import annotations
-
-import time
 
 from service.errors import InvalidArgument
 
@@ -25,8 +20,3 @@ def check_inputs(inputs: list[str], limit: int, what: str, split: str = "split t
     for i, text in enumerate(inputs):
         if not text:
             raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
-
-
-def remaining(deadline: float | None) -> float | None:
-    """Seconds left before `deadline` (None: no deadline)."""
-    return None if deadline is None else deadline - time.monotonic()
