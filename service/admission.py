@@ -45,8 +45,8 @@ class Admission:
     def __init__(self, kind: str, model: str, capacity: int, unit: str, *, gate: Gate | None = None,
                  waiting: Callable[[], int] | None = None):
         """kind, model and unit name the queue in messages ("fill-mask", "queued inputs"; model "": a pool
-        shared by every model); `waiting` counts
-        the items already queued (they hold their places until they leave the queue)."""
+        shared by every model); `waiting` counts the items already queued, which hold their places
+        until they leave the queue (None: a compute pool, nothing waits)."""
         self.kind, self.model, self.capacity, self.unit = kind, model, capacity, unit
         self.gate = gate or Gate()
         self.queue = waiting is not None  # places of a queue (else of a compute pool: none wait)
