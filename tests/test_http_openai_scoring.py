@@ -253,3 +253,23 @@ async def test_scoring_takes_places_in_the_generation_queue(start_server):
         ref = reference(srv, prompt)
         expected = ref[np.arange(len(prompt) - 1), prompt[1:]]
         assert np.allclose(choice["logprobs"]["token_logprobs"][1:], expected, atol=1e-4, rtol=0)
+
+
+async def test_echo_with_n_choices_shares_the_prompt_scores(server, client):
+    ids = await tokenize(server, SENTENCE)
+    prompt_part = len(ids)
+    many = await client.completions.create(model=MODEL, prompt=SENTENCE, n=3, max_tokens=4, echo=True, logprobs=1,
+                                           temperature=1.0, seed=21)
+    first = many.choices[0].logprobs
+    for j, choice in enumerate(many.choices):
+        alone = (await client.completions.create(model=MODEL, prompt=SENTENCE, max_tokens=4, echo=True, logprobs=1,
+                                                 temperature=1.0, seed=21 + j)).choices[0]
+        assert choice.text == alone.text and choice.logprobs.tokens == alone.logprobs.tokens
+        assert choice.logprobs.token_logprobs[:prompt_part] == first.token_logprobs[:prompt_part]
+        assert np.allclose(choice.logprobs.token_logprobs[1:], alone.logprobs.token_logprobs[1:], atol=1e-5, rtol=0)
+    scored = await client.completions.create(model=MODEL, prompt=[ids, ids[:5]], n=2, max_tokens=0, echo=True,
+                                             logprobs=0)
+    assert [c.index for c in scored.choices] == [0, 1, 2, 3] and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs == scored.choices[1].logprobs and scored.choices[2].text == scored.choices[3].text
+    assert scored.usage.prompt_tokens == len(ids) + 5
+    assert all(len(top) == 1 for top in scored.choices[0].logprobs.top_logprobs[1:])  # logprobs 0: the token alone
