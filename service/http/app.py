@@ -67,7 +67,7 @@ class Routes:
         if query.stream:
             call.method = "GenerateStream"
         runs = await self._generate(query, call.deadline)  # refusals here, before any 200
-        completion = schemas.Completion(runs[0][1].model)
+        completion = completions.Completion(runs[0][1].model)
         tokens = self.cores.generation.tokens(completion.model)  # token texts, text offsets
         if query.stream:
             choice = completions.Choice(tokens, query.prompts[0], query.echo, query.logprobs)
@@ -95,7 +95,7 @@ class Routes:
         return runs
 
     @staticmethod
-    async def _chunks(generation, completion: schemas.Completion, choice: completions.Choice):
+    async def _chunks(generation, completion: completions.Completion, choice: completions.Choice):
         # The response cancels the generation when it ends: a client gone frees its cache row; the
         # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
         async for chunk in generation:

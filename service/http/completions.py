@@ -18,19 +18,29 @@ counts from the completion's start without echo); a special token the text leave
 from __future__ import annotations
 
 import dataclasses
+import time
+import uuid
 from dataclasses import dataclass
 
 from service.errors import InvalidArgument
-from service.generation.core import Chunk, Tokens
+from service.generation.core import EOS, LENGTH, STOP, Chunk, Tokens
 from service.generation.decoding import IncrementalDetokenizer, SamplingParams
 from service.generation.scoring import TokenLogprobs
-from service.http.schemas import FINISH, FLOAT32, UINT64, field, refuse_unsupported, strings, text
+from service.http.schemas import FLOAT32, UINT64, field, refuse_unsupported, strings, text
 
 MAX_LOGPROBS = 5  # OpenAI's limit for completions
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # prompts x n in one request; each takes a place in the generation queue
 
 Prompt = str | list[int]
+FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
+
+
+class Completion:
+    """The id and timestamp one completion's response or stream events share."""
+
+    def __init__(self, model: str):
+        self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,8 @@ def runs(request: CompletionRequest) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(request.prompts)) for j in range(n)]
 
 
-def response(request: CompletionRequest, completion, tokens: Tokens, results: dict[tuple[int, int], Chunk]) -> dict:
+def response(request: CompletionRequest, completion: Completion, tokens: Tokens,
+             results: dict[tuple[int, int], Chunk]) -> dict:
     """The completion response: results (prompt, choice) -> the choice's joined chunk; a
     score-only request's choice 0 stands for all n."""
     choices, prompt_tokens, completion_tokens = [], 0, 0
@@ -208,7 +219,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def event(completion, choice: Choice, chunk: Chunk) -> dict:
+def event(completion: Completion, choice: Choice, chunk: Chunk) -> dict:
     """A stream event of a one-choice completion; the last one carries the finish reason and usage."""
     text, lp = choice.part(chunk)
     reason = None if chunk.finish_reason is None else FINISH[chunk.finish_reason]

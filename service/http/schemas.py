@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import base64
 import math
-import time
-import uuid
 from typing import Any
 
 from google.protobuf import json_format
@@ -24,12 +22,10 @@ from google.protobuf.descriptor import FieldDescriptor
 from service.converters import float32
 from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
-from service.generation.core import EOS, LENGTH, STOP, Chunk
 from service.packing import WIRE_DTYPE
 from service.proto import inference_pb2 as pb
 
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
-FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
 _TYPES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array"}
 UINT32, UINT64 = 2**32 - 1, 2**64 - 1  # the proto fields' ranges: beyond them protobuf raises
 FLOAT32 = 3.4e38  # a proto float; a larger JSON number would become inf
@@ -101,57 +97,6 @@ def embed_response(answer: Embeddings, packed: bool) -> dict:
     tokens = answer.input_tokens
     return {"object": "list", "data": data, "model": answer.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-
-def generate_request(body: dict) -> tuple[pb.GenerateRequest, bool]:
-    """(the GenerateRequest, stream?). Defaults are the server's, not OpenAI's: temperature 0 = greedy,
-    max_tokens absent = the server's default length (docs/api.md)."""
-    refuse_unsupported(body, {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None})
-    prompts = strings(body, "prompt")
-    if len(prompts) != 1:
-        raise InvalidArgument(f"prompt holds {len(prompts)} strings; send one prompt per request")
-    request = pb.GenerateRequest(
-        prompt=prompts[0], model=field(body, "model", str, ""),
-        max_new_tokens=field(body, "max_tokens", int, 0, minimum=0),
-        temperature=field(body, "temperature", float, 0.0, minimum=0, maximum=FLOAT32),
-        top_p=field(body, "top_p", float, 0.0, minimum=0, maximum=FLOAT32),
-        top_k=field(body, "top_k", int, 0, minimum=0),
-        repetition_penalty=field(body, "repetition_penalty", float, 0.0, minimum=0, maximum=FLOAT32),
-        stop=strings(body, "stop", default=[]))
-    seed = field(body, "seed", int, minimum=0, maximum=UINT64)
-    if seed is not None:
-        request.seed = seed
-    return request, field(body, "stream", bool, False)
-
-
-class Completion:
-    """The ids and timestamps one completion shares across its response or its stream chunks."""
-
-    def __init__(self, model: str):
-        self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model
-
-    def body(self, text: str, finish_reason: str | None, usage: dict | None) -> dict:
-        out = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
-        if usage is not None:
-            out["usage"] = usage
-        return out
-
-    def response(self, chunks: list[Chunk]) -> dict:
-        """The whole completion: every chunk's text joined, the last one's ending and usage."""
-        last = chunks[-1]
-        return self.body("".join(c.text for c in chunks), FINISH[last.finish_reason],
-                         _usage(last.input_tokens, last.output_tokens))
-
-    def chunk(self, chunk: Chunk) -> dict:
-        """A stream event; the last one carries the finish reason and the usage."""
-        if chunk.finish_reason is None:
-            return self.body(chunk.text, None, None)
-        return self.body(chunk.text, FINISH[chunk.finish_reason], _usage(chunk.input_tokens, chunk.output_tokens))
-
-
-def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def translate_request(body: dict) -> pb.TranslateRequest:
