@@ -188,7 +188,7 @@ def test_output_folder_refuses_another_job_and_foreign_files(tmp_path):
         PartsFolder(tmp_path / "out", {"model": "a", "chunk_size": 20}).open()
     assert PartsFolder(tmp_path / "out", {"model": "a", "chunk_size": 20}).open(restart=True) == set()
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    with pytest.raises(JobMismatch, match="notes.txt"):
+    with pytest.raises(JobMismatch, match=r"notes\.txt"):
         PartsFolder(tmp_path / "out", {"model": "a", "chunk_size": 20}).open(restart=True)
 
 

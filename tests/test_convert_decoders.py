@@ -151,7 +151,7 @@ async def test_generate_matches_transformers_and_streams_the_same_text(name, che
     server = await start_server(converted)
     requests = [generate_request(prompt, model=name, max_new_tokens=NEW_TOKENS) for prompt in PROMPTS]
     replies = await asyncio.gather(*(server.generation.Generate(r) for r in requests))  # one right-padded batch
-    for prompt, request, unary in zip(PROMPTS, requests, replies):
+    for prompt, request, unary in zip(PROMPTS, requests, replies, strict=True):
         assert list(unary.token_ids) == transformers_greedy(checkpoints[name], prompt), prompt
         chunks = [c.text async for c in server.generation.GenerateStream(request)]
         assert "".join(chunks) == unary.text

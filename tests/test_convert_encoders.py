@@ -15,10 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers, decoders
-from transformers import (AutoModel, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, BertModel,
-                          PreTrainedTokenizerFast, RobertaConfig, RobertaForMaskedLM, XLMRobertaConfig,
-                          XLMRobertaModel, pipeline)
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertModel,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+    RobertaForMaskedLM,
+    XLMRobertaConfig,
+    XLMRobertaModel,
+    pipeline,
+)
 
 from export.convert import ConversionError, Options, convert, load
 from service.proto import inference_pb2 as pb
@@ -71,7 +82,7 @@ def byte_bpe(folder: Path) -> PreTrainedTokenizerFast:
 
 def widen(model: torch.nn.Module, std: float = 0.2) -> torch.nn.Module:
     torch.manual_seed(0)
-    for name, p in model.named_parameters():
+    for _name, p in model.named_parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=std)
     return model
@@ -150,7 +161,8 @@ def reference_embeddings(folder: Path, texts: list[str], pooling: str) -> np.nda
 @pytest.mark.parametrize("name, pooling", [("bert-st", "mean"), ("xlmr", "max"), ("roberta-mlm", "mean")])
 async def test_embed_matches_transformers(name, pooling, checkpoints, converted, tmp_path, start_server):
     if name == "roberta-mlm":  # a masked-LM folder served as an embedding model (--kind embedding)
-        convert(checkpoints[name], tmp_path / "roberta-embed", name="roberta-embed", options=Options(kind="embedding", max_input_tokens=40))
+        convert(checkpoints[name], tmp_path / "roberta-embed", name="roberta-embed",
+                options=Options(kind="embedding", max_input_tokens=40))
         root, model = tmp_path, "roberta-embed"
     else:
         root, model = converted, name
@@ -171,7 +183,7 @@ async def test_fill_mask_matches_transformers_pipeline(name, checkpoints, conver
     server = await start_server(converted)
     reply = await pb_grpc.FillMaskServiceStub(server.channel).FillMask(
         pb.FillMaskRequest(model=name, inputs=texts, top_k=5))
-    for text, result in zip(texts, reply.results):
+    for text, result in zip(texts, reply.results, strict=True):
         want = fill(text)
         got = result.masks[0].candidates
         assert [p.token_id for p in got] == [w["token"] for w in want]
@@ -193,14 +205,16 @@ def test_unsupported_configs_are_refused_naming_the_field(checkpoints, tmp_path)
         if f.is_file():
             (folder / f.name).write_bytes(f.read_bytes())
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text((checkpoints["bert-st"] / "1_Pooling" / "config.json").read_text())
+    pooling = checkpoints["bert-st"] / "1_Pooling" / "config.json"
+    (folder / "1_Pooling" / "config.json").write_text(pooling.read_text())
     config = json.loads((folder / "config.json").read_text())
     cases = [
         ("config.json", {**config, "position_embedding_type": "relative_key"}, "position_embedding_type"),
         ("config.json", {**config, "hidden_act": "mish"}, "hidden_act"),
         ("config.json", {**config, "architectures": ["BertForQuestionAnswering"]}, "architectures"),
-        ("modules.json", json.loads((folder / "modules.json").read_text())
-         + [{"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}], "Dense"),
+        ("modules.json", [*json.loads((folder / "modules.json").read_text()),
+                          {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}],
+         "Dense"),
     ]
     for file, content, field in cases:
         original = (folder / file).read_text()

@@ -131,7 +131,7 @@ def test_tokenizer_gives_marian_tokenizers_ids_and_texts(folder, converted):
     rows, rng = pairs(), random.Random(0)
     french = [r for row in rows for r in row["references"]]  # accents source.spm does not know, alone and in runs
     crafted = ["x </s> y <unk>", "a  b ", "Ça", "été", "déçu", "réécrire", ">>fr<< Hello world."]
-    mixed = "ab eéèçàùâêœÇÉ東京Привет,.!?'\t\n-ßü🙂"
+    mixed = "ab eéèçàùâêœÇÉ東京Привет,.!?'\t\n-ßü🙂"  # noqa: RUF001 - Cyrillic on purpose
     noise = ["".join(rng.choice(mixed) for _ in range(rng.randrange(1, 24))) for _ in range(300)]
     for text in [*TEXTS, *SOURCES, *(r["source"] for r in rows), *french, *crafted, *noise]:
         assert tok.encode(text).ids == ref(text)["input_ids"], text

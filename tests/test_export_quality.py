@@ -13,10 +13,9 @@ import torch
 from tokenizers import Tokenizer
 
 from export import data, parity
-from export.checkpoint import build_checkpoint
-from export.heldout import HELDOUT_FILE, heldout_sample
-from export.checkpoint import load_checkpoint
+from export.checkpoint import build_checkpoint, load_checkpoint
 from export.evaluate import perplexity
+from export.heldout import HELDOUT_FILE, heldout_sample
 from service.runtime import Runtime
 from service.settings import Settings
 
@@ -120,8 +119,9 @@ def test_the_shipped_heldout_sample_is_the_training_split(checkpoint):
 def test_embedding_int8_is_rowwise_batch_invariant_and_judged(tiny_models_root, tmp_path):
     """An encoder's int8 graph is row-wise: a text's vector is the same alone and batched; the gate
     records its quality; onnxruntime's per-tensor dynamic int8, which moves a row with its batch, fails it."""
-    from export.tiny import tiny_model, byte_tokenizer
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from export.tiny import byte_tokenizer, tiny_model
 
     d = tiny_models_root / "tiny-embed"
     manifest = json.loads((d / "model.json").read_text())

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from export import mlm_data, mlm_eval, tokenizer_train, train
-from export.checkpoint import build_checkpoint
-from export.checkpoint import load_checkpoint
+from export.checkpoint import build_checkpoint, load_checkpoint
 from export.mlm_train import SPECIAL, mlm_loss
 from service.manifest import load_model_dir
 
@@ -73,7 +72,7 @@ def test_resume_with_sop_whole_words_and_bf16_continues_exactly(tmp_path):
     b, meta = load_checkpoint(resumed)
     assert meta["training"]["steps"] == 8 and meta["training"]["objective"] == "mlm+sop"
     assert "--bf16" in meta["training"]["command"]
-    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 

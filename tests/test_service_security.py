@@ -233,7 +233,8 @@ def test_workers_serve_tls_and_reload_tokens_on_sighup(embed_models_root, certs,
         ca = str(certs / "ca.pem")
         assert {_embed_status(group.address, Credentials(TOKEN, ca)) for _ in range(8)} == {grpc.StatusCode.OK}
         assert _embed_status(group.address, Credentials(OTHER, ca)) == grpc.StatusCode.UNAUTHENTICATED
-        assert group.metrics()[("ts_auth_failures_total", (("protocol", "grpc"), ("reason", "invalid")))] == 1  # summed by the supervisor
+        invalid = ("ts_auth_failures_total", (("protocol", "grpc"), ("reason", "invalid")))
+        assert group.metrics()[invalid] == 1  # summed by the supervisor
         tokens.write_text(f"{OTHER}\n")
         group.proc.send_signal(signal.SIGHUP)
         group.wait_for("passing it to 2 worker")

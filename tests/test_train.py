@@ -23,7 +23,7 @@ STORIES = SAMPLES / "tinystories.sample.txt"
 FRENCH = [
     "Va !",
     "Qu'est-ce que c'est ?",
-    "Je n’ai pas le temps : désolé.",
+    "Je n’ai pas le temps : désolé.",  # noqa: RUF001 - a typographic apostrophe on purpose
     "Où êtes-vous allés, Ève et Noël ?",
     "C'est l'été\u202f! Ça va\u00a0?",
     "«\u00a0Bonjour\u00a0», dit-il.",
@@ -62,14 +62,14 @@ def test_translator_tokenizer_round_trips_french(fr_tokenizer):
 
 def test_generator_tokenizer_is_byte_level_with_endoftext():
     tok = tokenizer_train.train_generator_tokenizer(data.load_stories(STORIES), vocab_size=400)
-    text = "Lily said, “Mom, look!” — it’s 3 o'clock.\nThe end."
+    text = "Lily said, “Mom, look!” — it’s 3 o'clock.\nThe end."  # noqa: RUF001 - typographic quotes
     enc = tok.encode(text)
     assert enc.ids[0] == 0 and tok.id_to_token(0) == "<|endoftext|>"
     assert tok.decode(enc.ids, skip_special_tokens=True) == text
 
 
 def test_tatoeba_split_is_grouped_by_english_sentence():
-    pairs = data.load_tatoeba(TATOEBA) + [("Go.", "Bouge !"), ("Go.", "Filez !")]
+    pairs = [*data.load_tatoeba(TATOEBA), ("Go.", "Bouge !"), ("Go.", "Filez !")]
     split = data.split_tatoeba(pairs, seed=3, n_test=50, n_dev=20)
     train_en = {en for en, _ in split.train}
     test_en, dev_en = {en for en, _ in split.test}, {en for en, _ in split.dev}
@@ -149,7 +149,7 @@ def test_resume_continues_from_the_same_step_and_state(tmp_path, kind):
     a, _ = load_checkpoint(straight)
     b, meta = load_checkpoint(resumed)
     assert meta["training"]["steps"] == 12
-    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 
