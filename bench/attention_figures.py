@@ -21,23 +21,31 @@ from service.proto import inference_pb2 as pb
 
 CASES = {
     "minilm": attention_request("The animal didn't cross the street because it was too tired", "all-minilm-l6-v2"),
-    "generator": attention_request("Once upon a time, there was a little girl named Lily. She loved to play",
-                                   "tinystories-gpt"),
-    "translator": attention_request("The cat is sleeping on the chair.", "tatoeba-en-fr",
-                                    target="Le chat dort sur la chaise."),
+    "generator": attention_request(
+        "Once upon a time, there was a little girl named Lily. She loved to play", "tinystories-gpt"
+    ),
+    "translator": attention_request(
+        "The cat is sleeping on the chair.", "tatoeba-en-fr", target="Le chat dort sur la chaise."
+    ),
 }
 
 
 def summary(response: pb.AttentionResponse) -> list[str]:
-    lines = [(f"{response.model}: {len(response.maps)} maps; source {list(response.source_tokens)}; "
-              f"target {list(response.target_tokens)}")]
+    lines = [
+        (
+            f"{response.model}: {len(response.maps)} maps; source {list(response.source_tokens)}; "
+            f"target {list(response.target_tokens)}"
+        )
+    ]
     for kind in sorted({m.kind for m in response.maps}):
         maps = [m for m in response.maps if m.kind == kind]
         for stat in figures.STATS:
             values = np.array([getattr(m.stats, stat) for m in maps])
             top = maps[int(values.argmax())]
-            lines.append(f"  {pb.AttentionKind.Name(kind)} {stat}: mean {values.mean():.3f} min {values.min():.3f} "
-                         f"max {values.max():.3f} (L{top.layer} H{top.head})")
+            lines.append(
+                f"  {pb.AttentionKind.Name(kind)} {stat}: mean {values.mean():.3f} min {values.min():.3f} "
+                f"max {values.max():.3f} (L{top.layer} H{top.head})"
+            )
         for layer in sorted({m.layer for m in maps}):
             means = [np.mean([getattr(m.stats, s) for m in maps if m.layer == layer]) for s in figures.STATS]
             lines.append(f"    L{layer}: " + " ".join(f"{s}={v:.2f}" for s, v in zip(figures.STATS, means)))
@@ -48,8 +56,11 @@ def it_heads(response: pb.AttentionResponse) -> list[str]:
     """MiniLM: the heads whose row for "it" puts most of its weight on "animal"."""
     tokens = list(response.source_tokens)
     it, animal, street = tokens.index("it"), tokens.index("animal"), tokens.index("street")
-    return [f"  'it' L{m.layer} H{m.head}: animal {w[animal]:.2f}, street {w[street]:.2f}"
-            for m in response.maps if (w := figures.weights(m)[it]).argmax() == animal and w[animal] > 0.3]
+    return [
+        f"  'it' L{m.layer} H{m.head}: animal {w[animal]:.2f}, street {w[street]:.2f}"
+        for m in response.maps
+        if (w := figures.weights(m)[it]).argmax() == animal and w[animal] > 0.3
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

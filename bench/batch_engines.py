@@ -42,9 +42,18 @@ def ray_worker(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     ray.init(num_cpus=args.cpus, include_dashboard=False)
     init_s = time.perf_counter() - start
-    cfg = RayJobConfig(input=args.corpus, output=args.output, models=args.models, model=args.model,
-                       num_actors=args.actors, threads=1, batch_size=args.batch_size, chunk_size=args.chunk_size,
-                       restart=True, progress=False)
+    cfg = RayJobConfig(
+        input=args.corpus,
+        output=args.output,
+        models=args.models,
+        model=args.model,
+        num_actors=args.actors,
+        threads=1,
+        batch_size=args.batch_size,
+        chunk_size=args.chunk_size,
+        restart=True,
+        progress=False,
+    )
     start = time.perf_counter()
     result = run_ray_job(cfg)
     job_s = time.perf_counter() - start
@@ -52,17 +61,29 @@ def ray_worker(args: argparse.Namespace) -> dict:
     # Steady rate: the parts after each actor's first, over the time from the last of those firsts.
     parts = sorted(args.output.glob("part-*.parquet"), key=lambda p: p.stat().st_mtime)
     start, end = parts[args.actors - 1].stat().st_mtime, parts[-1].stat().st_mtime
-    later_rows = sum(pads.dataset(p).count_rows() for p in parts[args.actors:])
-    return {"ray_init_s": round(init_s, 2), "job_s": round(job_s, 2), "texts_per_s": round(result.rows / job_s, 1),
-            "steady_texts_per_s": round(later_rows / max(end - start, 1e-9), 1), "parts": len(parts)}
+    later_rows = sum(pads.dataset(p).count_rows() for p in parts[args.actors :])
+    return {
+        "ray_init_s": round(init_s, 2),
+        "job_s": round(job_s, 2),
+        "texts_per_s": round(result.rows / job_s, 1),
+        "steady_texts_per_s": round(later_rows / max(end - start, 1e-9), 1),
+        "parts": len(parts),
+    }
 
 
 def grpc_worker(args: argparse.Namespace) -> dict:
     from client.batch.embedder import EmbedOptions
     from client.batch.runner import JobConfig, run_job
 
-    cfg = JobConfig(input=args.corpus, output=args.output, address=args.address, chunk_size=args.chunk_size,
-                    restart=True, progress=False, embed=EmbedOptions(model=args.model, batch_size=args.batch_size))
+    cfg = JobConfig(
+        input=args.corpus,
+        output=args.output,
+        address=args.address,
+        chunk_size=args.chunk_size,
+        restart=True,
+        progress=False,
+        embed=EmbedOptions(model=args.model, batch_size=args.batch_size),
+    )
     start = time.perf_counter()
     result = asyncio.run(run_job(cfg))
     job_s = time.perf_counter() - start
@@ -76,8 +97,12 @@ def st_worker(args: argparse.Namespace) -> dict:
     threads = args.st_threads[0]
     seconds, vectors = sentence_transformers_run([r["text"] for r in records], args.st_batch_size, threads)
     np.save(args.output, vectors)
-    return {"encode_s": round(seconds, 2), "texts_per_s": round(len(records) / seconds, 1),
-            "batch_size": args.st_batch_size, "threads": threads}
+    return {
+        "encode_s": round(seconds, 2),
+        "texts_per_s": round(len(records) / seconds, 1),
+        "batch_size": args.st_batch_size,
+        "threads": threads,
+    }
 
 
 WORKERS = {"ray": ray_worker, "grpc": grpc_worker, "st": st_worker}
@@ -99,36 +124,99 @@ def orchestrate(args: argparse.Namespace) -> dict:
     sentences = load_sentences(args.data, args.sentences)
     ids = [f"s{i}" for i in range(len(sentences))]
     corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, sentences)))
-    common = ["--corpus", str(corpus), "--models", str(args.models), "--model", args.model,
-              "--batch-size", str(args.batch_size), "--chunk-size", str(args.chunk_size)]
+    common = [
+        "--corpus",
+        str(corpus),
+        "--models",
+        str(args.models),
+        "--model",
+        args.model,
+        "--batch-size",
+        str(args.batch_size),
+        "--chunk-size",
+        str(args.chunk_size),
+    ]
     before = conditions()
     runs: dict[str, list[dict]] = {"ray": [], "grpc": [], **{f"st{t}": [] for t in args.st_threads}}
     for _ in range(args.rounds):
-        runs["ray"].append(run_worker("bench.batch_engines", "--worker", "ray", *common, "--output",
-                                      str(work / "ray"), "--actors", str(args.actors), "--cpus", str(args.cpus)))
+        runs["ray"].append(
+            run_worker(
+                "bench.batch_engines",
+                "--worker",
+                "ray",
+                *common,
+                "--output",
+                str(work / "ray"),
+                "--actors",
+                str(args.actors),
+                "--cpus",
+                str(args.cpus),
+            )
+        )
         service = ServiceProcess(args.models, [f for flag in args.server_flag for f in flag.split()])
         try:
-            runs["grpc"].append(run_worker("bench.batch_engines", "--worker", "grpc", *common, "--output",
-                                           str(work / "grpc.parquet"), "--address", service.address))
+            runs["grpc"].append(
+                run_worker(
+                    "bench.batch_engines",
+                    "--worker",
+                    "grpc",
+                    *common,
+                    "--output",
+                    str(work / "grpc.parquet"),
+                    "--address",
+                    service.address,
+                )
+            )
         finally:
             service.stop()
         served = [line.split(": ", 1)[-1] for line in service.log if "embedding model" in line or "variant=" in line]
         for threads in args.st_threads:
-            runs[f"st{threads}"].append(run_worker("bench.batch_engines", "--worker", "st", *common, "--output",
-                                                   str(work / "st.npy"), "--st-batch-size", str(args.st_batch_size),
-                                                   "--st-threads", str(threads)))
+            runs[f"st{threads}"].append(
+                run_worker(
+                    "bench.batch_engines",
+                    "--worker",
+                    "st",
+                    *common,
+                    "--output",
+                    str(work / "st.npy"),
+                    "--st-batch-size",
+                    str(args.st_batch_size),
+                    "--st-threads",
+                    str(threads),
+                )
+            )
     reference = np.load(work / "st.npy")
-    result = {"sentences": len(sentences), "model": args.model, "models": str(args.models),
-              "conditions_before": before, "conditions_after": conditions(),
-              "ray": {**runs["ray"][-1], "texts_per_s": summary([r["texts_per_s"] for r in runs["ray"]], 1),
-                      "steady_texts_per_s": summary([r["steady_texts_per_s"] for r in runs["ray"]], 1),
-                      "actors": args.actors, "threads_per_actor": 1, "cpus": args.cpus},
-              "grpc": {**runs["grpc"][-1], "texts_per_s": summary([r["texts_per_s"] for r in runs["grpc"]], 1),
-                       "served": served},
-              **{f"sentence_transformers_{t}_threads": {**runs[f"st{t}"][-1], "texts_per_s": summary(
-                  [r["texts_per_s"] for r in runs[f"st{t}"]], 1)} for t in args.st_threads},
-              "min_cosine_vs_st": {"ray": min_cosine(vectors_by_id(work / "ray"), ids, reference),
-                                   "grpc": min_cosine(vectors_by_id(work / "grpc.parquet"), ids, reference)}}
+    result = {
+        "sentences": len(sentences),
+        "model": args.model,
+        "models": str(args.models),
+        "conditions_before": before,
+        "conditions_after": conditions(),
+        "ray": {
+            **runs["ray"][-1],
+            "texts_per_s": summary([r["texts_per_s"] for r in runs["ray"]], 1),
+            "steady_texts_per_s": summary([r["steady_texts_per_s"] for r in runs["ray"]], 1),
+            "actors": args.actors,
+            "threads_per_actor": 1,
+            "cpus": args.cpus,
+        },
+        "grpc": {
+            **runs["grpc"][-1],
+            "texts_per_s": summary([r["texts_per_s"] for r in runs["grpc"]], 1),
+            "served": served,
+        },
+        **{
+            f"sentence_transformers_{t}_threads": {
+                **runs[f"st{t}"][-1],
+                "texts_per_s": summary([r["texts_per_s"] for r in runs[f"st{t}"]], 1),
+            }
+            for t in args.st_threads
+        },
+        "min_cosine_vs_st": {
+            "ray": min_cosine(vectors_by_id(work / "ray"), ids, reference),
+            "grpc": min_cosine(vectors_by_id(work / "grpc.parquet"), ids, reference),
+        },
+    }
     return result
 
 

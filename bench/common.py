@@ -44,8 +44,12 @@ def emit(result: dict) -> None:
 
 def summary(values: list[float], digits: int = 2) -> dict:
     """Median and spread of repeated measurements (the median is the figure to quote)."""
-    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
-            "max": round(max(values), digits), "runs": [round(v, digits) for v in values]}
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "runs": [round(v, digits) for v in values],
+    }
 
 
 def conditions() -> dict:
@@ -59,8 +63,12 @@ def conditions() -> dict:
     except OSError:
         pass
     busy = subprocess.run(["pgrep", "-f", "export train"], capture_output=True, text=True).stdout.split()
-    return {"cpu": cpu, "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "training_jobs_running": len(busy)}
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "training_jobs_running": len(busy),
+    }
 
 
 class ServiceProcess:
@@ -68,8 +76,20 @@ class ServiceProcess:
 
     def __init__(self, models: Path, flags: list[str], metrics: bool = False, keep_log: bool = False):
         """keep_log: go on collecting the server's log lines in `log` after the start (else dropped)."""
-        cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0",
-               "--metrics-port", "0" if metrics else "-1", "--http-port", "0", *flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "service",
+            "--models",
+            str(models),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0" if metrics else "-1",
+            "--http-port",
+            "0",
+            *flags,
+        ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.address, self.metrics_url, self.http_url, self.log = "", "", "", []
         for line in self.proc.stderr:
@@ -121,8 +141,11 @@ def histogram_delta(before: dict[str, float], after: dict[str, float]) -> dict:
     for key in sorted((k for k in delta if k.startswith("le=")), key=lambda k: float(k[3:])):
         buckets[key[3:]] = int(delta[key] - below)  # cumulative -> per bucket
         below = delta[key]
-    return {"count": int(count), "mean": round(delta.get("sum", 0.0) / count, 2) if count else None,
-            "per_bucket": {k: v for k, v in buckets.items() if v}}
+    return {
+        "count": int(count),
+        "mean": round(delta.get("sum", 0.0) / count, 2) if count else None,
+        "per_bucket": {k: v for k, v in buckets.items() if v},
+    }
 
 
 def served_quality(model_dir: Path, variant: str) -> dict | None:

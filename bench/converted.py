@@ -43,8 +43,11 @@ def cpu_summary() -> dict:
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
     flags = set(fields.get("Flags", "").split())
-    return {"model_name": fields.get("Model name", ""), "cpus": fields.get("CPU(s)", ""),
-            "flags": {f: f in flags for f in FLAGS}}
+    return {
+        "model_name": fields.get("Model name", ""),
+        "cpus": fields.get("CPU(s)", ""),
+        "flags": {f: f in flags for f in FLAGS},
+    }
 
 
 def prepare(key: str, work: Path, args) -> dict:
@@ -57,10 +60,21 @@ def prepare(key: str, work: Path, args) -> dict:
     try:
         shutil.rmtree(work / key, ignore_errors=True)
         out["folder"] = run_worker(WORKERS, "folder", "--folder", str(folder), "--name", key)
-        out["conversion"] = run_worker(WORKERS, "convert", "--folder", str(folder), "--models", str(models),
-                                       "--name", NAMES[key], "--variants", args.variants,
-                                       "--context", str(args.context if KINDS[key] == "generation" else 0),
-                                       timeout=3600)
+        out["conversion"] = run_worker(
+            WORKERS,
+            "convert",
+            "--folder",
+            str(folder),
+            "--models",
+            str(models),
+            "--name",
+            NAMES[key],
+            "--variants",
+            args.variants,
+            "--context",
+            str(args.context if KINDS[key] == "generation" else 0),
+            timeout=3600,
+        )
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         out["error"] = str(e)[-3000:]
         return out
@@ -80,11 +94,16 @@ def graphs(model_dir: Path) -> dict:
         figures = g.get("parity", {})
         built[g["variant"] if g["role"] in ("decoder", "encoder") else f"{g['role']}/{g['variant']}"] = {
             "mb": round((model_dir / g["file"]).stat().st_size / 2**20),
-            **{k: figures[k] for k in ("quality_ok", "build_seconds", "int8_method") if k in figures}}
+            **{k: figures[k] for k in ("quality_ok", "build_seconds", "int8_method") if k in figures},
+        }
     auto = "int8" if built.get("int8", {}).get("quality_ok") else "optimized" if "optimized" in built else "fp32"
-    return {"graphs": built, "auto_serves": auto, "max_input_tokens": manifest["max_input_tokens"],
-            "max_output_tokens": manifest.get("max_output_tokens"),
-            "directory_mb": round(sum(f.stat().st_size for f in model_dir.iterdir()) / 2**20)}
+    return {
+        "graphs": built,
+        "auto_serves": auto,
+        "max_input_tokens": manifest["max_input_tokens"],
+        "max_output_tokens": manifest.get("max_output_tokens"),
+        "directory_mb": round(sum(f.stat().st_size for f in model_dir.iterdir()) / 2**20),
+    }
 
 
 def served_variants(prepared: dict, args) -> list[str]:
@@ -94,38 +113,104 @@ def served_variants(prepared: dict, args) -> list[str]:
 
 
 def service_round(models: Path, variant: str, worker_args: list[str], args) -> dict:
-    flags = ["--intra-op-threads", str(args.threads), "--compute-workers", "1", "--variant", variant, "--no-verify-hashes",
-             "--gen-max-batch", str(max(16, args.streams))]
+    flags = [
+        "--intra-op-threads",
+        str(args.threads),
+        "--compute-workers",
+        "1",
+        "--variant",
+        variant,
+        "--no-verify-hashes",
+        "--gen-max-batch",
+        str(max(16, args.streams)),
+    ]
     service = ServiceProcess(models, flags)
     try:
-        return run_worker(WORKERS, *worker_args, "--address", service.address,
-                          "--server-pid", str(service.proc.pid), timeout=1800)
+        return run_worker(
+            WORKERS, *worker_args, "--address", service.address, "--server-pid", str(service.proc.pid), timeout=1800
+        )
     finally:
         service.stop()
 
 
 def generation_round(prepared: dict, variants: list[str], flip: bool, args) -> dict:
     common = ["--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-    steps = [("hf", lambda: run_worker(WORKERS, "hf-generate", "--folder", str(prepared["paths"]["folder"]),
-                                       "--threads", str(args.threads), "--batch", str(args.streams), *common,
-                                       timeout=1800))]
-    steps += [(v, lambda v=v: service_round(prepared["paths"]["models"], v,
-                                            ["gen-client", "--streams", str(args.streams), *common], args))
-              for v in variants]
+    steps = [
+        (
+            "hf",
+            lambda: run_worker(
+                WORKERS,
+                "hf-generate",
+                "--folder",
+                str(prepared["paths"]["folder"]),
+                "--threads",
+                str(args.threads),
+                "--batch",
+                str(args.streams),
+                *common,
+                timeout=1800,
+            ),
+        )
+    ]
+    steps += [
+        (
+            v,
+            lambda v=v: service_round(
+                prepared["paths"]["models"], v, ["gen-client", "--streams", str(args.streams), *common], args
+            ),
+        )
+        for v in variants
+    ]
     return {name: run() for name, run in (steps[::-1] if flip else steps)}
 
 
 def embedding_round(prepared: dict, variants: list[str], flip: bool, texts: Path, tmp: Path, args) -> dict:
     common = ["--sentences", str(texts), "--threads", str(args.threads)]
     model_dir = prepared["paths"]["models"] / prepared["name"]
-    steps = [("st", lambda: run_worker(WORKERS, "st-embed", "--folder", str(prepared["paths"]["folder"]), *common,
-                                       "--vectors", str(tmp / "st.npy"), timeout=1800))]
+    steps = [
+        (
+            "st",
+            lambda: run_worker(
+                WORKERS,
+                "st-embed",
+                "--folder",
+                str(prepared["paths"]["folder"]),
+                *common,
+                "--vectors",
+                str(tmp / "st.npy"),
+                timeout=1800,
+            ),
+        )
+    ]
     for v in variants:
-        steps.append((f"ort/{v}", lambda v=v: run_worker(WORKERS, "ort-embed", "--model-dir", str(model_dir),
-                                                         "--variant", v, *common, "--vectors",
-                                                         str(tmp / f"ort-{v}.npy"), timeout=1800)))
-        steps.append((v, lambda v=v: service_round(prepared["paths"]["models"], v, [
-            "embed-client", "--sentences", str(texts), "--vectors", str(tmp / f"service-{v}.npy")], args)))
+        steps.append(
+            (
+                f"ort/{v}",
+                lambda v=v: run_worker(
+                    WORKERS,
+                    "ort-embed",
+                    "--model-dir",
+                    str(model_dir),
+                    "--variant",
+                    v,
+                    *common,
+                    "--vectors",
+                    str(tmp / f"ort-{v}.npy"),
+                    timeout=1800,
+                ),
+            )
+        )
+        steps.append(
+            (
+                v,
+                lambda v=v: service_round(
+                    prepared["paths"]["models"],
+                    v,
+                    ["embed-client", "--sentences", str(texts), "--vectors", str(tmp / f"service-{v}.npy")],
+                    args,
+                ),
+            )
+        )
     return {name: run() for name, run in (steps[::-1] if flip else steps)}
 
 
@@ -142,13 +227,17 @@ def med(worker: dict, key: str) -> float:
 def generation_report(rounds: list[dict], variants: list[str]) -> dict:
     hf = [r["hf"] for r in rounds]
     batch = hf[0]["batch"]
-    out = {"transformers": {
-        "one_stream_tokens_per_s": summary([med(r, "one_tokens_per_s") for r in hf]),
-        "ttft_ms": summary([med(r, "ttft_ms") for r in hf], 1),
-        "one_stream_cpu_ms_per_token": summary([med(r, "one_cpu_ms_per_token") for r in hf]),
-        f"batch_{batch}_tokens_per_s": summary([r["batch_tokens_per_s"] for r in hf]),
-        f"batch_{batch}_cpu_ms_per_token": summary([r["batch_cpu_ms_per_token"] for r in hf]),
-        "prompt_tokens": hf[0]["prompt_tokens"], "new_tokens": len(hf[0]["tokens"])}}
+    out = {
+        "transformers": {
+            "one_stream_tokens_per_s": summary([med(r, "one_tokens_per_s") for r in hf]),
+            "ttft_ms": summary([med(r, "ttft_ms") for r in hf], 1),
+            "one_stream_cpu_ms_per_token": summary([med(r, "one_cpu_ms_per_token") for r in hf]),
+            f"batch_{batch}_tokens_per_s": summary([r["batch_tokens_per_s"] for r in hf]),
+            f"batch_{batch}_cpu_ms_per_token": summary([r["batch_cpu_ms_per_token"] for r in hf]),
+            "prompt_tokens": hf[0]["prompt_tokens"],
+            "new_tokens": len(hf[0]["tokens"]),
+        }
+    }
     for v in variants:
         out[f"service_{v}"] = service_figures(rounds, v)
     return out
@@ -177,9 +266,13 @@ def service_figures(rounds: list[dict], v: str) -> dict:
             "streams_vs_transformers_batch": ratio(lambda s, h: med(s, "many_tokens_per_s") / h["batch_tokens_per_s"]),
             "ttft_transformers_over_service": ratio(lambda s, h: med(h, "ttft_ms") / med(s, "ttft_ms")),
             "cpu_per_token_transformers_over_service": ratio(
-                lambda s, h: med(h, "one_cpu_ms_per_token") / med(s, "one_cpu_ms_per_token")),
+                lambda s, h: med(h, "one_cpu_ms_per_token") / med(s, "one_cpu_ms_per_token")
+            ),
             "streams_cpu_per_token_transformers_batch_over_service": ratio(
-                lambda s, h: h["batch_cpu_ms_per_token"] / med(s, "many_cpu_ms_per_token"))}}
+                lambda s, h: h["batch_cpu_ms_per_token"] / med(s, "many_cpu_ms_per_token")
+            ),
+        },
+    }
 
 
 def cosines(a, b) -> float:
@@ -192,9 +285,14 @@ def embedding_report(rounds: list[dict], variants: list[str], tmp: Path) -> dict
     import numpy as np
 
     st = [r["st"] for r in rounds]
-    out = {"sentence_transformers": {"sentences_per_s": summary([r["sentences_per_s"] for r in st]),
-                                     "cpu_ms_per_sentence": summary([r["cpu_ms_per_sentence"] for r in st]),
-                                     "batch": st[0]["batch"], "max_seq_length": st[0]["max_seq_length"]}}
+    out = {
+        "sentence_transformers": {
+            "sentences_per_s": summary([r["sentences_per_s"] for r in st]),
+            "cpu_ms_per_sentence": summary([r["cpu_ms_per_sentence"] for r in st]),
+            "batch": st[0]["batch"],
+            "max_seq_length": st[0]["max_seq_length"],
+        }
+    }
     reference = np.load(tmp / "st.npy")
     for v in variants:
         sv, ort = [r[v] for r in rounds], [r[f"ort/{v}"] for r in rounds]
@@ -207,12 +305,17 @@ def embedding_report(rounds: list[dict], variants: list[str], tmp: Path) -> dict
             "onnxruntime_alone_packed": ort[0]["packed"],
             "min_cosine_vs_sentence_transformers": round(cosines(np.load(tmp / f"service-{v}.npy"), reference), 6),
             "ratios_per_round_median": {
-                "service_vs_sentence_transformers": summary([r[v]["sentences_per_s"] / r["st"]["sentences_per_s"]
-                                                             for r in rounds]),
+                "service_vs_sentence_transformers": summary(
+                    [r[v]["sentences_per_s"] / r["st"]["sentences_per_s"] for r in rounds]
+                ),
                 "onnxruntime_vs_sentence_transformers": summary(
-                    [r[f"ort/{v}"]["sentences_per_s"] / r["st"]["sentences_per_s"] for r in rounds]),
-                "service_vs_onnxruntime": summary([r[v]["sentences_per_s"] / r[f"ort/{v}"]["sentences_per_s"]
-                                                   for r in rounds])}}
+                    [r[f"ort/{v}"]["sentences_per_s"] / r["st"]["sentences_per_s"] for r in rounds]
+                ),
+                "service_vs_onnxruntime": summary(
+                    [r[v]["sentences_per_s"] / r[f"ort/{v}"]["sentences_per_s"] for r in rounds]
+                ),
+            },
+        }
     return out
 
 
@@ -238,8 +341,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
     p.add_argument("--variants", default="optimized,int8", help="built by the conversion")
     p.add_argument("--serve", default="optimized,int8", help="variants the service is measured on (where built)")
-    p.add_argument("--work", type=Path, default=None, help="keep the folders and model directories here and "
-                   "reuse them when run again (default: a temporary folder, removed)")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="keep the folders and model directories here and "
+        "reuse them when run again (default: a temporary folder, removed)",
+    )
     p.add_argument("--context", type=int, default=0, help="decoders' served context (0: the converter's default)")
     return p.parse_args(argv)
 
@@ -248,9 +356,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     before, started = conditions(), time.perf_counter()
-    result: dict = {"command": "python -m bench.converted " + " ".join(sys.argv[1:] if argv is None else argv),
-                    "date": time.strftime("%Y-%m-%d"), "cpu": cpu_summary(), "threads": args.threads,
-                    "rounds": args.rounds, "new_tokens": args.new_tokens, "streams": args.streams, "models": {}}
+    result: dict = {
+        "command": "python -m bench.converted " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_summary(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "new_tokens": args.new_tokens,
+        "streams": args.streams,
+        "models": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-converted-") as tmp:
         work = args.work.resolve() if args.work else Path(tmp)
         for key in args.only.split(","):

@@ -17,9 +17,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STORIES = Path("/work/shared/data/tinystories/TinyStories-train.first2MiB.txt")
-HELDOUT = {"tinystories": (ROOT / "checkpoints/tinystories-gpt/heldout.jsonl", "text"),
-           "tatoeba": (ROOT / "checkpoints/tatoeba-en-fr/heldout.jsonl", "source"),
-           "wikitext": (ROOT / "checkpoints/mlm-encoder/heldout.jsonl", "text")}
+HELDOUT = {
+    "tinystories": (ROOT / "checkpoints/tinystories-gpt/heldout.jsonl", "text"),
+    "tatoeba": (ROOT / "checkpoints/tatoeba-en-fr/heldout.jsonl", "source"),
+    "wikitext": (ROOT / "checkpoints/mlm-encoder/heldout.jsonl", "text"),
+}
 EOT = "<|endoftext|>"
 BPE_VOCAB, WORDPIECE_VOCAB = 16000, 16000  # what the text can fill; the models' vocabularies stay real
 ST_MAX_SEQ_LENGTH = 256
@@ -47,12 +49,15 @@ def corpus() -> list[str]:
 def sentences(count: int) -> list[str]:
     """Mixed-length English inputs for Embed: Tatoeba sentences (short), TinyStories paragraphs
     (medium), WikiText paragraphs (long, some past max_seq_length), interleaved, distinct."""
-    pools = [heldout("tatoeba"), [p for t in heldout("tinystories") for p in t.split("\n") if p.strip()],
-             heldout("wikitext")]
+    pools = [
+        heldout("tatoeba"),
+        [p for t in heldout("tinystories") for p in t.split("\n") if p.strip()],
+        heldout("wikitext"),
+    ]
     seen: dict[str, None] = {}
     for i in range(max(len(p) for p in pools)):
         for pool, weight in zip(pools, (3, 2, 1)):
-            for text in pool[i * weight:(i + 1) * weight]:
+            for text in pool[i * weight : (i + 1) * weight]:
                 seen.setdefault(text.strip(), None)
     return list(seen)[:count]
 
@@ -67,8 +72,12 @@ def byte_bpe(folder: Path, vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        corpus(),
+        trainers.BpeTrainer(
+            vocab_size=BPE_VOCAB, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=EOT)
     fast.add_tokens([f"<|extra_{i}|>" for i in range(len(fast), vocab_size)])
     fast.save_pretrained(folder)
@@ -87,10 +96,19 @@ def wordpiece(folder: Path):
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=WORDPIECE_VOCAB, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")],
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
     fast.save_pretrained(folder)
     return fast
 
@@ -112,9 +130,19 @@ def llama_folder(folder: Path) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     eot = byte_bpe(folder, 49152).convert_tokens_to_ids(EOT)
-    cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                      intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rope_theta=10000.0,
-                      max_position_embeddings=2048, bos_token_id=eot, eos_token_id=eot)
+    cfg = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        bos_token_id=eot,
+        eos_token_id=eot,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(folder)
@@ -129,17 +157,28 @@ def bert_folder(folder: Path) -> dict:
     torch.manual_seed(0)
     model = BertModel(BertConfig(), add_pooling_layer=False)
     model.save_pretrained(folder)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": model.config.hidden_size, "pooling_mode_cls_token": False,
-         "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False}, indent=2))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": model.config.hidden_size,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": False,
+            },
+            indent=2,
+        )
+    )
     (folder / "2_Normalize").mkdir()
-    (folder / "sentence_bert_config.json").write_text(json.dumps(
-        {"max_seq_length": ST_MAX_SEQ_LENGTH, "do_lower_case": False}))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": ST_MAX_SEQ_LENGTH, "do_lower_case": False})
+    )
     return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 

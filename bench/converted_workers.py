@@ -41,14 +41,32 @@ def folder_side(args: argparse.Namespace) -> dict:
 def convert_side(args: argparse.Namespace) -> dict:
     from export.convert.cli import main as convert_main
 
-    argv = ["convert", str(args.folder), "--out", str(args.models), "--name", args.name, "--variants", args.variants,
-            "--device", "cpu"]
+    argv = [
+        "convert",
+        str(args.folder),
+        "--out",
+        str(args.models),
+        "--name",
+        args.name,
+        "--variants",
+        args.variants,
+        "--device",
+        "cpu",
+    ]
     if args.context:
-        argv += ["--max-input-tokens", str(args.context // 2), "--max-output-tokens", str(args.context - args.context // 2)]
+        argv += [
+            "--max-input-tokens",
+            str(args.context // 2),
+            "--max-output-tokens",
+            str(args.context - args.context // 2),
+        ]
     started = time.perf_counter()
     rc = convert_main(argv)
-    return {"rc": rc, "seconds": round(time.perf_counter() - started, 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    return {
+        "rc": rc,
+        "seconds": round(time.perf_counter() - started, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
 
 
 def _new_tokens(row: list[int], eos: int | None) -> list[int]:
@@ -74,20 +92,27 @@ def hf_generate_side(args: argparse.Namespace) -> dict:
         wall, cpu = time.perf_counter(), time.process_time()
         out = model.generate(**enc, max_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        return wall, cpu, [_new_tokens(row.tolist(), eos) for row in out[:, enc["input_ids"].shape[1]:]]
+        return wall, cpu, [_new_tokens(row.tolist(), eos) for row in out[:, enc["input_ids"].shape[1] :]]
 
     run(texts[:1], 4)  # warm-up
     ttft = [run(texts[:1], 1)[0] for _ in range(args.repeats)]
     one = [run(texts[:1], args.new_tokens) for _ in range(args.repeats)]
     many = run(texts, args.new_tokens) if args.batch > 1 else None
-    out = {"ttft_ms": [round(t * 1e3, 1) for t in ttft],
-           "one_tokens_per_s": [round(len(r[2][0]) / r[0], 2) for r in one],
-           "one_cpu_ms_per_token": [round(r[1] / len(r[2][0]) * 1e3, 2) for r in one],
-           "tokens": one[-1][2][0], "prompt_tokens": len(tok(texts[0])["input_ids"]), "threads": torch.get_num_threads()}
+    out = {
+        "ttft_ms": [round(t * 1e3, 1) for t in ttft],
+        "one_tokens_per_s": [round(len(r[2][0]) / r[0], 2) for r in one],
+        "one_cpu_ms_per_token": [round(r[1] / len(r[2][0]) * 1e3, 2) for r in one],
+        "tokens": one[-1][2][0],
+        "prompt_tokens": len(tok(texts[0])["input_ids"]),
+        "threads": torch.get_num_threads(),
+    }
     if many:
         count = sum(len(r) for r in many[2])
-        out.update(batch=args.batch, batch_tokens_per_s=round(count / many[0], 2),
-                   batch_cpu_ms_per_token=round(many[1] / count * 1e3, 2))
+        out.update(
+            batch=args.batch,
+            batch_tokens_per_s=round(count / many[0], 2),
+            batch_cpu_ms_per_token=round(many[1] / count * 1e3, 2),
+        )
     return out
 
 
@@ -107,8 +132,12 @@ async def _streams(client, pid: int, texts: list[str], new_tokens: int) -> dict:
     runs = await asyncio.gather(*(_stream(client, t, new_tokens) for t in texts))
     wall, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu
     count = sum(len(r[2]) for r in runs)
-    return {"tokens_per_s": count / wall, "ttft_ms": statistics.median(r[0] for r in runs) * 1e3,
-            "cpu_ms_per_token": cpu / count * 1e3, "tokens": runs[0][2]}
+    return {
+        "tokens_per_s": count / wall,
+        "ttft_ms": statistics.median(r[0] for r in runs) * 1e3,
+        "cpu_ms_per_token": cpu / count * 1e3,
+        "tokens": runs[0][2],
+    }
 
 
 def _pick(runs: list[dict], key: str, digits: int = 2) -> list[float]:
@@ -123,10 +152,16 @@ async def gen_client_side(args: argparse.Namespace) -> dict:
         await _streams(client, args.server_pid, texts, 4)  # warm-up: connections, code paths, every row
         one = [await _streams(client, args.server_pid, texts[:1], args.new_tokens) for _ in range(args.repeats)]
         many = [await _streams(client, args.server_pid, texts, args.new_tokens) for _ in range(args.repeats)]
-    return {"one_tokens_per_s": _pick(one, "tokens_per_s"), "ttft_ms": _pick(one, "ttft_ms", 1),
-            "one_cpu_ms_per_token": _pick(one, "cpu_ms_per_token"), "tokens": one[-1]["tokens"],
-            "streams": args.streams, "many_tokens_per_s": _pick(many, "tokens_per_s"),
-            "many_ttft_ms": _pick(many, "ttft_ms", 1), "many_cpu_ms_per_token": _pick(many, "cpu_ms_per_token")}
+    return {
+        "one_tokens_per_s": _pick(one, "tokens_per_s"),
+        "ttft_ms": _pick(one, "ttft_ms", 1),
+        "one_cpu_ms_per_token": _pick(one, "cpu_ms_per_token"),
+        "tokens": one[-1]["tokens"],
+        "streams": args.streams,
+        "many_tokens_per_s": _pick(many, "tokens_per_s"),
+        "many_ttft_ms": _pick(many, "ttft_ms", 1),
+        "many_cpu_ms_per_token": _pick(many, "cpu_ms_per_token"),
+    }
 
 
 def _sentences(path: Path) -> list[str]:
@@ -143,12 +178,18 @@ def st_embed_side(args: argparse.Namespace) -> dict:
     model = SentenceTransformer(str(args.folder), device="cpu")
     model.encode(texts[:32], batch_size=args.batch, show_progress_bar=False)  # warm-up
     wall, cpu = time.perf_counter(), time.process_time()
-    vectors = model.encode(texts, batch_size=args.batch, normalize_embeddings=True, convert_to_numpy=True,
-                           show_progress_bar=False)
+    vectors = model.encode(
+        texts, batch_size=args.batch, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     np.save(args.vectors, vectors.astype(np.float32))
-    return {"sentences_per_s": round(len(texts) / wall, 2), "cpu_ms_per_sentence": round(cpu / len(texts) * 1e3, 2),
-            "batch": args.batch, "max_seq_length": model.max_seq_length, "threads": torch.get_num_threads()}
+    return {
+        "sentences_per_s": round(len(texts) / wall, 2),
+        "cpu_ms_per_sentence": round(cpu / len(texts) * 1e3, 2),
+        "batch": args.batch,
+        "max_seq_length": model.max_seq_length,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def ort_embed_side(args: argparse.Namespace) -> dict:
@@ -162,8 +203,14 @@ def ort_embed_side(args: argparse.Namespace) -> dict:
     from service.settings import Settings
 
     model_dir = load_model_dir(args.model_dir)
-    settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
-                                 intra_op_threads=args.threads, variant=args.variant)
+    settings = Settings.from_env(
+        env={},
+        models=str(args.model_dir.parent),
+        port=0,
+        metrics_port=-1,
+        intra_op_threads=args.threads,
+        variant=args.variant,
+    )
     runtime = Runtime(settings)
     variant, engine = load_engine(model_dir, settings, runtime)  # the graph and engine the service runs
     tokenizer = Tokenizer.from_file(str(model_dir.file("tokenizer.json")))  # truncates at max_input_tokens
@@ -174,7 +221,7 @@ def ort_embed_side(args: argparse.Namespace) -> dict:
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
         out = np.zeros((len(texts), model_dir.manifest.embedding_dim), dtype=np.float32)
         for start in range(0, len(order), args.batch):
-            rows = order[start:start + args.batch]
+            rows = order[start : start + args.batch]
             out[rows] = engine.forward([encoded[i] for i in rows])
         return postprocess(out, True, 0)
 
@@ -184,8 +231,13 @@ def ort_embed_side(args: argparse.Namespace) -> dict:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     runtime.close()
     np.save(args.vectors, vectors)
-    return {"sentences_per_s": round(len(texts) / wall, 2), "cpu_ms_per_sentence": round(cpu / len(texts) * 1e3, 2),
-            "batch": args.batch, "variant": variant, "packed": bool(getattr(engine, "packed", False))}
+    return {
+        "sentences_per_s": round(len(texts) / wall, 2),
+        "cpu_ms_per_sentence": round(cpu / len(texts) * 1e3, 2),
+        "batch": args.batch,
+        "variant": variant,
+        "packed": bool(getattr(engine, "packed", False)),
+    }
 
 
 async def _embed_calls(stub, name: str, texts: list[str], clients: int) -> np.ndarray:
@@ -220,13 +272,18 @@ async def embed_client_side(args: argparse.Namespace) -> dict:
         vectors = await _embed_calls(stub, name, texts, args.clients)
         wall, cpu = time.perf_counter() - wall, cpu_seconds(args.server_pid) - cpu
     np.save(args.vectors, vectors)
-    return {"sentences_per_s": round(len(texts) / wall, 2), "clients": args.clients,
-            "server_cpu_ms_per_sentence": round(cpu / len(texts) * 1e3, 2)}
+    return {
+        "sentences_per_s": round(len(texts) / wall, 2),
+        "clients": args.clients,
+        "server_cpu_ms_per_sentence": round(cpu / len(texts) * 1e3, 2),
+    }
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.converted_workers", description=__doc__.split("\n")[0])
-    p.add_argument("side", choices=["folder", "convert", "hf-generate", "gen-client", "st-embed", "ort-embed", "embed-client"])
+    p.add_argument(
+        "side", choices=["folder", "convert", "hf-generate", "gen-client", "st-embed", "ort-embed", "embed-client"]
+    )
     p.add_argument("--folder", type=Path)
     p.add_argument("--models", type=Path)
     p.add_argument("--name", default="")
@@ -249,8 +306,13 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    sides = {"folder": folder_side, "convert": convert_side, "hf-generate": hf_generate_side, "st-embed": st_embed_side,
-             "ort-embed": ort_embed_side}
+    sides = {
+        "folder": folder_side,
+        "convert": convert_side,
+        "hf-generate": hf_generate_side,
+        "st-embed": st_embed_side,
+        "ort-embed": ort_embed_side,
+    }
     if args.side in sides:
         emit(sides[args.side](args))
     else:

@@ -30,8 +30,14 @@ PROMPTS = ["Once upon a time", "The cat sat", "Tom and Sue went to the park", "H
 def _params(i: int, sampling: bool, steps: int) -> SamplingParams:
     if not sampling:
         return SamplingParams(max_new_tokens=steps + 2)
-    return SamplingParams(max_new_tokens=steps + 2, temperature=0.8, top_k=40 if i % 2 else 0, top_p=0.9,
-                          repetition_penalty=1.1 if i % 3 == 0 else 0.0, seed=i)
+    return SamplingParams(
+        max_new_tokens=steps + 2,
+        temperature=0.8,
+        top_k=40 if i % 2 else 0,
+        top_p=0.9,
+        repetition_penalty=1.1 if i % 3 == 0 else 0.0,
+        seed=i,
+    )
 
 
 def one_run(model: GenerationModel, rows: int, steps: int, sampling: bool) -> dict[str, float]:
@@ -62,9 +68,14 @@ def one_run(model: GenerationModel, rows: int, steps: int, sampling: bool) -> di
         seq.cancelled = True
     sched._deliver(sched._decode())
     per_step = 1e6 / steps
-    return {"step_us": wall * per_step, "graph_us": graph * per_step, "python_us": (wall - graph) * per_step,
-            "thread_cpu_us": cpu * per_step, "python_cpu_us": (cpu - graph_cpu) * per_step,
-            "python_cpu_us_per_token": (cpu - graph_cpu) * per_step / rows}
+    return {
+        "step_us": wall * per_step,
+        "graph_us": graph * per_step,
+        "python_us": (wall - graph) * per_step,
+        "thread_cpu_us": cpu * per_step,
+        "python_cpu_us": (cpu - graph_cpu) * per_step,
+        "python_cpu_us_per_token": (cpu - graph_cpu) * per_step / rows,
+    }
 
 
 def main() -> None:
@@ -75,8 +86,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sampling", action="store_true", help="mixed sampling settings instead of greedy")
     args = ap.parse_args()
-    settings = Settings.from_env(env={}, models=str(args.model_dir.parent), variant="fp32", gen_max_batch=args.rows,
-                                 gen_max_queue=args.rows)
+    settings = Settings.from_env(
+        env={}, models=str(args.model_dir.parent), variant="fp32", gen_max_batch=args.rows, gen_max_queue=args.rows
+    )
     runtime = Runtime(settings)
     model = GenerationModel.load(load_model_dir(args.model_dir), settings, runtime)
     one_run(model, args.rows, args.steps, args.sampling)  # warm-up

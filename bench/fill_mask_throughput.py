@@ -116,20 +116,30 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     inputs = masked_inputs(load_sentences(args.data, args.sentences))
     flags = [f for flag in args.server_flag for f in flag.split()]
-    result: dict = {"inputs": len(inputs), "top_k": TOP_K, "server_flags": flags, "conditions": conditions(),
-                    "service": {}}
+    result: dict = {
+        "inputs": len(inputs),
+        "top_k": TOP_K,
+        "server_flags": flags,
+        "conditions": conditions(),
+        "service": {},
+    }
     service = ServiceProcess(args.models, flags)
     try:
         for clients in args.clients:
             seconds, served = asyncio.run(run_clients(service.address, inputs, clients, args.model))
-            result["service"][f"clients_{clients}"] = {"seconds": round(seconds, 3),
-                                                       "inputs_per_s": round(len(inputs) / seconds, 1)}
+            result["service"][f"clients_{clients}"] = {
+                "seconds": round(seconds, 3),
+                "inputs_per_s": round(len(inputs) / seconds, 1),
+            }
     finally:
         result["service"]["exit_code"] = service.stop()
     if args.checkpoint:
         seconds, reference = pytorch_run(args.checkpoint, inputs, args.torch_batch_size, args.torch_threads)
-        result["pytorch"] = {"seconds": round(seconds, 3), "batch_size": args.torch_batch_size,
-                             "inputs_per_s": round(len(inputs) / seconds, 1)}
+        result["pytorch"] = {
+            "seconds": round(seconds, 3),
+            "batch_size": args.torch_batch_size,
+            "inputs_per_s": round(len(inputs) / seconds, 1),
+        }
         result["top1_agreement"] = round(sum(a == b for a, b in zip(served, reference, strict=True)) / len(inputs), 4)
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0

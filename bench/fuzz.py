@@ -43,8 +43,10 @@ def describe(message, limit: int = 48) -> str:
     parts = []
     for field, value in message.ListFields():
         items = list(value) if field.is_repeated else [value]
-        shown = [quote(v, limit) if isinstance(v, str) else describe(v) if hasattr(v, "ListFields") else repr(v)
-                 for v in items[:4]]
+        shown = [
+            quote(v, limit) if isinstance(v, str) else describe(v) if hasattr(v, "ListFields") else repr(v)
+            for v in items[:4]
+        ]
         more = f", … {len(items)} items" if len(items) > 4 else ""
         parts.append(f"{field.name}=" + (f"[{', '.join(shown)}{more}]" if field.is_repeated else shown[0]))
     return f"{message.DESCRIPTOR.name}({', '.join(parts)})"
@@ -53,8 +55,11 @@ def describe(message, limit: int = 48) -> str:
 def mixed_chunk(known: list[str], size: int, seed: int) -> list[tuple[Rpc, object]]:
     """size requests, the same number for every RPC, in a seeded random order."""
     methods = rpcs()
-    chunk = [c for i, rpc in enumerate(methods)
-             for c in draw(calls(known, only=[rpc]), -(-size // len(methods)), seed * 1000 + i)]
+    chunk = [
+        c
+        for i, rpc in enumerate(methods)
+        for c in draw(calls(known, only=[rpc]), -(-size // len(methods)), seed * 1000 + i)
+    ]
     random.Random(seed).shuffle(chunk)
     return chunk
 
@@ -106,7 +111,8 @@ async def alive(client: Client) -> bool:
         await pb_grpc.EmbeddingServiceStub(client.aio).Embed(pb.EmbedRequest(inputs=["fine"]), timeout=30)
     if "generation" in kinds:
         await pb_grpc.GenerationServiceStub(client.aio).Generate(
-            pb.GenerateRequest(prompt="Once", max_new_tokens=4), timeout=30)
+            pb.GenerateRequest(prompt="Once", max_new_tokens=4), timeout=30
+        )
     return health.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -121,10 +127,16 @@ async def session(address: str, args: argparse.Namespace, pid: int | None) -> di
         live = await alive(client)
     finally:
         await client.close()
-    return {"requests": sum(counts.values()), "wall_s": round(wall, 1),
-            "server_cpu_s": round(cpu_seconds(pid) - cpu0, 1) if pid else None,
-            "counts": {f"{r} {c}": v for (r, c), v in sorted(counts.items())}, "bad": bad,
-            "alive_after": live, "table": table(counts), "models": known}
+    return {
+        "requests": sum(counts.values()),
+        "wall_s": round(wall, 1),
+        "server_cpu_s": round(cpu_seconds(pid) - cpu0, 1) if pid else None,
+        "counts": {f"{r} {c}": v for (r, c), v in sorted(counts.items())},
+        "bad": bad,
+        "alive_after": live,
+        "table": table(counts),
+        "models": known,
+    }
 
 
 def main() -> int:

@@ -31,8 +31,24 @@ INT_RANGES = {
     FieldDescriptor.CPPTYPE_UINT32: (0, 2**32 - 1),
     FieldDescriptor.CPPTYPE_UINT64: (0, 2**64 - 1),
 }
-SPECIAL_FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 1e-45, 1e-30, 1e-7, 1e9, -1e9, 1e30, 3.4e38, -3.4e38,
-                  float("nan"), float("inf"), float("-inf")]
+SPECIAL_FLOATS = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    1e-45,
+    1e-30,
+    1e-7,
+    1e9,
+    -1e9,
+    1e30,
+    3.4e38,
+    -3.4e38,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+]
 ODD_CHARS = "\x00\x01\x07\x08\t\n\r\x1b\x7f\x85\xa0\u200b\u200e\u202e\u2028\u2029\ufeff\ufffd\uffff\U0010ffff"
 BEYOND = [16, 17, 255, 256, 257, 1000, 5000]  # repeated sizes around and past the limits services set
 MASKED = ["the [MASK] sat", "[MASK]", "[MASK] [MASK] [MASK]", "[mask] [MASK", "x" * 40 + " [MASK]"]  # FillMask's inputs
@@ -58,16 +74,31 @@ class Rpc:
 
 def rpcs(file=inference_pb2.DESCRIPTOR) -> list[Rpc]:
     """Every method of every service in the proto file, in declaration order."""
-    return [Rpc(s.full_name, m.name, message_factory.GetMessageClass(m.input_type),
-                message_factory.GetMessageClass(m.output_type), m.client_streaming, m.server_streaming)
-            for s in file.services_by_name.values() for m in s.methods]
+    return [
+        Rpc(
+            s.full_name,
+            m.name,
+            message_factory.GetMessageClass(m.input_type),
+            message_factory.GetMessageClass(m.output_type),
+            m.client_streaming,
+            m.server_streaming,
+        )
+        for s in file.services_by_name.values()
+        for m in s.methods
+    ]
 
 
 def strings(known: Sequence[str]) -> st.SearchStrategy[str]:
     unicode = st.characters(exclude_categories=("Cs",))  # every plane; lone surrogates are not UTF-8
     huge = st.builds(lambda c, n: c * n, unicode, st.integers(1_000, 200_000))
-    branches = [st.just(""), st.text(unicode, max_size=40), st.text(st.sampled_from(ODD_CHARS), max_size=20),
-                st.text(st.characters(codec="ascii"), min_size=1, max_size=60), huge, st.sampled_from(MASKED)]
+    branches = [
+        st.just(""),
+        st.text(unicode, max_size=40),
+        st.text(st.sampled_from(ODD_CHARS), max_size=20),
+        st.text(st.characters(codec="ascii"), min_size=1, max_size=60),
+        huge,
+        st.sampled_from(MASKED),
+    ]
     if known:
         branches += [st.sampled_from(list(known))] * 4  # most calls should get past the model lookup
     return st.one_of(branches)
@@ -75,13 +106,18 @@ def strings(known: Sequence[str]) -> st.SearchStrategy[str]:
 
 def integers(lo: int, hi: int) -> st.SearchStrategy[int]:
     edges = sorted({v for v in (lo, lo + 1, hi - 1, hi, 0, 1, 2, 2**31 - 1, 2**31, 2**32 - 1) if lo <= v <= hi})
-    return st.one_of(st.integers(max(lo, 0), min(hi, 8)), st.integers(max(lo, 0), min(hi, 300)),
-                     st.sampled_from(edges), st.integers(lo, hi))
+    return st.one_of(
+        st.integers(max(lo, 0), min(hi, 8)),
+        st.integers(max(lo, 0), min(hi, 300)),
+        st.sampled_from(edges),
+        st.integers(lo, hi),
+    )
 
 
 def floats(width: int) -> st.SearchStrategy[float]:
-    return st.one_of(st.sampled_from(SPECIAL_FLOATS), st.floats(0.0, 2.0, width=width),
-                     st.floats(width=width, allow_subnormal=True))
+    return st.one_of(
+        st.sampled_from(SPECIAL_FLOATS), st.floats(0.0, 2.0, width=width), st.floats(width=width, allow_subnormal=True)
+    )
 
 
 def scalar(field: FieldDescriptor, known: Sequence[str], depth: int) -> st.SearchStrategy:
@@ -107,8 +143,10 @@ def scalar(field: FieldDescriptor, known: Sequence[str], depth: int) -> st.Searc
 
 def repeated(element: st.SearchStrategy, short: st.SearchStrategy) -> st.SearchStrategy[list]:
     """0-4 items of any kind, or a count around / beyond the service limits of short items."""
-    return st.one_of(st.lists(element, max_size=4),
-                     st.sampled_from(BEYOND).flatmap(lambda n: st.lists(short, min_size=n, max_size=n)))
+    return st.one_of(
+        st.lists(element, max_size=4),
+        st.sampled_from(BEYOND).flatmap(lambda n: st.lists(short, min_size=n, max_size=n)),
+    )
 
 
 def field_values(field: FieldDescriptor, known: Sequence[str], depth: int) -> st.SearchStrategy:
@@ -153,7 +191,7 @@ class Client:
     (grpc/grpc#36066), which would hide what the server said. The synchronous API reports it.
     """
 
-    OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", 64 << 20)]
+    OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", 64 << 20))
 
     def __init__(self, address: str):
         self.aio = grpc.aio.insecure_channel(address, options=self.OPTIONS)
@@ -191,8 +229,9 @@ def draw(strategy: st.SearchStrategy, n: int, at: int = 0) -> list:
     out: list = []
 
     @seed(at)
-    @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n, phases=[Phase.generate], database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(strategy)
     def collect(example) -> None:
         out.append(example)

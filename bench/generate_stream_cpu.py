@@ -56,13 +56,21 @@ async def _round(address: str, pid: int, args) -> dict[str, float]:
         stub = pb_grpc.GenerationServiceStub(channel)
         await _stream(stub, "Hello", args.model, 4)
         (cpu, loop_cpu), wall = _cpu(pid), time.perf_counter()
-        results = await asyncio.gather(*(_stream(stub, PROMPTS[i % len(PROMPTS)], args.model, args.new_tokens,
-                                                 args.calls) for i in range(args.streams)))
+        results = await asyncio.gather(
+            *(
+                _stream(stub, PROMPTS[i % len(PROMPTS)], args.model, args.new_tokens, args.calls)
+                for i in range(args.streams)
+            )
+        )
         wall, (cpu_end, loop_end) = time.perf_counter() - wall, _cpu(pid)
     tokens = sum(t for t, _ in results)
-    return {"server_cpu_us_per_token": (cpu_end - cpu) / tokens * 1e6,
-            "event_loop_cpu_us_per_token": (loop_end - loop_cpu) / tokens * 1e6, "tokens_per_s": tokens / wall,
-            "messages_per_call": sum(m for _, m in results) / (len(results) * args.calls), "tokens": tokens}
+    return {
+        "server_cpu_us_per_token": (cpu_end - cpu) / tokens * 1e6,
+        "event_loop_cpu_us_per_token": (loop_end - loop_cpu) / tokens * 1e6,
+        "tokens_per_s": tokens / wall,
+        "messages_per_call": sum(m for _, m in results) / (len(results) * args.calls),
+        "tokens": tokens,
+    }
 
 
 def _free_port() -> int:
@@ -76,8 +84,10 @@ async def measure(address: str, pid: int, args) -> dict:
         await asyncio.wait_for(channel.channel_ready(), 120)
     rounds = [await _round(address, pid, args) for _ in range(args.rounds)]
     out = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
-    out["range_cpu_us_per_token"] = [round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
-                                     round(max(r["server_cpu_us_per_token"] for r in rounds), 2)]
+    out["range_cpu_us_per_token"] = [
+        round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
+        round(max(r["server_cpu_us_per_token"] for r in rounds), 2),
+    ]
     return {**out, "streams": args.streams, "calls": args.calls, "new_tokens": args.new_tokens, "rounds": args.rounds}
 
 
@@ -92,8 +102,25 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     port = _free_port()
-    cmd = [sys.executable, "-m", "service", "--models", str(args.models), "--host", "127.0.0.1", "--port", str(port),
-           "--metrics-port", "-1", "--http-port", "-1", "--gen-max-batch", str(args.max_batch), "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--models",
+        str(args.models),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "-1",
+        "--http-port",
+        "-1",
+        "--gen-max-batch",
+        str(args.max_batch),
+        "--log-level",
+        "WARNING",
+    ]
     server = subprocess.Popen(cmd)
     try:
         print(json.dumps(asyncio.run(measure(f"127.0.0.1:{port}", server.pid, args))))

@@ -37,9 +37,9 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     import torch
 
     from export.build import build_generation
-    from export.heldout import heldout_sample
     from export.checkpoint import save_checkpoint
     from export.decoder import DecoderConfig, GPTDecoder
+    from export.heldout import heldout_sample
     from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
 
     if (checkpoint / "config.json").is_file():
@@ -54,12 +54,27 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
         model = GPTDecoder(DecoderConfig(vocab_size=tokenizer.get_vocab_size())).eval()
         special, source = GENERATOR_SPECIAL_TOKENS, "random init, DecoderConfig() size (no trained checkpoint)"
         sample = None
-        checkpoint = save_checkpoint(model, out / "checkpoint", name="bench-gpt", tokenizer_path=out / "tokenizer.json",
-                                     special_tokens=special, max_length=model.config.max_positions, fp16=False)
+        checkpoint = save_checkpoint(
+            model,
+            out / "checkpoint",
+            name="bench-gpt",
+            tokenizer_path=out / "tokenizer.json",
+            special_tokens=special,
+            max_length=model.config.max_positions,
+            fp16=False,
+        )
     cfg = model.config
-    build_generation(model, tokenizer, out / "models" / "bench-gpt", name="bench-gpt", special_tokens=special,
-                     max_input_tokens=cfg.max_positions // 2, max_output_tokens=cfg.max_positions // 2,
-                     variants=("optimized", "int8"), quality_sample=sample)
+    build_generation(
+        model,
+        tokenizer,
+        out / "models" / "bench-gpt",
+        name="bench-gpt",
+        special_tokens=special,
+        max_input_tokens=cfg.max_positions // 2,
+        max_output_tokens=cfg.max_positions // 2,
+        variants=("optimized", "int8"),
+        quality_sample=sample,
+    )
     return checkpoint, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
 
 
@@ -67,9 +82,14 @@ def single_stream_round(checkpoint: Path, model_dir: Path, args) -> dict:
     common = ["--new-tokens", str(args.new_tokens), "--threads", str(args.threads), "--repeats", str(args.repeats)]
     ref = run_worker(WORKERS, "torch", "--checkpoint", str(checkpoint), *common)
     onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), "--variant", args.variant, *common)
-    return {"onnx": statistics.median(onnx["tokens_per_s"]), "torch": statistics.median(ref["tokens_per_s"]),
-            "same_tokens": onnx["tokens"] == ref["tokens"], "new_tokens": len(onnx["tokens"]),
-            "same_prefix": common_prefix(onnx["tokens"], ref["tokens"]), "variant": onnx["variant"]}
+    return {
+        "onnx": statistics.median(onnx["tokens_per_s"]),
+        "torch": statistics.median(ref["tokens_per_s"]),
+        "same_tokens": onnx["tokens"] == ref["tokens"],
+        "new_tokens": len(onnx["tokens"]),
+        "same_prefix": common_prefix(onnx["tokens"], ref["tokens"]),
+        "variant": onnx["variant"],
+    }
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -78,13 +98,30 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def concurrency_round(models: Path, args) -> dict:
-    flags = ["--intra-op-threads", str(args.threads), "--gen-max-batch", str(max(16, args.streams)),
-             "--variant", args.variant]
+    flags = [
+        "--intra-op-threads",
+        str(args.threads),
+        "--gen-max-batch",
+        str(max(16, args.streams)),
+        "--variant",
+        args.variant,
+    ]
     service = ServiceProcess(models, flags, metrics=True)
     try:
-        out = run_worker(WORKERS, "client", "--address", service.address, "--metrics-url", service.metrics_url,
-                         "--streams", f"1,{args.streams}", "--new-tokens", str(args.new_tokens),
-                         "--repeats", str(args.repeats))
+        out = run_worker(
+            WORKERS,
+            "client",
+            "--address",
+            service.address,
+            "--metrics-url",
+            service.metrics_url,
+            "--streams",
+            f"1,{args.streams}",
+            "--new-tokens",
+            str(args.new_tokens),
+            "--repeats",
+            str(args.repeats),
+        )
     finally:
         service.stop()
     one, many = out["median_tokens_per_s"]["1"], out["median_tokens_per_s"][str(args.streams)]
@@ -96,15 +133,20 @@ def report(single: list[dict], many: list[dict], args) -> dict:
         "single_stream": {
             "onnx_engine_tokens_per_s": summary([r["onnx"] for r in single], 1),
             "torch_kv_cache_tokens_per_s": summary([r["torch"] for r in single], 1),
-            "ratio": summary([r["onnx"] / r["torch"] for r in single]), "target": 3.0,
-            "same_tokens": all(r["same_tokens"] for r in single), "new_tokens": single[0]["new_tokens"],
+            "ratio": summary([r["onnx"] / r["torch"] for r in single]),
+            "target": 3.0,
+            "same_tokens": all(r["same_tokens"] for r in single),
+            "new_tokens": single[0]["new_tokens"],
             "same_prefix_tokens": min(r["same_prefix"] for r in single),
-            "variant": single[0]["variant"]},
+            "variant": single[0]["variant"],
+        },
         "concurrency": {
             "one_stream_tokens_per_s": summary([r["one"] for r in many], 1),
             f"{args.streams}_streams_tokens_per_s": summary([r["many"] for r in many], 1),
-            "ratio": summary([r["many"] / r["one"] for r in many]), "target": 3.0,
-            "decode_batch_size_last_round": many[-1]["batch"]},
+            "ratio": summary([r["many"] / r["one"] for r in many]),
+            "target": 3.0,
+            "decode_batch_size_last_round": many[-1]["batch"],
+        },
     }
 
 
@@ -116,9 +158,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (fresh processes each)")
     p.add_argument("--repeats", type=int, default=3, help="measured generations per worker (after a warm-up)")
-    p.add_argument("--variant", default="auto", help="graph variant of the engine side: auto (what the service "
-                   "serves here: int8 on CPU when the gate passed its quality), optimized (fp32: PyTorch's exact "
-                   "tokens) or int8 (quantised weights: same held-out perplexity, greedy tokens may drift)")
+    p.add_argument(
+        "--variant",
+        default="auto",
+        help="graph variant of the engine side: auto (what the service "
+        "serves here: int8 on CPU when the gate passed its quality), optimized (fp32: PyTorch's exact "
+        "tokens) or int8 (quantised weights: same held-out perplexity, greedy tokens may drift)",
+    )
     return p.parse_args(argv)
 
 
@@ -133,9 +179,14 @@ def main(argv: list[str] | None = None) -> int:
             single.append(single_stream_round(checkpoint, Path(tmp) / "models" / "bench-gpt", args))
             many.append(concurrency_round(Path(tmp) / "models", args))
         quality = served_quality(Path(tmp) / "models" / "bench-gpt", single[0]["variant"])
-    result = {"weights": source, "threads": args.threads, "rounds": args.rounds, **report(single, many, args),
-              "quality": quality,
-              "conditions": {"before": before, "after": conditions()}}
+    result = {
+        "weights": source,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        **report(single, many, args),
+        "quality": quality,
+        "conditions": {"before": before, "after": conditions()},
+    }
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

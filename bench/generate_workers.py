@@ -24,8 +24,16 @@ from pathlib import Path
 
 from bench.common import emit, histogram_delta, scrape_histogram
 
-PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom had a big red ball.", "The sun was hot and",
-           "There was a cat", "Sam and his mom went to the park", "A bird sat on a tree", "Mia wanted a cookie"]
+PROMPTS = [
+    "Once upon a time",
+    "One day, a little girl named Lily",
+    "Tom had a big red ball.",
+    "The sun was hot and",
+    "There was a cat",
+    "Sam and his mom went to the park",
+    "A bird sat on a tree",
+    "Mia wanted a cookie",
+]
 
 
 def torch_side(args: argparse.Namespace) -> dict:
@@ -62,8 +70,14 @@ async def engine_side(args: argparse.Namespace) -> dict:
     from service.runtime import Runtime
     from service.settings import Settings
 
-    settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
-                                 intra_op_threads=args.threads, variant=args.variant)
+    settings = Settings.from_env(
+        env={},
+        models=str(args.model_dir.parent),
+        port=0,
+        metrics_port=-1,
+        intra_op_threads=args.threads,
+        variant=args.variant,
+    )
     runtime = Runtime(settings)
     engine = GenerationModel.load(load_model_dir(args.model_dir), settings, runtime)
     await engine.start()
@@ -82,8 +96,12 @@ async def engine_side(args: argparse.Namespace) -> dict:
     finally:
         await engine.stop()
         runtime.close()
-    return {"tokens_per_s": [round(r[0], 1) for r in runs], "tokens": runs[-1][1], "variant": engine.variant,
-            "provider": engine.provider}
+    return {
+        "tokens_per_s": [round(r[0], 1) for r in runs],
+        "tokens": runs[-1][1],
+        "variant": engine.variant,
+        "provider": engine.provider,
+    }
 
 
 async def streams_tps(client, streams: int, new_tokens: int) -> float:
@@ -112,9 +130,11 @@ async def client_side(args: argparse.Namespace) -> dict:
             if args.metrics_url:
                 after = scrape_histogram(args.metrics_url, "ts_generation_batch_size")
                 batches[n] = histogram_delta(before, after)
-    return {"tokens_per_s": {str(n): [round(x, 1) for x in v] for n, v in runs.items()},
-            "median_tokens_per_s": {str(n): round(statistics.median(v), 1) for n, v in runs.items()},
-            "decode_batch_size": {str(n): b for n, b in batches.items()}}
+    return {
+        "tokens_per_s": {str(n): [round(x, 1) for x in v] for n, v in runs.items()},
+        "median_tokens_per_s": {str(n): round(statistics.median(v), 1) for n, v in runs.items()},
+        "decode_batch_size": {str(n): b for n, b in batches.items()},
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -128,7 +148,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--variant", default="auto", help="graph variant the engine side serves (fp32, optimized, int8, ...)")
+    p.add_argument(
+        "--variant", default="auto", help="graph variant the engine side serves (fp32, optimized, int8, ...)"
+    )
     return p.parse_args()
 
 

@@ -33,13 +33,38 @@ from bench.gpu_report import write_report
 log = logging.getLogger("bench.gpu")
 GPU_REPORT = ROOT / "docs" / "gpu-report"
 SIZES = {  # full: the issue's workloads, about 8 minutes on an H100; small: the CPU smoke check
-    "full": dict(sentences=4096, st_batches="64,128,256,512", ort_batches="128,512", new_tokens=128,
-                 streams=(1, 8, 64), embed_in_flight=256, embed_per_call=64, embed_calls_in_flight=8,
-                 translate_sentences=512, translate_batch=128, per_call=8, translate_in_flight=16,
-                 max_length=64, budget_s=10.0),
-    "small": dict(sentences=48, st_batches="16,32", ort_batches="16", new_tokens=12, streams=(1, 2, 4),
-                  embed_in_flight=8, embed_per_call=16, embed_calls_in_flight=2, translate_sentences=12,
-                  translate_batch=4, per_call=4, translate_in_flight=2, max_length=16, budget_s=0.5),
+    "full": dict(
+        sentences=4096,
+        st_batches="64,128,256,512",
+        ort_batches="128,512",
+        new_tokens=128,
+        streams=(1, 8, 64),
+        embed_in_flight=256,
+        embed_per_call=64,
+        embed_calls_in_flight=8,
+        translate_sentences=512,
+        translate_batch=128,
+        per_call=8,
+        translate_in_flight=16,
+        max_length=64,
+        budget_s=10.0,
+    ),
+    "small": dict(
+        sentences=48,
+        st_batches="16,32",
+        ort_batches="16",
+        new_tokens=12,
+        streams=(1, 2, 4),
+        embed_in_flight=8,
+        embed_per_call=16,
+        embed_calls_in_flight=2,
+        translate_sentences=12,
+        translate_batch=4,
+        per_call=4,
+        translate_in_flight=2,
+        max_length=16,
+        budget_s=0.5,
+    ),
 }
 
 
@@ -51,8 +76,9 @@ def missing_gpu() -> str | None:
         return "no nvidia-smi (no NVIDIA driver)"
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return f"onnxruntime {ort.__version__} offers no CUDAExecutionProvider (install onnxruntime-gpu)"
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
     if probe.stdout.strip() != "True":
         return "PyTorch sees no CUDA device"
     return None
@@ -61,16 +87,32 @@ def missing_gpu() -> str | None:
 def environment(device: str) -> dict:
     import onnxruntime as ort
 
-    env = {"device": device, "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
-           "python": sys.version.split()[0], "machine": conditions()}
-    torch = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-                           capture_output=True, text=True).stdout.split()
-    env["torch"], env["torch_cuda"] = (torch + [None, None])[:2]
+    env = {
+        "device": device,
+        "onnxruntime": ort.__version__,
+        "providers": ort.get_available_providers(),
+        "python": sys.version.split()[0],
+        "machine": conditions(),
+    }
+    torch = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    env["torch"], env["torch_cuda"] = ([*torch, None, None])[:2]
     if shutil.which("nvidia-smi"):
         query = "--query-gpu=name,driver_version,memory.total,compute_cap"
         row = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True).stdout
-        env["gpu"] = dict(zip(("name", "driver", "memory", "compute_capability"),
-                              (f.strip() for f in row.splitlines()[0].split(",")))) if row.strip() else None
+        env["gpu"] = (
+            dict(
+                zip(
+                    ("name", "driver", "memory", "compute_capability"),
+                    (f.strip() for f in row.splitlines()[0].split(",")),
+                )
+            )
+            if row.strip()
+            else None
+        )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     env["commit"] = commit.stdout.strip() or None
     return env
@@ -78,12 +120,18 @@ def environment(device: str) -> dict:
 
 def inputs(checkpoints: Path, sentences_file: Path | None, size: dict, tmp: Path) -> dict[str, Path]:
     """JSON files the sides share: generation prompts, embedding sentences, translation sources."""
-    sources = [json.loads(line)["source"] for line in
-               (checkpoints / "tatoeba-en-fr" / "heldout.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    sources = [
+        json.loads(line)["source"]
+        for line in (checkpoints / "tatoeba-en-fr" / "heldout.jsonl").read_text(encoding="utf-8").splitlines()
+        if line
+    ]
     count = size["sentences"]
     sentences = list(dict.fromkeys(load_sentences(sentences_file, count) + sources))
-    files = {"prompts": PROMPTS, "sentences": (sentences * (count // len(sentences) + 1))[:count],
-             "sources": sorted(sources[: size["translate_sentences"]], key=len)}  # the same order for both sides
+    files = {
+        "prompts": PROMPTS,
+        "sentences": (sentences * (count // len(sentences) + 1))[:count],
+        "sources": sorted(sources[: size["translate_sentences"]], key=len),
+    }  # the same order for both sides
     paths = {}
     for name, items in files.items():
         paths[name] = tmp / f"{name}.json"
@@ -98,17 +146,54 @@ def torch_phases(args, size: dict, files: dict, tmp: Path) -> dict:
     budget = ["--device", args.device, "--budget-s", str(size["budget_s"])]
     for dtype in ("fp16", "fp32") if args.device == "cuda" else ("fp32",):
         out[f"generate_{dtype}"] = lambda dtype=dtype: run_worker(
-            "bench.gpu_torch", "generate", "--checkpoint", str(ckpt / "tinystories-gpt"), "--dtype", dtype,
-            "--prompts", str(files["prompts"]), "--new-tokens", str(size["new_tokens"]),
-            "--rows", str(max(size["streams"])), *budget, timeout=240)
+            "bench.gpu_torch",
+            "generate",
+            "--checkpoint",
+            str(ckpt / "tinystories-gpt"),
+            "--dtype",
+            dtype,
+            "--prompts",
+            str(files["prompts"]),
+            "--new-tokens",
+            str(size["new_tokens"]),
+            "--rows",
+            str(max(size["streams"])),
+            *budget,
+            timeout=240,
+        )
         out[f"translate_{dtype}"] = lambda dtype=dtype: run_worker(
-            "bench.translate_workers", "torch", "--checkpoint", str(ckpt / "tatoeba-en-fr"), "--device",
-            args.device, "--dtype", dtype, "--sentences", str(files["sources"]), "--batch",
-            str(size["translate_batch"]), "--max-length", str(size["max_length"]), "--repeats", "1",
-            "--threads", str(args.threads), timeout=240)
+            "bench.translate_workers",
+            "torch",
+            "--checkpoint",
+            str(ckpt / "tatoeba-en-fr"),
+            "--device",
+            args.device,
+            "--dtype",
+            dtype,
+            "--sentences",
+            str(files["sources"]),
+            "--batch",
+            str(size["translate_batch"]),
+            "--max-length",
+            str(size["max_length"]),
+            "--repeats",
+            "1",
+            "--threads",
+            str(args.threads),
+            timeout=240,
+        )
     out["embed"] = lambda: run_worker(
-        "bench.gpu_torch", "embed", "--sentences", str(files["sentences"]), "--batches", size["st_batches"],
-        "--vectors", str(tmp / "st_fp32.npy"), *budget, timeout=240)
+        "bench.gpu_torch",
+        "embed",
+        "--sentences",
+        str(files["sentences"]),
+        "--batches",
+        size["st_batches"],
+        "--vectors",
+        str(tmp / "st_fp32.npy"),
+        *budget,
+        timeout=240,
+    )
     return out
 
 
@@ -116,12 +201,31 @@ def ceiling_phases(args, size: dict, files: dict) -> dict:
     common = ["--device", args.device, "--budget-s", str(size["budget_s"])]
     streams = ",".join(str(s) for s in (1, max(size["streams"])))
     return {
-        "embed": lambda: run_worker("bench.gpu_ceiling", "embed", "--model-dir", str(args.models / args.embed_model),
-                                    "--sentences", str(files["sentences"]), "--batches", size["ort_batches"], *common,
-                                    timeout=180),
-        "decode": lambda: run_worker("bench.gpu_ceiling", "decode", "--model-dir",
-                                     str(args.models / args.gen_model), "--rows", streams,
-                                     "--steps", str(size["new_tokens"]), *common, timeout=180)}
+        "embed": lambda: run_worker(
+            "bench.gpu_ceiling",
+            "embed",
+            "--model-dir",
+            str(args.models / args.embed_model),
+            "--sentences",
+            str(files["sentences"]),
+            "--batches",
+            size["ort_batches"],
+            *common,
+            timeout=180,
+        ),
+        "decode": lambda: run_worker(
+            "bench.gpu_ceiling",
+            "decode",
+            "--model-dir",
+            str(args.models / args.gen_model),
+            "--rows",
+            streams,
+            "--steps",
+            str(size["new_tokens"]),
+            *common,
+            timeout=180,
+        ),
+    }
 
 
 def run_phases(phases: dict, into: dict) -> None:
@@ -140,14 +244,23 @@ def run_phases(phases: dict, into: dict) -> None:
 
 def server_flags(args, size: dict, variant: str) -> list[str]:
     # Room for the workloads' rows (64 streams, translation calls in flight); the rest: the settings' defaults.
-    flags = ["--device", args.device, "--variant", variant, "--gen-max-batch", str(max(size["streams"])),
-             "--translate-max-batch", str(size["per_call"] * size["translate_in_flight"])]
+    flags = [
+        "--device",
+        args.device,
+        "--variant",
+        variant,
+        "--gen-max-batch",
+        str(max(size["streams"])),
+        "--translate-max-batch",
+        str(size["per_call"] * size["translate_in_flight"]),
+    ]
     return flags + (["--strict-provider"] if args.device == "cuda" else []) + args.server_flag
 
 
 def service_runs(args, size: dict, files: dict, tmp: Path) -> dict:
     """Two real servers in turn: the default variant (fp16 on CUDA) for every client workload,
     then the fp32 graphs ("optimized") for the fp32 token check."""
+
     def workloads(server: ServiceProcess) -> svc.Workloads:
         return svc.Workloads(server.address, server.proc.pid, size, files, tmp / "st_fp32.npy")
 
@@ -156,8 +269,10 @@ def service_runs(args, size: dict, files: dict, tmp: Path) -> dict:
         run_phases(workloads(server).phases(), out)
         return out
 
-    return {"service": lambda: serve(args, size, "auto", every_workload),
-            "service_fp32": lambda: serve(args, size, "optimized", lambda server: workloads(server).alone())}
+    return {
+        "service": lambda: serve(args, size, "auto", every_workload),
+        "service_fp32": lambda: serve(args, size, "optimized", lambda server: workloads(server).alone()),
+    }
 
 
 def serve(args, size: dict, variant: str, body) -> dict:
@@ -174,8 +289,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="small sizes (the CPU smoke check)")
     p.add_argument("--models", type=Path, default=Path("models"), help="model directories (make models)")
     p.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="the shipped checkpoints")
-    p.add_argument("--sentences", type=Path, help="embedding sentences: STS-B TSV or one per line (default: "
-                   "STS-B beside the checkout, else tests/data; the translator's held-out sources are added)")
+    p.add_argument(
+        "--sentences",
+        type=Path,
+        help="embedding sentences: STS-B TSV or one per line (default: "
+        "STS-B beside the checkout, else tests/data; the translator's held-out sources are added)",
+    )
     p.add_argument("--embed-model", default="all-minilm-l6-v2")
     p.add_argument("--gen-model", default="tinystories-gpt")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of the translation side")
@@ -195,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     size = SIZES["small" if args.small else "full"]
     started = time.perf_counter()
-    report = {"environment": environment(args.device), "sizes": {k: list(v) if isinstance(v, tuple) else v
-                                                                 for k, v in size.items()}}
+    report = {
+        "environment": environment(args.device),
+        "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         files = inputs(args.checkpoints, args.sentences, size, Path(tmp))
         report["sizes"]["distinct_sentences"] = files.pop("distinct_sentences")

@@ -34,8 +34,11 @@ CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 def open_session(model_dir: Path, role: str, device: str) -> tuple[ort.InferenceSession, str]:
     """The variant the service serves on the device (fp16 on CUDA, optimized on the CPU)."""
     manifest = load_model_dir(model_dir, verify_hashes=False).manifest
-    variant = next(v for v in (("fp16", "optimized", "fp32") if device == "cuda" else ("optimized", "fp32"))
-                   if v in manifest.variants(role))
+    variant = next(
+        v
+        for v in (("fp16", "optimized", "fp32") if device == "cuda" else ("optimized", "fp32"))
+        if v in manifest.variants(role)
+    )
     providers = [CUDA, CPU] if device == "cuda" else [CPU]
     sess = ort.InferenceSession(str(model_dir / manifest.graph(role, variant).file), providers=providers)
     if sess.get_providers()[0] != providers[0]:
@@ -49,7 +52,8 @@ def embed_side(args: argparse.Namespace) -> dict:
     ids = sorted((e.ids for e in tok.encode_batch(json.loads(args.sentences.read_text(encoding="utf-8")))), key=len)
     out = {}
     for batch in (int(b) for b in args.batches.split(",")):
-        def one_pass() -> None:
+
+        def one_pass(batch: int = batch) -> None:
             for start in range(0, len(ids), batch):
                 rows = ids[start : start + batch]
                 feed = np.zeros((len(rows), len(rows[-1])), np.int64)  # sorted: the last row is the longest
@@ -74,10 +78,13 @@ def decode_side(args: argparse.Namespace) -> dict:
     out = {}
     for rows in (int(r) for r in args.rows.split(",")):
         step, tokens = _bound_loop(sess, kv_names, (rows, heads, length, head_dim), kv_type, vocab, args)
-        seconds = _timed(lambda: [step(t) for t in range(args.steps)], args.budget_s)
+        seconds = _timed(lambda step=step: [step(t) for t in range(args.steps)], args.budget_s)
         per_step = min(seconds) / args.steps
-        out[str(rows)] = {"us_per_step": round(per_step * 1e6, 1), "tokens_per_s": round(rows / per_step, 1),
-                          "first_tokens_row0": tokens[:8]}
+        out[str(rows)] = {
+            "us_per_step": round(per_step * 1e6, 1),
+            "tokens_per_s": round(rows / per_step, 1),
+            "first_tokens_row0": tokens[:8],
+        }
     return {"variant": variant, "start_length": args.start, "steps": args.steps, "by_rows": out}
 
 
@@ -88,13 +95,20 @@ def _bound_loop(sess, kv_names, shape, kv_type, vocab: int, args):
     def value(array: np.ndarray, where: str = dev) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, where, 0)
 
-    ids, pos, seqlens = value(np.zeros((rows, 1), np.int64)), value(np.zeros((rows, 1), np.int64)), \
-        value(np.zeros(rows, np.int32))
+    ids, pos, seqlens = (
+        value(np.zeros((rows, 1), np.int64)),
+        value(np.zeros((rows, 1), np.int64)),
+        value(np.zeros(rows, np.int32)),
+    )
     total = value(np.zeros((), np.int32), "cpu")  # a host input of GroupQueryAttention
     logits = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1, vocab), kv_type, "cpu", 0)  # copied out each run
     binding = sess.io_binding()
-    for name, v in (("input_ids", ids), ("position_ids", pos), ("seqlens_k", seqlens),
-                    ("total_sequence_length", total)):
+    for name, v in (
+        ("input_ids", ids),
+        ("position_ids", pos),
+        ("seqlens_k", seqlens),
+        ("total_sequence_length", total),
+    ):
         binding.bind_ortvalue_input(name, v)
     for name in kv_names:
         buffer = ort.OrtValue.ortvalue_from_shape_and_type(shape, kv_type, dev, 0)

@@ -64,6 +64,7 @@ async def embed_batched(address: str, sentences: list[str], per_call: int, in_fl
     """Wall seconds for all sentences in calls of `per_call` inputs, `in_flight` calls at a time."""
     chunks = [sentences[i : i + per_call] for i in range(0, len(sentences), per_call)]
     async with AsyncClient(address, timeout=300) as client:
+
         async def worker(queue: list[list[str]]) -> None:
             while queue:
                 await client.embed(queue.pop(), model=model)
@@ -80,6 +81,7 @@ async def generate_streams(address: str, prompts: list[str], streams: int, new_t
     """`streams` concurrent greedy GenerateStream calls (prompts cycled): tokens per stream, TTFT
     and inter-token gaps (seconds), aggregate tokens/s over the wall time."""
     async with AsyncClient(address, timeout=600) as client:
+
         async def one(prompt: str) -> tuple[list[int], float, list[float]]:
             tokens, gaps, sent = [], [], time.perf_counter()
             first = last = None
@@ -97,8 +99,13 @@ async def generate_streams(address: str, prompts: list[str], streams: int, new_t
         runs = await asyncio.gather(*(one(prompts[i % len(prompts)]) for i in range(streams)))
         wall = time.perf_counter() - start
     count = sum(len(r[0]) for r in runs)
-    return {"tokens": [list(r[0]) for r in runs], "ttft": [r[1] for r in runs],
-            "gaps": [g for r in runs for g in r[2]], "wall_s": wall, "tokens_total": count}
+    return {
+        "tokens": [list(r[0]) for r in runs],
+        "ttft": [r[1] for r in runs],
+        "gaps": [g for r in runs for g in r[2]],
+        "wall_s": wall,
+        "tokens_total": count,
+    }
 
 
 async def generate_for(address: str, prompts: list[str], streams: int, new_tokens: int, budget_s: float) -> dict:
@@ -125,13 +132,15 @@ async def alone_and_together(address: str, prompts: list[str], new_tokens: int) 
     return alone, together
 
 
-async def translate_all(address: str, sentences: list[str], per_call: int, in_flight: int,
-                        max_length: int) -> tuple[list[str], float]:
+async def translate_all(
+    address: str, sentences: list[str], per_call: int, in_flight: int, max_length: int
+) -> tuple[list[str], float]:
     """Greedy translations of all sentences in calls of `per_call`, `in_flight` at a time: texts
     in input order and the wall seconds of the measured pass (after a warm-up pass)."""
     chunks = [(i, sentences[i : i + per_call]) for i in range(0, len(sentences), per_call)]
     texts: list[str] = [""] * len(sentences)
     async with AsyncClient(address, timeout=600) as client:
+
         async def worker(queue: list) -> None:
             while queue:
                 at, inputs = queue.pop()
@@ -167,14 +176,19 @@ class Workloads:
 
     def __init__(self, address: str, pid: int, size: dict, files: dict, st_vectors: Path):
         self.address, self.clock, self.size, self.st_vectors = address, ServerClock(pid), size, st_vectors
-        self.sentences, self.prompts, self.sources = (json.loads(files[k].read_text())
-                                                      for k in ("sentences", "prompts", "sources"))
+        self.sentences, self.prompts, self.sources = (
+            json.loads(files[k].read_text()) for k in ("sentences", "prompts", "sources")
+        )
 
     def phases(self) -> dict[str, Callable[[], dict]]:
-        return {"models": lambda: {"models": asyncio.run(self.models())}, "generate_alone_and_together": self.alone,
-                "embed_single": self.embed_single, "embed_batched": self.embed_batched,
-                **{f"generate_{n}_streams": (lambda n=n: self.streams(n)) for n in self.size["streams"]},
-                "translate": self.translate}
+        return {
+            "models": lambda: {"models": asyncio.run(self.models())},
+            "generate_alone_and_together": self.alone,
+            "embed_single": self.embed_single,
+            "embed_batched": self.embed_batched,
+            **{f"generate_{n}_streams": (lambda n=n: self.streams(n)) for n in self.size["streams"]},
+            "translate": self.translate,
+        }
 
     def _timed(self, coro, per: str, count_of: Callable) -> dict:
         """Runs coro (bounded), adding the server's CPU milliseconds per call or token."""
@@ -186,8 +200,10 @@ class Workloads:
 
     async def models(self) -> list[dict]:
         async with AsyncClient(self.address) as client:
-            return [{"name": m.name, "kind": m.kind, "variant": m.variant, "provider": m.execution_provider}
-                    for m in await client.models()]
+            return [
+                {"name": m.name, "kind": m.kind, "variant": m.variant, "provider": m.execution_provider}
+                for m in await client.models()
+            ]
 
     def alone(self) -> dict:
         pair = asyncio.run(alone_and_together(self.address, self.prompts, self.size["new_tokens"]))
@@ -199,28 +215,55 @@ class Workloads:
         seconds, vectors = f.pop("result")
         ref = np.load(self.st_vectors)
         cos = (vectors * ref).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(ref, axis=1)
-        return {**f, "in_flight": fly, "sentences_per_s": round(n / seconds, 1),
-                "min_cosine_vs_st_fp32": float(cos.min()), "mean_cosine_vs_st_fp32": float(cos.mean())}
+        return {
+            **f,
+            "in_flight": fly,
+            "sentences_per_s": round(n / seconds, 1),
+            "min_cosine_vs_st_fp32": float(cos.min()),
+            "mean_cosine_vs_st_fp32": float(cos.mean()),
+        }
 
     def embed_batched(self) -> dict:
         per, fly = self.size["embed_per_call"], self.size["embed_calls_in_flight"]
         calls = -(-len(self.sentences) // per)
-        f = self._timed(embed_batched(self.address, self.sentences, per, fly, ""), "call",
-                        lambda r: _calls(calls, fly * 2))
-        return {**f, "per_call": per, "in_flight": fly,
-                "sentences_per_s": round(len(self.sentences) / f.pop("result"), 1)}
+        f = self._timed(
+            embed_batched(self.address, self.sentences, per, fly, ""), "call", lambda r: _calls(calls, fly * 2)
+        )
+        return {
+            **f,
+            "per_call": per,
+            "in_flight": fly,
+            "sentences_per_s": round(len(self.sentences) / f.pop("result"), 1),
+        }
 
     def streams(self, n: int) -> dict:
-        f = self._timed(generate_for(self.address, self.prompts, n, self.size["new_tokens"], self.size["budget_s"]),
-                        "token", lambda r: r["tokens_total"])
-        return {"streams": n, "passes": f["passes"], "tokens_per_s": round(f["tokens_total"] / f["wall_s"], 1),
-                "ttft_ms": percentiles_ms(f["ttft"]), "inter_token_ms": percentiles_ms(f["gaps"]),
-                "tokens_total": f["tokens_total"], "server_cpu_ms_per_token": f["server_cpu_ms_per_token"]}
+        f = self._timed(
+            generate_for(self.address, self.prompts, n, self.size["new_tokens"], self.size["budget_s"]),
+            "token",
+            lambda r: r["tokens_total"],
+        )
+        return {
+            "streams": n,
+            "passes": f["passes"],
+            "tokens_per_s": round(f["tokens_total"] / f["wall_s"], 1),
+            "ttft_ms": percentiles_ms(f["ttft"]),
+            "inter_token_ms": percentiles_ms(f["gaps"]),
+            "tokens_total": f["tokens_total"],
+            "server_cpu_ms_per_token": f["server_cpu_ms_per_token"],
+        }
 
     def translate(self) -> dict:
         per, fly = self.size["per_call"], self.size["translate_in_flight"]
-        f = self._timed(translate_all(self.address, self.sources, per, fly, self.size["max_length"]), "call",
-                        lambda r: _calls(-(-len(self.sources) // per), fly))
+        f = self._timed(
+            translate_all(self.address, self.sources, per, fly, self.size["max_length"]),
+            "call",
+            lambda r: _calls(-(-len(self.sources) // per), fly),
+        )
         texts, seconds = f.pop("result")
-        return {**f, "texts": texts, "sentences_per_s": round(len(self.sources) / seconds, 1), "per_call": per,
-                "in_flight": fly}
+        return {
+            **f,
+            "texts": texts,
+            "sentences_per_s": round(len(self.sources) / seconds, 1),
+            "per_call": per,
+            "in_flight": fly,
+        }

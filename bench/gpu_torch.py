@@ -66,14 +66,18 @@ def generate_side(args: argparse.Namespace) -> dict:
         return [_until(r, cfg.eos_token_id) for r in tokens], time.perf_counter() - start
 
     alone = [greedy([p], args.new_tokens, True)[0][0] for p in prompts]
-    one, batch = _timed(lambda: greedy([prompts[0]], args.new_tokens, False), args.budget_s)
+    one, _ = _timed(lambda: greedy([prompts[0]], args.new_tokens, False), args.budget_s)
     rows = [prompts[i % len(prompts)] for i in range(args.rows)]
     many, _ = _timed(lambda: greedy(rows, args.new_tokens, False), args.budget_s)
-    return {"device": str(dev), "dtype": args.dtype, "tokens": alone,
-            "one_stream_tokens_per_s": round(statistics.median((args.new_tokens - 1) / s for s in one), 1),
-            "batch_rows": args.rows, "batch_tokens_per_s":
-                round(statistics.median(args.rows * (args.new_tokens - 1) / s for s in many), 1),
-            "passes": [len(one), len(many)]}
+    return {
+        "device": str(dev),
+        "dtype": args.dtype,
+        "tokens": alone,
+        "one_stream_tokens_per_s": round(statistics.median((args.new_tokens - 1) / s for s in one), 1),
+        "batch_rows": args.rows,
+        "batch_tokens_per_s": round(statistics.median(args.rows * (args.new_tokens - 1) / s for s in many), 1),
+        "passes": [len(one), len(many)],
+    }
 
 
 def _timed(run, budget_s: float) -> tuple[list[float], object]:
@@ -106,9 +110,15 @@ def embed_side(args: argparse.Namespace) -> dict:
     _, vectors = sentence_transformers_run(sentences, int(args.batches.split(",")[0]), 0, args.device)
     np.save(args.vectors, vectors)
     best = max(sweep, key=sweep.get)
-    return {"device": args.device, "fp16": args.device != "cpu", "sentences": len(sentences),
-            "sentences_per_s_by_batch": sweep, "best_batch": int(best), "best_sentences_per_s": sweep[best],
-            "torch": torch.__version__}
+    return {
+        "device": args.device,
+        "fp16": args.device != "cpu",
+        "sentences": len(sentences),
+        "sentences_per_s_by_batch": sweep,
+        "best_batch": int(best),
+        "best_sentences_per_s": sweep[best],
+        "torch": torch.__version__,
+    }
 
 
 def parse_args() -> argparse.Namespace:

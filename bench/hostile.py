@@ -58,7 +58,7 @@ class Health(threading.Thread):
                 start = time.perf_counter()
                 try:
                     call()
-                except Exception:  # noqa: BLE001 - a failed check counts with the time it took
+                except Exception:
                     self.failed += 1
                 self.calls.append((start, time.perf_counter()))
             time.sleep(0.05)
@@ -132,12 +132,16 @@ class Probes:
     def cut_body(self) -> str:
         before = self._http_codes()
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
-            sock.sendall(f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
-                         "content-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"input\"".encode())
+            sock.sendall(
+                f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+                'content-type: application/json\r\ncontent-length: 1000\r\n\r\n{"input"'.encode()
+            )
         time.sleep(1.0)
         after = self._http_codes()
-        return "counted " + (", ".join(f"{k} +{after[k] - before.get(k, 0):g}" for k in after
-                                       if after[k] != before.get(k, 0)) or "nothing")
+        return "counted " + (
+            ", ".join(f"{k} +{after[k] - before.get(k, 0):g}" for k in after if after[k] != before.get(k, 0))
+            or "nothing"
+        )
 
     def _http_codes(self) -> dict[str, float]:
         text = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
@@ -176,8 +180,9 @@ class Probes:
         http_status = self.post("/v1/embeddings", b'{"input": "hi"}', [("authorization", good), ("authorization", bad)])
         stub = pb_grpc.ModelServiceStub(self.channel)
         try:
-            stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout,
-                            metadata=(("authorization", good), ("authorization", bad)))
+            stub.ListModels(
+                pb.ListModelsRequest(), timeout=self.timeout, metadata=(("authorization", good), ("authorization", bad))
+            )
             grpc_status = "OK"
         except grpc.RpcError as e:
             grpc_status = e.code().name
@@ -196,14 +201,18 @@ def _open(sock: socket.socket) -> bool:
 
 def manifest_probes(models: Path, timeout: float) -> dict[str, str]:
     """A server over a doctored copy of the generation model: did it start, or why not."""
-    source = next(p for p in sorted(models.iterdir()) if (p / "model.json").is_file()
-                  and json.loads((p / "model.json").read_text())["kind"] == "generation")
+    source = next(
+        p
+        for p in sorted(models.iterdir())
+        if (p / "model.json").is_file() and json.loads((p / "model.json").read_text())["kind"] == "generation"
+    )
     other = next(p for p in sorted(models.iterdir()) if (p / "model.json").is_file() and p != source)
     passwd = Path("/etc/passwd")
     cases = {
         "tokenizer ../../etc/passwd": lambda d: _tokenizer(d, "../" * 8 + "etc/passwd", passwd),
-        "tokenizer absolute, another model's": lambda d: _tokenizer(d, str(other / "tokenizer.json"),
-                                                                    other / "tokenizer.json"),
+        "tokenizer absolute, another model's": lambda d: _tokenizer(
+            d, str(other / "tokenizer.json"), other / "tokenizer.json"
+        ),
         "corrupt graph, --no-verify-hashes": _corrupt_graph,
     }
     out = {}
@@ -230,8 +239,20 @@ def _corrupt_graph(model_dir: Path) -> None:
 
 
 def _start_once(models: Path, flags: list[str], timeout: float) -> str:
-    cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0", "--http-port", "-1",
-           "--metrics-port", "-1", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--models",
+        str(models),
+        "--port",
+        "0",
+        "--http-port",
+        "-1",
+        "--metrics-port",
+        "-1",
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     lines = []
     try:
@@ -261,8 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds without calls before the last RSS")
     args = parser.parse_args(argv)
-    names = ["deep_json", "big_prompt_http", "big_prompt_grpc", "big_translate_grpc", "big_embed_grpc",
-             "cut_body", "slow_headers", "bad_protobuf", "tiny_floats", "two_auth"]
+    names = [
+        "deep_json",
+        "big_prompt_http",
+        "big_prompt_grpc",
+        "big_translate_grpc",
+        "big_embed_grpc",
+        "cut_body",
+        "slow_headers",
+        "bad_protobuf",
+        "tiny_floats",
+        "two_auth",
+    ]
     chosen = [n for n in names if not args.only or n in args.only.split(",")]
     before = conditions()
     os.environ["TS_AUTH_TOKENS"] = TOKEN
@@ -276,14 +307,21 @@ def main(argv: list[str] | None = None) -> int:
             rss0, logged0, t0 = rss_mb(server.proc.pid), len(server.log), time.perf_counter()
             try:
                 status = getattr(probes, name)()
-            except Exception as e:  # noqa: BLE001 - the probe's own failure is its result
+            except Exception as e:
                 status = f"probe failed: {type(e).__name__}: {e}"[:100]
             t1 = time.perf_counter()
             worst = health.worst(t0, t1)
-            rows.append({"probe": name, "status": status, "seconds": round(t1 - t0, 2),
-                         "worst_health_ms": round(worst * 1e3, 1), "rss_before_mib": round(rss0),
-                         "rss_after_mib": round(rss_mb(server.proc.pid)),
-                         "errors_logged": errors_logged(server.log[logged0:])})
+            rows.append(
+                {
+                    "probe": name,
+                    "status": status,
+                    "seconds": round(t1 - t0, 2),
+                    "worst_health_ms": round(worst * 1e3, 1),
+                    "rss_before_mib": round(rss0),
+                    "rss_after_mib": round(rss_mb(server.proc.pid)),
+                    "errors_logged": errors_logged(server.log[logged0:]),
+                }
+            )
             print(_row(rows[-1]), file=sys.stderr, flush=True)
         time.sleep(args.idle)
         idle_rss = rss_mb(server.proc.pid)
@@ -292,14 +330,26 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     manifests = manifest_probes(args.models, args.timeout) if not args.only or "manifest" in args.only else {}
     _table(rows, manifests, start_rss, idle_rss, args.idle)
-    print(json.dumps({"probes": rows, "manifests": manifests, "rss_start_mib": round(start_rss),
-                      "rss_after_idle_mib": round(idle_rss), "idle_s": args.idle, "conditions": before}))
+    print(
+        json.dumps(
+            {
+                "probes": rows,
+                "manifests": manifests,
+                "rss_start_mib": round(start_rss),
+                "rss_after_idle_mib": round(idle_rss),
+                "idle_s": args.idle,
+                "conditions": before,
+            }
+        )
+    )
     return 0
 
 
 def _row(r: dict) -> str:
-    return (f"| {r['probe']} | {r['status']} | {r['seconds']} | {r['worst_health_ms']} | "
-            f"{r['rss_before_mib']} → {r['rss_after_mib']} | {r['errors_logged']} |")
+    return (
+        f"| {r['probe']} | {r['status']} | {r['seconds']} | {r['worst_health_ms']} | "
+        f"{r['rss_before_mib']} → {r['rss_after_mib']} | {r['errors_logged']} |"
+    )
 
 
 def _table(rows: list[dict], manifests: dict[str, str], start: float, idle: float, idle_s: float) -> None:

@@ -36,10 +36,12 @@ def ways(server: ServiceProcess) -> dict:
     return {
         "grpc_float": lambda texts: stub.Embed(pb.EmbedRequest(inputs=texts)),
         "grpc_packed": lambda texts: stub.Embed(pb.EmbedRequest(inputs=texts, encoding=packed)),
-        "http_float": lambda texts: http.post("/v1/embeddings", json={"input": texts, "encoding_format": "float"})
-        .raise_for_status(),
-        "http_base64": lambda texts: http.post("/v1/embeddings", json={"input": texts, "encoding_format": "base64"})
-        .raise_for_status(),
+        "http_float": lambda texts: http.post(
+            "/v1/embeddings", json={"input": texts, "encoding_format": "float"}
+        ).raise_for_status(),
+        "http_base64": lambda texts: http.post(
+            "/v1/embeddings", json={"input": texts, "encoding_format": "base64"}
+        ).raise_for_status(),
         "openai_sdk": lambda texts: sdk.embeddings.create(model="", input=texts),
     }
 
@@ -61,8 +63,10 @@ def measure(server: ServiceProcess, rounds: int) -> dict:
                     fn(texts)
                 wall[name].append((time.perf_counter() - t0) / n * 1e3)
                 cpu[name].append((cpu_seconds(server.proc.pid) - c0) / n * 1e3)
-        out[f"{size}_inputs"] = {name: {"wall_ms_per_call": summary(wall[name]),
-                                        "server_cpu_ms_per_call": summary(cpu[name])} for name in calls}
+        out[f"{size}_inputs"] = {
+            name: {"wall_ms_per_call": summary(wall[name]), "server_cpu_ms_per_call": summary(cpu[name])}
+            for name in calls
+        }
     return out
 
 

@@ -29,7 +29,9 @@ from service.proto import inference_pb2_grpc as pb_grpc
 
 
 def sentences(n: int) -> list[str]:
-    return [f"sentence {i}: the weather was fine, so the cat and the dog took a long walk in the park" for i in range(n)]
+    return [
+        f"sentence {i}: the weather was fine, so the cat and the dog took a long walk in the park" for i in range(n)
+    ]
 
 
 def timed(pid: int, call, calls: int) -> tuple[float, float]:
@@ -62,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         binary.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
         json_text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=False)
         as_json = [triton_http.InferRequestedOutput("embedding", binary_data=False)]
-        sides = {"v1_embed_packed": lambda: stub.Embed(request),
-                 "oip_model_infer": lambda: client.infer(args.model, [tensor]),
-                 "oip_rest_binary": lambda: rest.infer(args.model, [binary]),
-                 "oip_rest_json": lambda: rest.infer(args.model, [json_text], outputs=as_json)}
+        sides = {
+            "v1_embed_packed": lambda: stub.Embed(request),
+            "oip_model_infer": lambda: client.infer(args.model, [tensor]),
+            "oip_rest_binary": lambda: rest.infer(args.model, [binary]),
+            "oip_rest_json": lambda: rest.infer(args.model, [json_text], outputs=as_json),
+        }
         reference = packing.array(stub.Embed(request))
         same = all(np.array_equal(reference, sides[s]().as_numpy("embedding")) for s in list(sides)[1:])
         for call in sides.values():  # warm-up
@@ -81,10 +85,17 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[side].append(figures[side]["cpu_ms"][-1] / figures["v1_embed_packed"]["cpu_ms"][-1])
     finally:
         server.stop()
-    emit({"model": args.model, "texts_per_call": args.texts, "calls_per_round": args.calls, "same_vectors": same,
-          **{side: {k: summary(v) for k, v in f.items()} for side, f in figures.items()},
-          **{f"server_cpu_ratio_{side}_over_v1": summary(r, 3) for side, r in ratios.items()},
-          "conditions": [before, conditions()]})
+    emit(
+        {
+            "model": args.model,
+            "texts_per_call": args.texts,
+            "calls_per_round": args.calls,
+            "same_vectors": same,
+            **{side: {k: summary(v) for k, v in f.items()} for side, f in figures.items()},
+            **{f"server_cpu_ratio_{side}_over_v1": summary(r, 3) for side, r in ratios.items()},
+            "conditions": [before, conditions()],
+        }
+    )
     return 0
 
 

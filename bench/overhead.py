@@ -70,16 +70,18 @@ async def embed_calls(address: str, calls: int, concurrency: int, inputs: list[s
         return time.perf_counter() - start
 
 
-async def generate_streams(address: str, streams: int, tokens: int, seed: int = 0, interval_ms: int = 0,
-                           temperature: float = 0.8) -> tuple[float, int, int]:
+async def generate_streams(
+    address: str, streams: int, tokens: int, seed: int = 0, interval_ms: int = 0, temperature: float = 0.8
+) -> tuple[float, int, int]:
     """`streams` concurrent GenerateStream calls of `tokens` new tokens (sampled, seeded; temperature 0:
     greedy), messages `interval_ms` apart -> (wall seconds, tokens received, messages received)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
 
         async def one(i: int) -> tuple[int, int]:
-            request = pb.GenerateRequest(prompt=f"Once upon a time {i}", max_new_tokens=tokens,
-                                         temperature=temperature, seed=seed + i)
+            request = pb.GenerateRequest(
+                prompt=f"Once upon a time {i}", max_new_tokens=tokens, temperature=temperature, seed=seed + i
+            )
             if interval_ms:  # set only when asked: the bench also runs against servers that predate the field
                 request.stream_interval_ms = interval_ms
             sizes = [len(c.token_ids) async for c in stub.GenerateStream(request, timeout=120)]
@@ -90,8 +92,16 @@ async def generate_streams(address: str, streams: int, tokens: int, seed: int = 
         return time.perf_counter() - start, sum(t for t, _ in counts), sum(m for _, m in counts)
 
 
-def measure_streams(pid: int, address: str, streams: int, tokens: int, rounds: int, interval_ms: int = 0,
-                    temperature: float = 0.8, metrics_url: str = "") -> dict:
+def measure_streams(
+    pid: int,
+    address: str,
+    streams: int,
+    tokens: int,
+    rounds: int,
+    interval_ms: int = 0,
+    temperature: float = 0.8,
+    metrics_url: str = "",
+) -> dict:
     """Server CPU per token, tokens/s and messages per token over `rounds` rounds of concurrent streams
     (and the mean time to first token from the server's histogram, given its metrics URL)."""
     ttft = scrape_histogram(metrics_url, "ts_time_to_first_token_seconds") if metrics_url else None
@@ -100,13 +110,20 @@ def measure_streams(pid: int, address: str, streams: int, tokens: int, rounds: i
         seconds, n, m = asyncio.run(generate_streams(address, streams, tokens, 1000 * r, interval_ms, temperature))
         wall, received, messages = wall + seconds, received + n, messages + m
     cpu = cpu_seconds(pid) - before
-    out = {"streams": streams, "stream_interval_ms": interval_ms, "tokens": received,
-           "server_cpu_us_per_token": round(cpu / received * 1e6, 1), "tokens_per_s": round(received / wall, 1),
-           "messages_per_token": round(messages / received, 3)}
+    out = {
+        "streams": streams,
+        "stream_interval_ms": interval_ms,
+        "tokens": received,
+        "server_cpu_us_per_token": round(cpu / received * 1e6, 1),
+        "tokens_per_s": round(received / wall, 1),
+        "messages_per_token": round(messages / received, 3),
+    }
     if ttft is not None:
         end = scrape_histogram(metrics_url, "ts_time_to_first_token_seconds")
         count = end.get("count", 0.0) - ttft.get("count", 0.0)
-        out["mean_time_to_first_token_ms"] = round((end["sum"] - ttft.get("sum", 0.0)) / count * 1e3, 1) if count else None
+        out["mean_time_to_first_token_ms"] = (
+            round((end["sum"] - ttft.get("sum", 0.0)) / count * 1e3, 1) if count else None
+        )
     return out
 
 
@@ -124,7 +141,9 @@ def measure_cpu(models: Path, label: str, embed_calls_n: int, gen_rounds: int, i
             rows = histogram_delta(batches, scrape_histogram(service.metrics_url, "ts_batch_size"))["mean"]
             embed["packed" if packed else "float"] = {
                 "server_cpu_us_per_call": round((cpu_seconds(pid) - before) / embed_calls_n * 1e6, 1),
-                "calls_per_s": round(embed_calls_n / wall, 1), "rows_per_batch": rows}
+                "calls_per_s": round(embed_calls_n / wall, 1),
+                "rows_per_batch": rows,
+            }
         asyncio.run(generate_streams(service.address, 16, 8))  # warm-up
         generate = [measure_streams(pid, service.address, 64, 40, gen_rounds)]
         if interval_ms:
@@ -141,8 +160,9 @@ def streams_scaling(models: Path, rounds: int) -> dict:
     pid = service.proc.pid
     try:
         asyncio.run(generate_streams(service.address, 8, 8, temperature=0.0))  # warm-up
-        runs = [[measure_streams(pid, service.address, n, 128, 1, temperature=0.0) for n in (1, 8)]
-                for _ in range(rounds)]
+        runs = [
+            [measure_streams(pid, service.address, n, 128, 1, temperature=0.0) for n in (1, 8)] for _ in range(rounds)
+        ]
     finally:
         service.stop()
     ratios = [eight["tokens_per_s"] / one["tokens_per_s"] for one, eight in runs]
@@ -178,10 +198,15 @@ def versus_st(models: Path, sentences: int, variant: str = "auto") -> dict:
         service.stop()
     st_seconds, reference = sentence_transformers_run(texts, 8, 2)
     cos = (served * reference).sum(axis=1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
-    return {"variant": variant, "sentences": len(texts), "service_sentences_per_s": round(len(texts) / seconds, 1),
-            "service_cpu_ms_per_sentence_incl_warmup": round(cpu / (len(texts) + 64) * 1e3, 2),
-            "st_sentences_per_s": round(len(texts) / st_seconds, 1), "ratio": round(st_seconds / seconds, 3),
-            "min_cosine": round(float(cos.min()), 6)}
+    return {
+        "variant": variant,
+        "sentences": len(texts),
+        "service_sentences_per_s": round(len(texts) / seconds, 1),
+        "service_cpu_ms_per_sentence_incl_warmup": round(cpu / (len(texts) + 64) * 1e3, 2),
+        "st_sentences_per_s": round(len(texts) / st_seconds, 1),
+        "ratio": round(st_seconds / seconds, 3),
+        "min_cosine": round(float(cos.min()), 6),
+    }
 
 
 async def _timed(make_call) -> tuple[str, float]:
@@ -218,26 +243,36 @@ def overload(models: Path) -> dict:
     long_inputs, bad_inputs = [LONG_TEXT] * 16, [LONG_TEXT] * 15 + [""]
 
     def embed(inputs):
-        return lambda ch, i: (lambda: pb_grpc.EmbeddingServiceStub(ch).Embed(embed_request(inputs), timeout=60))
+        return lambda ch, i: lambda: pb_grpc.EmbeddingServiceStub(ch).Embed(embed_request(inputs), timeout=60)
 
     async def drain(ch, request):
         async for _ in pb_grpc.GenerationServiceStub(ch).GenerateStream(request, timeout=60):
             pass
 
     def gen(temperature: float):
-        return lambda ch, i: (lambda: drain(ch, pb.GenerateRequest(prompt=f"Once upon a time {i}", max_new_tokens=40,
-                                                                   temperature=temperature, seed=i)))
+        return lambda ch, i: (
+            lambda: drain(
+                ch,
+                pb.GenerateRequest(prompt=f"Once upon a time {i}", max_new_tokens=40, temperature=temperature, seed=i),
+            )
+        )
 
     try:
         unloaded = [asyncio.run(burst(service.address, 1, embed(long_inputs), 1))["OK"][0] for _ in range(10)]
         asyncio.run(burst(service.address, 40, embed(bad_inputs)))  # warm-up of 16 connections
-        out = {"embed": {"unloaded_p99_ms": pct(unloaded, 99),
-                         "burst_40x16_long": _latencies(asyncio.run(burst(service.address, 40, embed(long_inputs)))),
-                         "floor_invalid": _latencies(asyncio.run(burst(service.address, 40, embed(bad_inputs))))}}
+        out = {
+            "embed": {
+                "unloaded_p99_ms": pct(unloaded, 99),
+                "burst_40x16_long": _latencies(asyncio.run(burst(service.address, 40, embed(long_inputs)))),
+                "floor_invalid": _latencies(asyncio.run(burst(service.address, 40, embed(bad_inputs)))),
+            }
+        }
         gen_unloaded = [asyncio.run(burst(service.address, 1, gen(0.8), 1))["OK"][0] for _ in range(5)]
-        out["generate"] = {"unloaded_p99_ms": pct(gen_unloaded, 99),
-                           "burst_80": _latencies(asyncio.run(burst(service.address, 80, gen(0.8)))),
-                           "floor_invalid": _latencies(asyncio.run(burst(service.address, 80, gen(-1.0))))}
+        out["generate"] = {
+            "unloaded_p99_ms": pct(gen_unloaded, 99),
+            "burst_80": _latencies(asyncio.run(burst(service.address, 80, gen(0.8)))),
+            "floor_invalid": _latencies(asyncio.run(burst(service.address, 80, gen(-1.0)))),
+        }
     finally:
         service.stop()
     return out
@@ -245,34 +280,50 @@ def overload(models: Path) -> dict:
 
 def tiny_models(path: Path) -> Path:
     if not (path / "tiny-embed" / "model.json").exists():
-        subprocess.run([sys.executable, "-m", "export", "tiny", "--kind", "all", "--out", str(path)], cwd=ROOT,
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "export", "tiny", "--kind", "all", "--out", str(path)],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
     p.add_argument("--models", type=Path, default=ROOT / "models", help="default models root")
-    p.add_argument("--tiny", type=Path, default=ROOT / "build" / "bench-tiny",
-                   help="tiny models root (built if absent)")
-    p.add_argument("--parts", default="cpu,st,overload",
-                   help="comma-separated: cpu, gen (generation only, tiny models), streams, st, overload")
+    p.add_argument(
+        "--tiny", type=Path, default=ROOT / "build" / "bench-tiny", help="tiny models root (built if absent)"
+    )
+    p.add_argument(
+        "--parts",
+        default="cpu,st,overload",
+        help="comma-separated: cpu, gen (generation only, tiny models), streams, st, overload",
+    )
     p.add_argument("--embed-calls", type=int, default=3000)
     p.add_argument("--gen-rounds", type=int, default=6, help="rounds of 64 streams x 40 tokens")
-    p.add_argument("--gen-interval-ms", type=int, default=50,
-                   help="a second generation figure with GenerateRequest.stream_interval_ms (0: none)")
+    p.add_argument(
+        "--gen-interval-ms",
+        type=int,
+        default=50,
+        help="a second generation figure with GenerateRequest.stream_interval_ms (0: none)",
+    )
     p.add_argument("--scaling-rounds", type=int, default=3, help="rounds of 1 vs 8 streams (part 'streams')")
     p.add_argument("--sentences", type=int, default=1500, help="sentences of the sentence-transformers comparison")
-    p.add_argument("--st-variants", default="auto", help="comma-separated embedding graph variants served in the "
-                   "sentence-transformers comparison, e.g. auto,int8")
+    p.add_argument(
+        "--st-variants",
+        default="auto",
+        help="comma-separated embedding graph variants served in the sentence-transformers comparison, e.g. auto,int8",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     parts = set(args.parts.split(","))
     result: dict = {"conditions": conditions()}
     if "cpu" in parts:
-        result["cpu"] = [measure_cpu(tiny_models(args.tiny), "tiny", args.embed_calls, args.gen_rounds,
-                                     args.gen_interval_ms),
-                         measure_cpu(args.models, "default", args.embed_calls // 3, 1, args.gen_interval_ms)]
+        result["cpu"] = [
+            measure_cpu(tiny_models(args.tiny), "tiny", args.embed_calls, args.gen_rounds, args.gen_interval_ms),
+            measure_cpu(args.models, "default", args.embed_calls // 3, 1, args.gen_interval_ms),
+        ]
     if "gen" in parts:
         result["gen"] = measure_generation(tiny_models(args.tiny), args.gen_rounds, args.gen_interval_ms)
     if "streams" in parts:
@@ -280,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     if "overload" in parts:
         result["overload"] = overload(args.models)
     if "st" in parts:  # last: it loads torch into this process
-        result["vs_sentence_transformers"] = [versus_st(args.models, args.sentences, v)
-                                              for v in args.st_variants.split(",")]
+        result["vs_sentence_transformers"] = [
+            versus_st(args.models, args.sentences, v) for v in args.st_variants.split(",")
+        ]
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     m = model_dir.manifest
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
-    sess = ort.InferenceSession(str(model_dir.file(m.graph("decoder", args.variant).file)), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        str(model_dir.file(m.graph("decoder", args.variant).file)), opts, providers=["CPUExecutionProvider"]
+    )
     io = GraphIO.inspect(sess, m.architecture)
     context = int(m.architecture["max_positions"])
     cache = SlotCache(sess, io, 64, context, "cpu")
@@ -113,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = -(-sum(map(len, b)) // args.row_tokens)
         return [[[1] * args.row_tokens for _ in range(rows)]]
 
-    plans = {"padded": lambda b: [b], "turns": lambda b: turns(b, PREFILL_TOKENS_PER_STEP),
-             "sub_batches": sub_batches, "packed_proxy": packed_rows}
+    plans = {
+        "padded": lambda b: [b],
+        "turns": lambda b: turns(b, PREFILL_TOKENS_PER_STEP),
+        "sub_batches": sub_batches,
+        "packed_proxy": packed_rows,
+    }
     timed(plans["padded"])  # warm-up
     results: dict[str, list[float]] = {k: [] for k in plans}
     computed: dict[str, int] = {}
@@ -149,19 +154,28 @@ def main(argv: list[str] | None = None) -> int:
         decode.append(args.decode_steps * 16 / (time.perf_counter() - start))
     padded_s_per_round = statistics.median([real / r for r in results["padded"]]) / args.rounds
 
-    out = {"model": m.name, "variant": args.variant, "prompts": 16 * args.rounds,
-           "prompt_tokens": {"mean": round(real / (16 * args.rounds), 1),
-                             "max": max(len(q) for b in batches for q in b)},
-           "real_tokens_per_s": {k: summary(v, 0) for k, v in results.items()},
-           "over_padded": {k: round(statistics.median(v) / statistics.median(results["padded"]), 2)
-                           for k, v in results.items()},
-           "computed_per_real": {k: round(v / real, 3) for k, v in computed.items()},
-           "packed_kv_copy_ms_per_16": round(1e3 * scatter_s / args.rounds, 3),
-           "padded_prefill_ms_per_16": round(1e3 * padded_s_per_round, 1),
-           "decode_tokens_per_s_16_rows": summary(decode, 0),
-           "decode_ms_for_steps": round(1e3 * args.decode_steps * 16 / statistics.median(decode), 1),
-           "conditions": {"before": before, "after": conditions(), "threads": 1, "row_tokens": args.row_tokens,
-                          "decode_steps": args.decode_steps}}
+    out = {
+        "model": m.name,
+        "variant": args.variant,
+        "prompts": 16 * args.rounds,
+        "prompt_tokens": {"mean": round(real / (16 * args.rounds), 1), "max": max(len(q) for b in batches for q in b)},
+        "real_tokens_per_s": {k: summary(v, 0) for k, v in results.items()},
+        "over_padded": {
+            k: round(statistics.median(v) / statistics.median(results["padded"]), 2) for k, v in results.items()
+        },
+        "computed_per_real": {k: round(v / real, 3) for k, v in computed.items()},
+        "packed_kv_copy_ms_per_16": round(1e3 * scatter_s / args.rounds, 3),
+        "padded_prefill_ms_per_16": round(1e3 * padded_s_per_round, 1),
+        "decode_tokens_per_s_16_rows": summary(decode, 0),
+        "decode_ms_for_steps": round(1e3 * args.decode_steps * 16 / statistics.median(decode), 1),
+        "conditions": {
+            "before": before,
+            "after": conditions(),
+            "threads": 1,
+            "row_tokens": args.row_tokens,
+            "decode_steps": args.decode_steps,
+        },
+    }
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 

@@ -49,8 +49,11 @@ def generation_perplexity(model_dir, variant: str) -> dict:
         logits = forced_logits(step, chunk)  # (T, V) for inputs chunk[:-1]
         nll -= float(log_softmax(logits)[np.arange(len(chunk) - 1), chunk[1:]].sum())
         count += len(chunk) - 1
-    return {"perplexity": round(math.exp(nll / count), 3), "tokens": count,
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "perplexity": round(math.exp(nll / count), 3),
+        "tokens": count,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 async def translation_scores(model_dir, variant: str, beams: list[int], max_length: int, threads: int) -> dict:
@@ -64,11 +67,22 @@ async def translation_scores(model_dir, variant: str, beams: list[int], max_leng
     m = model_dir.manifest
     meta = m.extra.get("training", {})
     sizes = meta.get("split", {})
-    split = data.split_tatoeba(data.load_tatoeba(data.DEFAULT_DATA["translator"]), seed=meta.get("seed", 0),
-                               n_test=sizes.get("test", 2000), n_dev=sizes.get("dev", 1000))
+    split = data.split_tatoeba(
+        data.load_tatoeba(data.DEFAULT_DATA["translator"]),
+        seed=meta.get("seed", 0),
+        n_test=sizes.get("test", 2000),
+        n_dev=sizes.get("dev", 1000),
+    )
     sources, refs = [en for en, _ in split.test], [r for _, r in split.test]
-    settings = Settings.from_env(env={}, models=str(model_dir.path.parent), port=0, metrics_port=-1,
-                                 intra_op_threads=threads, variant=variant, translate_max_beam=max(beams))
+    settings = Settings.from_env(
+        env={},
+        models=str(model_dir.path.parent),
+        port=0,
+        metrics_port=-1,
+        intra_op_threads=threads,
+        variant=variant,
+        translate_max_beam=max(beams),
+    )
     runtime = Runtime(settings)
     engine = TranslationModel.load(model_dir, settings, runtime)
     await engine.start()
@@ -77,13 +91,17 @@ async def translation_scores(model_dir, variant: str, beams: list[int], max_leng
         for beam in beams:
             started = time.perf_counter()
             opts = TranslateOptions(beam_size=beam, max_length=max_length)
-            results = await asyncio.gather(*[engine.translate(sources[i : i + 16], opts)
-                                             for i in range(0, len(sources), 16)])
+            results = await asyncio.gather(
+                *[engine.translate(sources[i : i + 16], opts) for i in range(0, len(sources), 16)]
+            )
             hyps = [t.text for r in results for t in r.translations]
             figures = score(hyps, refs)
             out["greedy" if beam == 1 else f"beam{beam}"] = {
-                "bleu": figures["bleu"], "chrf": figures["chrf"], "sentences": figures["sentences"],
-                "seconds": round(time.perf_counter() - started, 1)}
+                "bleu": figures["bleu"],
+                "chrf": figures["chrf"],
+                "sentences": figures["sentences"],
+                "seconds": round(time.perf_counter() - started, 1),
+            }
     finally:
         await engine.stop()
         runtime.close()
@@ -117,10 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             gate = m.graph("decoder", variant).parity
             per_variant[variant] = {
                 "gate_quality_ok": gate.get("quality_ok"),
-                **({"perplexity": generation_perplexity(model_dir, variant)} if m.kind == "generation" else
-                   asyncio.run(translation_scores(model_dir, variant, args.beam, args.max_length, args.threads)))}
-        result[m.name] = {"kind": m.kind, "training_metrics_pytorch": m.extra["training"].get("metrics", {}),
-                          "variants": per_variant}
+                **(
+                    {"perplexity": generation_perplexity(model_dir, variant)}
+                    if m.kind == "generation"
+                    else asyncio.run(translation_scores(model_dir, variant, args.beam, args.max_length, args.threads))
+                ),
+            }
+        result[m.name] = {
+            "kind": m.kind,
+            "training_metrics_pytorch": m.extra["training"].get("metrics", {}),
+            "variants": per_variant,
+        }
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

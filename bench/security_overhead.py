@@ -38,7 +38,10 @@ def timed(pid: int, calls: int, call) -> dict:
     for _ in range(calls):
         call()
     wall = time.perf_counter() - start
-    return {"wall_us": round(wall / calls * 1e6, 1), "server_cpu_us": round((server_cpu_seconds(pid) - cpu) / calls * 1e6, 1)}
+    return {
+        "wall_us": round(wall / calls * 1e6, 1),
+        "server_cpu_us": round((server_cpu_seconds(pid) - cpu) / calls * 1e6, 1),
+    }
 
 
 def measure(models: Path, flags: list[str], creds: Credentials, calls: int, connections: int) -> dict:
@@ -80,13 +83,22 @@ def main() -> None:
             "plaintext+token": (tokens, Credentials(token=TOKEN)),
             "tls": (tls, Credentials(tls_ca=str(c / "ca.pem"))),
             "tls+token": (tls + tokens, Credentials(token=TOKEN, tls_ca=str(c / "ca.pem"))),
-            "mtls+token": (tls + tokens + ["--tls-client-ca", str(c / "ca.pem")],
-                           Credentials(TOKEN, str(c / "ca.pem"), str(c / "client.pem"), str(c / "client.key"))),
+            "mtls+token": (
+                tls + tokens + ["--tls-client-ca", str(c / "ca.pem")],
+                Credentials(TOKEN, str(c / "ca.pem"), str(c / "client.pem"), str(c / "client.key")),
+            ),
         }
-        results = {name: measure(tmp / "models", flags, creds, args.calls, args.connections)
-                   for name, (flags, creds) in setups.items()}
-    sys.stdout.write(json.dumps({"conditions": conditions(), "calls": args.calls,
-                                 "connections": args.connections, "results": results}, indent=2) + "\n")
+        results = {
+            name: measure(tmp / "models", flags, creds, args.calls, args.connections)
+            for name, (flags, creds) in setups.items()
+        }
+    sys.stdout.write(
+        json.dumps(
+            {"conditions": conditions(), "calls": args.calls, "connections": args.connections, "results": results},
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ PROMPT = [0, 431, 12, 99, 7, 250, 31, 18]
 
 def _baseline(ref: str):
     """service/generation/cache.py as of git revision ref, imported as a module of its own."""
-    source = subprocess.run(["git", "show", f"{ref}:service/generation/cache.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{ref}:service/generation/cache.py"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "baseline_batchcache.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_batchcache", path)
@@ -74,13 +75,16 @@ def main(argv: list[str] | None = None) -> None:
         runs = {name: [] for name in sides}
         for _ in range(args.rounds):
             for name, module in sides.items():
-                runs[name].append(_time_steps(module, session, io, int(m.architecture["max_positions"]), device,
-                                              rows, args.steps))
+                runs[name].append(
+                    _time_steps(module, session, io, int(m.architecture["max_positions"]), device, rows, args.steps)
+                )
         for name, r in runs.items():
             wall = statistics.median(x[0] for x in r)
-            out[f"{name}_{rows}_rows"] = {"step_us_wall": round(wall, 1),
-                                          "step_us_cpu": round(statistics.median(x[1] for x in r), 1),
-                                          "tokens_per_s": round(rows * 1e6 / wall, 1)}
+            out[f"{name}_{rows}_rows"] = {
+                "step_us_wall": round(wall, 1),
+                "step_us_cpu": round(statistics.median(x[1] for x in r), 1),
+                "tokens_per_s": round(rows * 1e6 / wall, 1),
+            }
     runtime.close()
     print(json.dumps(out, indent=1))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -46,26 +47,37 @@ def sentences() -> list[str]:
 
 def make_call(channel: grpc.aio.Channel, rng: random.Random, texts: list[str], dims: list[int]):
     """-> (rpc name, coroutine factory taking a timeout) for one random call with varied settings."""
-    pick = lambda k: rng.sample(texts, k)  # noqa: E731
+
+    def pick(k: int) -> list[str]:
+        return rng.sample(texts, k)
+
     kind = rng.choice(["Embed", "EmbedStream", "Generate", "GenerateStream", "Translate"])
     if kind.startswith("Embed"):
         stub = pb_grpc.EmbeddingServiceStub(channel)
-        requests = [pb.EmbedRequest(inputs=pick(rng.randint(1, 8)), dimensions=rng.choice(dims),
-                                    normalize=rng.random() < 0.8) for _ in range(rng.randint(1, 4))]
+        requests = [
+            pb.EmbedRequest(inputs=pick(rng.randint(1, 8)), dimensions=rng.choice(dims), normalize=rng.random() < 0.8)
+            for _ in range(rng.randint(1, 4))
+        ]
         if kind == "Embed":
             return kind, lambda t: stub.Embed(requests[0], timeout=t)
         return kind, lambda t: _drain(stub.EmbedStream(iter(requests), timeout=t))
     if kind.startswith("Generate"):
         stub = pb_grpc.GenerationServiceStub(channel)
-        request = pb.GenerateRequest(prompt=rng.choice(texts), max_new_tokens=rng.randint(4, 48),
-                                     temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([0, 20]),
-                                     top_p=rng.choice([0.0, 0.9]), stop=rng.choice([[], ["."]]))
+        request = pb.GenerateRequest(
+            prompt=rng.choice(texts),
+            max_new_tokens=rng.randint(4, 48),
+            temperature=rng.choice([0.0, 0.7, 1.0]),
+            top_k=rng.choice([0, 20]),
+            top_p=rng.choice([0.0, 0.9]),
+            stop=rng.choice([[], ["."]]),
+        )
         if kind == "Generate":
             return kind, lambda t: stub.Generate(request, timeout=t)
         return kind, lambda t: _drain(stub.GenerateStream(request, timeout=t))
     stub = pb_grpc.TranslationServiceStub(channel)
-    request = pb.TranslateRequest(inputs=pick(rng.randint(1, 4)), beam_size=rng.choice([1, 1, 2, 4]),
-                                  max_length=rng.choice([0, 16, 32]))
+    request = pb.TranslateRequest(
+        inputs=pick(rng.randint(1, 4)), beam_size=rng.choice([1, 1, 2, 4]), max_length=rng.choice([0, 16, 32])
+    )
     return kind, lambda t: stub.Translate(request, timeout=t)
 
 
@@ -101,7 +113,7 @@ class Load:
             else:
                 short = roll < self.args.cancel_share + self.args.deadline_share
                 await call(rng.uniform(0.01, 0.5) if short else 60.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "CANCELLED"
         except grpc.aio.AioRpcError as e:
             if e.code().name in BAD:
@@ -111,8 +123,10 @@ class Load:
 
     def percentiles(self) -> dict[str, dict[str, float]]:
         """Latency of successful calls by RPC, in milliseconds."""
-        return {name: {f"p{q}": round(float(np.percentile(v, q)) * 1000, 1) for q in (50, 90, 99)} | {"n": len(v)}
-                for name, v in sorted(self.latency.items())}
+        return {
+            name: {f"p{q}": round(float(np.percentile(v, q)) * 1000, 1) for q in (50, 90, 99)} | {"n": len(v)}
+            for name, v in sorted(self.latency.items())
+        }
 
 
 def gauges(url: str) -> dict[str, float]:
@@ -145,12 +159,14 @@ class Watch:
     async def run(self, t0: float, stop: asyncio.Event) -> None:
         while not stop.is_set():
             s = await asyncio.to_thread(self.sample, t0)
-            log.info("t=%ss rss=%s MB busy gauges=%s", s["t"], s.get("rss_mb"),
-                     {k: v for k, v in s.get("gauges", {}).items() if v})
-            try:
+            log.info(
+                "t=%ss rss=%s MB busy gauges=%s",
+                s["t"],
+                s.get("rss_mb"),
+                {k: v for k, v in s.get("gauges", {}).items() if v},
+            )
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.every)
-            except asyncio.TimeoutError:
-                pass
 
     async def drained(self, t0: float, within: float = 30.0) -> dict[str, float]:
         """Polls until every gauge is 0 (or `within` passes); -> the last gauge values."""
@@ -167,8 +183,13 @@ def memory(samples: list[dict], warmup: float) -> dict:
     if not rss:
         return {}
     after = [v for t, v in rss if t >= warmup] or [rss[-1][1]]
-    return {"start_mb": after[0], "end_mb": rss[-1][1], "max_mb": max(v for _, v in rss), "first_mb": rss[0][1],
-            "growth": round(rss[-1][1] / after[0] - 1, 3)}
+    return {
+        "start_mb": after[0],
+        "end_mb": rss[-1][1],
+        "max_mb": max(v for _, v in rss),
+        "first_mb": rss[0][1],
+        "growth": round(rss[-1][1] / after[0] - 1, 3),
+    }
 
 
 async def soak(address: str, pid: int | None, metrics_url: str | None, args: argparse.Namespace) -> dict:
@@ -186,15 +207,23 @@ async def soak(address: str, pid: int | None, metrics_url: str | None, args: arg
     counts = defaultdict(dict)
     for (name, code), n in sorted(load.counts.items()):
         counts[name][code] = n
-    return {"duration_s": args.duration, "concurrency": args.concurrency, "calls": sum(load.counts.values()),
-            "status": counts, "latency_ms": load.percentiles(), "rss": memory(watch.samples, args.warmup),
-            "gauges_after": last, "samples": watch.samples}
+    return {
+        "duration_s": args.duration,
+        "concurrency": args.concurrency,
+        "calls": sum(load.counts.values()),
+        "status": counts,
+        "latency_ms": load.percentiles(),
+        "rss": memory(watch.samples, args.warmup),
+        "gauges_after": last,
+        "samples": watch.samples,
+    }
 
 
 def verdict(report: dict, max_growth: float) -> list[str]:
     """Why the soak failed (empty: it passed)."""
-    problems = [f"{name}: {n} {code}" for name, codes in report["status"].items()
-                for code, n in codes.items() if code in BAD]
+    problems = [
+        f"{name}: {n} {code}" for name, codes in report["status"].items() for code, n in codes.items() if code in BAD
+    ]
     problems += [f"gauge {k} = {v} after the load stopped" for k, v in report["gauges_after"].items() if v]
     growth = report["rss"].get("growth")
     if growth is not None and growth > max_growth:
@@ -220,8 +249,11 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     server = None if args.address else ServiceProcess(Path(args.models), [], metrics=True)
     try:
-        where = (args.address, args.pid, args.metrics_url) if args.address else (
-            server.address, server.proc.pid, server.metrics_url)
+        where = (
+            (args.address, args.pid, args.metrics_url)
+            if args.address
+            else (server.address, server.proc.pid, server.metrics_url)
+        )
         report = asyncio.run(soak(*where, args))
     finally:
         if server:

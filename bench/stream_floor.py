@@ -119,9 +119,13 @@ def measure_streams(rounds: int) -> list[dict]:
             before = cpu_seconds(server.pid)
             wall = asyncio.run(stream_calls(address, messages, 64, rounds))
             n = 64 * rounds
-            out.append({"messages_per_call": messages,
-                        "server_cpu_us_per_call": round((cpu_seconds(server.pid) - before) / n * 1e6, 1),
-                        "calls_per_s": round(n / wall, 1)})
+            out.append(
+                {
+                    "messages_per_call": messages,
+                    "server_cpu_us_per_call": round((cpu_seconds(server.pid) - before) / n * 1e6, 1),
+                    "calls_per_s": round(n / wall, 1),
+                }
+            )
         return out
     finally:
         server.terminate()
@@ -136,9 +140,14 @@ def measure_unary(rounds: int) -> list[dict]:
             n = UNARY_IN_FLIGHT * 10 * rounds
             before = cpu_seconds(server.pid)
             wall = asyncio.run(unary_calls(address, n, UNARY_IN_FLIGHT))
-            out.append({"server": kind, "in_flight": UNARY_IN_FLIGHT,
-                        "server_cpu_us_per_call": round((cpu_seconds(server.pid) - before) / n * 1e6, 1),
-                        "calls_per_s": round(n / wall, 1)})
+            out.append(
+                {
+                    "server": kind,
+                    "in_flight": UNARY_IN_FLIGHT,
+                    "server_cpu_us_per_call": round((cpu_seconds(server.pid) - before) / n * 1e6, 1),
+                    "calls_per_s": round(n / wall, 1),
+                }
+            )
         finally:
             server.terminate()
             server.wait(30)

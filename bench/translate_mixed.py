@@ -40,10 +40,9 @@ async def timed(coro) -> float:
 
 async def workload(model: TranslationModel, args, english: list[str]) -> dict:
     by_length = sorted(english, key=len)
-    longest = [" ".join(by_length[-2 - 2 * i:][:2]) for i in range(args.long)]  # two long sentences a source
+    longest = [" ".join(by_length[-2 - 2 * i :][:2]) for i in range(args.long)]  # two long sentences a source
     start = time.perf_counter()
-    longs = [asyncio.ensure_future(timed(model.translate([s], TranslateOptions(beam_size=args.beam))))
-             for s in longest]
+    longs = [asyncio.ensure_future(timed(model.translate([s], TranslateOptions(beam_size=args.beam)))) for s in longest]
     shorts = []
     for i in range(args.short):
         await asyncio.sleep(args.gap_ms / 1e3)
@@ -51,10 +50,13 @@ async def workload(model: TranslationModel, args, english: list[str]) -> dict:
     short_s, long_s = await asyncio.gather(asyncio.gather(*shorts), asyncio.gather(*longs))
     wall = time.perf_counter() - start
     short_ms = sorted(1e3 * s for s in short_s)
-    return {"short_p50_ms": round(statistics.median(short_ms), 1),
-            "short_p95_ms": round(short_ms[int(0.95 * (len(short_ms) - 1))], 1),
-            "short_max_ms": round(short_ms[-1], 1), "long_ms": [round(1e3 * s, 1) for s in long_s],
-            "sentences_per_s": round((args.long + args.short) / wall, 1)}
+    return {
+        "short_p50_ms": round(statistics.median(short_ms), 1),
+        "short_p95_ms": round(short_ms[int(0.95 * (len(short_ms) - 1))], 1),
+        "short_max_ms": round(short_ms[-1], 1),
+        "long_ms": [round(1e3 * s, 1) for s in long_s],
+        "sentences_per_s": round((args.long + args.short) / wall, 1),
+    }
 
 
 async def main_async(args) -> dict:
@@ -67,9 +69,18 @@ async def main_async(args) -> dict:
     runs = [await workload(model, args, english) for _ in range(args.rounds)]
     await model.stop()
     runtime.close()
-    return {"model": str(args.model), "variant": model.variant, "long_calls": args.long, "beam": args.beam,
-            "short_calls": args.short, "gap_ms": args.gap_ms, "rounds": runs,
-            "cpu": _cpu_name(), "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+    return {
+        "model": str(args.model),
+        "variant": model.variant,
+        "long_calls": args.long,
+        "beam": args.beam,
+        "short_calls": args.short,
+        "gap_ms": args.gap_ms,
+        "rounds": runs,
+        "cpu": _cpu_name(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
 
 
 def _cpu_name() -> str:

@@ -67,6 +67,7 @@ def sources(model_dir: Path, count: int, uniform: bool, seed: int = 0) -> list[s
 
 # ---- workers (each side in its own process) -------------------------------------------------------
 
+
 async def _clients(address: str, model: str, items: list[str], clients: int) -> tuple[float, int]:
     import grpc
 
@@ -82,8 +83,7 @@ async def _clients(address: str, model: str, items: list[str], clients: int) -> 
         async def client() -> None:
             nonlocal output_tokens
             while not queue.empty():
-                reply = await stub.Translate(pb.TranslateRequest(model=model, inputs=[queue.get_nowait()]),
-                                             timeout=300)
+                reply = await stub.Translate(pb.TranslateRequest(model=model, inputs=[queue.get_nowait()]), timeout=300)
                 output_tokens += reply.usage.output_tokens
 
         for text in items[: clients * 2]:  # warm-up
@@ -106,8 +106,13 @@ def client_side(args) -> dict:
     after = scrape_histogram(args.metrics_url, "ts_batch_padding_ratio")
     count = after.get("count", 0) - before.get("count", 0)
     ratio = (after.get("sum", 0) - before.get("sum", 0)) / count if count else None
-    return {"wall_s": wall, "cpu_s": cpu, "padding_ratio_mean": ratio, "encoder_runs": count,
-            "output_tokens": output_tokens}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "padding_ratio_mean": ratio,
+        "encoder_runs": count,
+        "output_tokens": output_tokens,
+    }
 
 
 def ort_side(args) -> dict:
@@ -122,8 +127,9 @@ def ort_side(args) -> dict:
     m = model_dir.manifest
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
-    sess = ort.InferenceSession(str(model_dir.file(m.graph(args.role, args.variant).file)), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        str(model_dir.file(m.graph(args.role, args.variant).file)), opts, providers=["CPUExecutionProvider"]
+    )
     tok = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
     seqs = [e.ids for e in tok.encode_batch(json.loads(Path(args.texts).read_text()))]
     pad = int(m.special_tokens.get("pad", 0))
@@ -142,13 +148,29 @@ def ort_side(args) -> dict:
 
 # ---- orchestration --------------------------------------------------------------------------------
 
+
 def served(flags: list[str], model: str, text_files: dict, args) -> dict:
     service = ServiceProcess(args.models_root, ["--intra-op-threads", str(args.threads), *flags], metrics=True)
     try:
-        return {shape: run_worker(WORKER, "client", "--address", service.address, "--metrics-url",
-                                  service.metrics_url, "--server-pid", str(service.proc.pid), "--name", model,
-                                  "--texts", str(path), "--clients", str(args.clients))
-                for shape, path in text_files.items()}
+        return {
+            shape: run_worker(
+                WORKER,
+                "client",
+                "--address",
+                service.address,
+                "--metrics-url",
+                service.metrics_url,
+                "--server-pid",
+                str(service.proc.pid),
+                "--name",
+                model,
+                "--texts",
+                str(path),
+                "--clients",
+                str(args.clients),
+            )
+            for shape, path in text_files.items()
+        }
     finally:
         service.stop()
 
@@ -175,10 +197,22 @@ def bench(args, tmp: Path) -> dict:
     rounds = []
     flags = ["--variant", variant, "--embed-pack-row-tokens", str(args.row_tokens)]
     for _ in range(args.rounds):
-        r = {"packed": served(flags, m.name, files, args),
-             "padded": served(["--variant", variant, "--embed-pack-row-tokens", "0"], m.name, files, args)}
-        common = ["--model-dir", str(args.model), "--variant", enc_variant, "--texts", str(files["mixed"]),
-                  "--threads", str(args.threads), "--row-tokens", str(args.row_tokens)]
+        r = {
+            "packed": served(flags, m.name, files, args),
+            "padded": served(["--variant", variant, "--embed-pack-row-tokens", "0"], m.name, files, args),
+        }
+        common = [
+            "--model-dir",
+            str(args.model),
+            "--variant",
+            enc_variant,
+            "--texts",
+            str(files["mixed"]),
+            "--threads",
+            str(args.threads),
+            "--row-tokens",
+            str(args.row_tokens),
+        ]
         r["ort_padded"] = run_worker(WORKER, "ort", "--role", "encoder", *common)
         r["ort_packed"] = run_worker(WORKER, "ort", "--role", "packed", *common)
         rounds.append(r)
@@ -192,25 +226,34 @@ def report(rounds: list[dict], tokens: dict, counts: dict, variant: str, role: s
         for shape in ("mixed", "uniform"):
             side[f"{shape}_sentences_per_s"] = summary([counts[shape] / r[mode][shape]["wall_s"] for r in rounds], 1)
             side[f"{shape}_cpu_s_per_1000_tokens"] = summary(
-                [1000 * r[mode][shape]["cpu_s"] / tokens[shape] for r in rounds], 3)
+                [1000 * r[mode][shape]["cpu_s"] / tokens[shape] for r in rounds], 3
+            )
             side[f"{shape}_padding_ratio"] = rounds[-1][mode][shape]["padding_ratio_mean"]
             side[f"{shape}_encoder_runs"] = rounds[-1][mode][shape]["encoder_runs"]
             side[f"{shape}_output_tokens"] = rounds[-1][mode][shape]["output_tokens"]
             side[f"{shape}_cpu_s_per_1000_output_tokens"] = summary(
-                [1000 * r[mode][shape]["cpu_s"] / r[mode][shape]["output_tokens"] for r in rounds], 3)
+                [1000 * r[mode][shape]["cpu_s"] / r[mode][shape]["output_tokens"] for r in rounds], 3
+            )
         side["mixed_over_uniform_tokens_per_s"] = summary(
-            [(tokens["mixed"] / r[mode]["mixed"]["wall_s"]) / (tokens["uniform"] / r[mode]["uniform"]["wall_s"])
-             for r in rounds])
+            [
+                (tokens["mixed"] / r[mode]["mixed"]["wall_s"]) / (tokens["uniform"] / r[mode]["uniform"]["wall_s"])
+                for r in rounds
+            ]
+        )
     for shape in ("mixed", "uniform"):
         out[f"packed_over_padded_{shape}_sentences_per_s"] = summary(
-            [r["padded"][shape]["wall_s"] / r["packed"][shape]["wall_s"] for r in rounds])
+            [r["padded"][shape]["wall_s"] / r["packed"][shape]["wall_s"] for r in rounds]
+        )
     for mode in ("padded", "packed"):
         out[f"encoder_alone_{mode}_tokens_per_s"] = summary(
-            [r[f"ort_{mode}"]["tokens"] / r[f"ort_{mode}"]["wall_s"] for r in rounds], 0)
+            [r[f"ort_{mode}"]["tokens"] / r[f"ort_{mode}"]["wall_s"] for r in rounds], 0
+        )
         out[f"encoder_alone_{mode}_computed_per_real"] = round(
-            rounds[-1][f"ort_{mode}"]["computed"] / rounds[-1][f"ort_{mode}"]["tokens"], 3)
+            rounds[-1][f"ort_{mode}"]["computed"] / rounds[-1][f"ort_{mode}"]["tokens"], 3
+        )
     out["encoder_alone_packed_over_padded"] = summary(
-        [r["ort_padded"]["wall_s"] / r["ort_packed"]["wall_s"] for r in rounds])
+        [r["ort_padded"]["wall_s"] / r["ort_packed"]["wall_s"] for r in rounds]
+    )
     return out
 
 
@@ -244,8 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         args.models_root.mkdir()
         (args.models_root / args.model.name).symlink_to(args.model, target_is_directory=True)
         result = bench(args, Path(tmp))
-    result["conditions"] = {"before": before, "after": conditions(), "threads": args.threads,
-                            "clients": args.clients, "rounds": args.rounds, "row_tokens": args.row_tokens}
+    result["conditions"] = {
+        "before": before,
+        "after": conditions(),
+        "threads": args.threads,
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "row_tokens": args.row_tokens,
+    }
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -35,8 +35,8 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     import torch
 
     from export.build import build_translation
-    from export.heldout import heldout_sample
     from export.checkpoint import save_checkpoint
+    from export.heldout import heldout_sample
     from export.seq2seq import Seq2SeqConfig, Translator
     from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
 
@@ -52,26 +52,57 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
         model = Translator(Seq2SeqConfig(vocab_size=tokenizer.get_vocab_size(), dropout=0.0)).eval()
         special, source = TRANSLATOR_SPECIAL_TOKENS, "random init, Seq2SeqConfig() size (no trained checkpoint)"
         sample = None
-        checkpoint = save_checkpoint(model, out / "checkpoint", name="bench-translate", special_tokens=special,
-                                     tokenizer_path=out / "tokenizer.json", max_length=model.config.max_positions,
-                                     fp16=False)
+        checkpoint = save_checkpoint(
+            model,
+            out / "checkpoint",
+            name="bench-translate",
+            special_tokens=special,
+            tokenizer_path=out / "tokenizer.json",
+            max_length=model.config.max_positions,
+            fp16=False,
+        )
     cfg = model.config
-    build_translation(model.eval(), tokenizer, out / "models" / "bench-translate", name="bench-translate",
-                      special_tokens=special, max_input_tokens=cfg.max_positions,
-                      max_output_tokens=cfg.max_positions - 1, variants=("optimized", "int8"),
-                      quality_sample=sample)
+    build_translation(
+        model.eval(),
+        tokenizer,
+        out / "models" / "bench-translate",
+        name="bench-translate",
+        special_tokens=special,
+        max_input_tokens=cfg.max_positions,
+        max_output_tokens=cfg.max_positions - 1,
+        variants=("optimized", "int8"),
+        quality_sample=sample,
+    )
     return checkpoint, f"{source}; {model.num_parameters() / 1e6:.1f}M params"
 
 
 def one_round(checkpoint: Path, model_dir: Path, sentences: Path, args, reference: bool) -> dict:
-    common = ["--sentences", str(sentences), "--batch", str(args.batch), "--per-call", str(args.per_call),
-              "--max-length", str(args.max_length), "--threads", str(args.threads), "--repeats", str(args.repeats)]
-    ref = run_worker(WORKERS, "torch", "--checkpoint", str(checkpoint), *common, *(["--reference"] if reference else []))
+    common = [
+        "--sentences",
+        str(sentences),
+        "--batch",
+        str(args.batch),
+        "--per-call",
+        str(args.per_call),
+        "--max-length",
+        str(args.max_length),
+        "--threads",
+        str(args.threads),
+        "--repeats",
+        str(args.repeats),
+    ]
+    ref = run_worker(
+        WORKERS, "torch", "--checkpoint", str(checkpoint), *common, *(["--reference"] if reference else [])
+    )
     onnx = run_worker(WORKERS, "engine", "--model-dir", str(model_dir), "--variant", args.variant, *common)
     same = sum(a == b for a, b in zip(onnx["tokens"], ref["tokens"])) / len(ref["tokens"])
-    return {"onnx": statistics.median(onnx["sentences_per_s"]), "torch": statistics.median(ref["sentences_per_s"]),
-            "reference": ref.get("reference_sentences_per_s", [None])[0], "same_tokens": same,
-            "variant": onnx["variant"]}
+    return {
+        "onnx": statistics.median(onnx["sentences_per_s"]),
+        "torch": statistics.median(ref["sentences_per_s"]),
+        "reference": ref.get("reference_sentences_per_s", [None])[0],
+        "same_tokens": same,
+        "variant": onnx["variant"],
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -84,8 +115,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (fresh processes each)")
     p.add_argument("--repeats", type=int, default=2, help="measured passes per worker (after a warm-up pass)")
-    p.add_argument("--variant", default="auto", help="graph variant of the engine side: auto (what the service "
-                   "serves on this machine), optimized (fp32) or int8 (quantised weights: tokens may differ)")
+    p.add_argument(
+        "--variant",
+        default="auto",
+        help="graph variant of the engine side: auto (what the service "
+        "serves on this machine), optimized (fp32) or int8 (quantised weights: tokens may differ)",
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the slow no-cache greedy_decode pass")
     return p.parse_args(argv)
 
@@ -101,16 +136,34 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-translate-") as tmp:
         checkpoint, source = build_model(args.checkpoint.resolve(), Path(tmp), split)
         (Path(tmp) / "sentences.json").write_text(json.dumps(sentences), encoding="utf-8")
-        rounds = [one_round(checkpoint, Path(tmp) / "models" / "bench-translate", Path(tmp) / "sentences.json", args,
-                            reference=(i == 0 and not args.no_reference)) for i in range(args.rounds)]
+        rounds = [
+            one_round(
+                checkpoint,
+                Path(tmp) / "models" / "bench-translate",
+                Path(tmp) / "sentences.json",
+                args,
+                reference=(i == 0 and not args.no_reference),
+            )
+            for i in range(args.rounds)
+        ]
         quality = served_quality(Path(tmp) / "models" / "bench-translate", rounds[0]["variant"])
-    result = {"weights": source, "threads": args.threads, "sentences": len(sentences), "max_length": args.max_length,
-              "batch": args.batch, "per_call": args.per_call, "rounds": args.rounds, "variant": rounds[0]["variant"],
-              "onnx_sentences_per_s": summary([r["onnx"] for r in rounds], 1),
-              "torch_greedy_kv_cache_sentences_per_s": summary([r["torch"] for r in rounds], 1),
-              "ratio": summary([r["onnx"] / r["torch"] for r in rounds]), "target": 2.0,
-              "same_tokens": min(r["same_tokens"] for r in rounds), "quality": quality,
-              "conditions": {"before": before, "after": conditions()}}
+    result = {
+        "weights": source,
+        "threads": args.threads,
+        "sentences": len(sentences),
+        "max_length": args.max_length,
+        "batch": args.batch,
+        "per_call": args.per_call,
+        "rounds": args.rounds,
+        "variant": rounds[0]["variant"],
+        "onnx_sentences_per_s": summary([r["onnx"] for r in rounds], 1),
+        "torch_greedy_kv_cache_sentences_per_s": summary([r["torch"] for r in rounds], 1),
+        "ratio": summary([r["onnx"] / r["torch"] for r in rounds]),
+        "target": 2.0,
+        "same_tokens": min(r["same_tokens"] for r in rounds),
+        "quality": quality,
+        "conditions": {"before": before, "after": conditions()},
+    }
     if rounds[0]["reference"]:
         result["torch_greedy_decode_reference_sentences_per_s"] = rounds[0]["reference"]
         result["ratio_vs_reference"] = round(rounds[0]["onnx"] / rounds[0]["reference"], 2)

@@ -46,8 +46,14 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
         done = torch.zeros(rows, dtype=torch.bool, device=dev)
         out, past = [], None
         for t in range(args.max_length):
-            logits, past = model.decode(last, torch.ones(rows, t + 1, dtype=torch.long, device=dev),
-                                        torch.full((rows, 1), t, device=dev), past, cross, mask)
+            logits, past = model.decode(
+                last,
+                torch.ones(rows, t + 1, dtype=torch.long, device=dev),
+                torch.full((rows, 1), t, device=dev),
+                past,
+                cross,
+                mask,
+            )
             nxt = logits[:, -1].argmax(dim=-1)  # (B,)
             out.append(nxt)
             done |= nxt == cfg.eos_token_id
@@ -86,9 +92,15 @@ async def engine_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     from service.settings import Settings
     from service.translation.model import TranslateOptions, TranslationModel
 
-    settings = Settings.from_env(env={}, models=str(args.model_dir.parent), port=0, metrics_port=-1,
-                                 intra_op_threads=args.threads, translate_max_batch=args.batch,
-                                 variant=args.variant)
+    settings = Settings.from_env(
+        env={},
+        models=str(args.model_dir.parent),
+        port=0,
+        metrics_port=-1,
+        intra_op_threads=args.threads,
+        translate_max_batch=args.batch,
+        variant=args.variant,
+    )
     runtime = Runtime(settings)
     engine = TranslationModel.load(load_model_dir(args.model_dir), settings, runtime)
     await engine.start()
@@ -97,8 +109,10 @@ async def engine_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     try:
         for i in range(args.repeats + 1):  # the first pass warms up
             start = time.perf_counter()
-            calls = [engine.translate(sentences[j : j + args.per_call], opts)
-                     for j in range(0, len(sentences), args.per_call)]
+            calls = [
+                engine.translate(sentences[j : j + args.per_call], opts)
+                for j in range(0, len(sentences), args.per_call)
+            ]
             results = await asyncio.gather(*calls)
             if i > 0:
                 runs.append(round(len(sentences) / (time.perf_counter() - start), 2))

@@ -48,8 +48,25 @@ class Group:
     """`python -m service --workers W --compute-workers C` until `stop()`; pids of every process."""
 
     def __init__(self, models: Path, workers: int, compute: int):
-        cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0", "--metrics-port", "-1",
-               "--http-port", "-1", "--workers", str(workers), "--compute-workers", str(compute), "--intra-op-threads", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "service",
+            "--models",
+            str(models),
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--http-port",
+            "-1",
+            "--workers",
+            str(workers),
+            "--compute-workers",
+            str(compute),
+            "--intra-op-threads",
+            "1",
+        ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.pids, self.address = [self.proc.pid], ""
         ready = f"all {workers} workers serving on" if workers > 1 else "model(s) on"
@@ -74,8 +91,9 @@ class Group:
 async def send(address: str, sentences: list[str], clients: int) -> None:
     """All sentences, one per Embed call, from `clients` concurrent clients with a connection each."""
     pending = list(reversed(sentences))
-    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(clients)]
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(clients)
+    ]
 
     async def client(channel: grpc.aio.Channel) -> None:
         stub = pb_grpc.EmbeddingServiceStub(channel)
@@ -102,9 +120,13 @@ def measure(models: Path, workers: int, compute: int, sentences: list[str], clie
     finally:
         exit_code = group.stop()
     calls = len(sentences)
-    return {"sentences_per_s": calls / wall, "server_cpu_us_per_call": server_cpu / calls * 1e6,
-            "server_cores_busy": server_cpu / wall, "client_cpu_us_per_call": client_cpu / calls * 1e6,
-            "exit_code": exit_code}
+    return {
+        "sentences_per_s": calls / wall,
+        "server_cpu_us_per_call": server_cpu / calls * 1e6,
+        "server_cores_busy": server_cpu / wall,
+        "client_cpu_us_per_call": client_cpu / calls * 1e6,
+        "exit_code": exit_code,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,9 +149,14 @@ def main(argv: list[str] | None = None) -> int:
             for (workers, compute), name in zip(configs, runs):
                 runs[name].append(measure(Path(root), workers, compute, sentences, args.clients))
                 log.info("round %d %s: %s", r, name, runs[name][-1])
-    result = {"model": args.model_dir.name, "calls": len(sentences), "clients": args.clients,
-              "conditions_before": before, "conditions_after": conditions(),
-              "configs": {name: {k: summary([run[k] for run in rs]) for k in rs[0]} for name, rs in runs.items()}}
+    result = {
+        "model": args.model_dir.name,
+        "calls": len(sentences),
+        "clients": args.clients,
+        "conditions_before": before,
+        "conditions_after": conditions(),
+        "configs": {name: {k: summary([run[k] for run in rs]) for k in rs[0]} for name, rs in runs.items()},
+    }
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 

@@ -82,8 +82,11 @@ class TranslatorAttentionGraph(nn.Module):
             cross = m.encode(input_ids, attention_mask)
             m.decode(decoder_input_ids, decoder_attention_mask, positions, None, cross, attention_mask)
 
-        groups = [[layer.attn for layer in m.encoder_layers], [layer.self_attn for layer in m.decoder_layers],
-                  [layer.cross_attn for layer in m.decoder_layers]]
+        groups = [
+            [layer.attn for layer in m.encoder_layers],
+            [layer.self_attn for layer in m.decoder_layers],
+            [layer.cross_attn for layer in m.decoder_layers],
+        ]
         return tuple(recorded(groups, run))
 
 
@@ -94,17 +97,21 @@ def _maps(prefix: str, n: int, heads: int, queries: str, keys: str) -> list[Tens
 def attention_specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The attention graph's inputs and outputs (module doc)."""
     cfg = model.config
-    ids = [TensorSpec("input_ids", "int64", ["batch", "sequence"]),
-           TensorSpec("attention_mask", "int64", ["batch", "sequence"])]
+    ids = [
+        TensorSpec("input_ids", "int64", ["batch", "sequence"]),
+        TensorSpec("attention_mask", "int64", ["batch", "sequence"]),
+    ]
     if isinstance(model, SentenceEncoder):
         return ids, _maps("self_attention", cfg.n_layers, cfg.n_heads, "sequence", "sequence")
     if isinstance(model, GPTDecoder):
         return ids, _maps("causal_attention", cfg.n_layers, cfg.n_heads, "sequence", "sequence")
     src = [TensorSpec(t.name, t.dtype, ["batch", "source_sequence"]) for t in ids]
     tgt = [TensorSpec(f"decoder_{t.name}", t.dtype, t.shape) for t in ids]
-    outputs = (_maps("self_attention", cfg.n_encoder_layers, cfg.n_heads, "source_sequence", "source_sequence")
-               + _maps("causal_attention", cfg.n_decoder_layers, cfg.n_heads, "sequence", "sequence")
-               + _maps("cross_attention", cfg.n_decoder_layers, cfg.n_heads, "sequence", "source_sequence"))
+    outputs = (
+        _maps("self_attention", cfg.n_encoder_layers, cfg.n_heads, "source_sequence", "source_sequence")
+        + _maps("causal_attention", cfg.n_decoder_layers, cfg.n_heads, "sequence", "sequence")
+        + _maps("cross_attention", cfg.n_decoder_layers, cfg.n_heads, "sequence", "source_sequence")
+    )
     return src + tgt, outputs
 
 
@@ -160,8 +167,14 @@ def attention_parity(model: nn.Module, path: Path, batches) -> dict:
             key_mask = _key_mask(name, feeds)  # (B, S)
             padded = max(padded, float(np.where(key_mask[:, None, None, :] == 0, g, 0).max()))
             maps += g.shape[0] * g.shape[1]
-    figures = {"attention_max_abs_diff": diff, "row_sum_max_error": row_error, "padded_key_max_weight": padded,
-               "maps": maps, "limit": ATTENTION_MAX_ABS, "ok": diff <= ATTENTION_MAX_ABS}
+    figures = {
+        "attention_max_abs_diff": diff,
+        "row_sum_max_error": row_error,
+        "padded_key_max_weight": padded,
+        "maps": maps,
+        "limit": ATTENTION_MAX_ABS,
+        "ok": diff <= ATTENTION_MAX_ABS,
+    }
     return figures
 
 
@@ -171,8 +184,12 @@ def attention_graph(model: nn.Module, staging: Path, batches) -> tuple[list[Grap
     export_attention(model, path, batches[0])
     figures = attention_parity(model, path, batches)
     if not figures["ok"]:
-        log.warning("attention graph left out: probabilities differ from PyTorch by %.3g (limit %g); the "
-                    "model is served without attention inspection", figures["attention_max_abs_diff"], ATTENTION_MAX_ABS)
+        log.warning(
+            "attention graph left out: probabilities differ from PyTorch by %.3g (limit %g); the "
+            "model is served without attention inspection",
+            figures["attention_max_abs_diff"],
+            ATTENTION_MAX_ABS,
+        )
         path.unlink()
         return [], figures
     return [GraphFile("attention", "fp32", path, *ox.graph_io(path), figures)], figures

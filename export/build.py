@@ -20,10 +20,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from export import onnx_export as ox
-from export import gpu_gate, parity
 from export import fill_mask as fm
-from export import packed
+from export import gpu_gate, packed, parity
+from export import onnx_export as ox
 from export.attention import attention_graph
 from export.modeldir import GraphFile, publish, staging_dir, write_manifest
 from service.manifest import ModelDir
@@ -47,16 +46,30 @@ GATE_TEXTS = [
 def _parity_figures(figures: dict, attention: dict) -> dict:
     """The model's gate figures: its fp32 graph's, plus the attention graph's largest difference
     (and whether it passed: a graph over the limit is left out, export/attention.py)."""
-    figures = {**figures, "attention_max_abs_diff": attention["attention_max_abs_diff"],
-               "attention_ok": attention["ok"]}
-    return {**figures, "thresholds": {"encoder_min_cos": parity.ENCODER_MIN_COS,
-                                      "logits_max_abs": parity.LOGITS_MAX_ABS,
-                                      "greedy_new_tokens": parity.GREEDY_NEW_TOKENS,
-                                      "attention_max_abs": attention["limit"]}}
+    figures = {
+        **figures,
+        "attention_max_abs_diff": attention["attention_max_abs_diff"],
+        "attention_ok": attention["ok"],
+    }
+    return {
+        **figures,
+        "thresholds": {
+            "encoder_min_cos": parity.ENCODER_MIN_COS,
+            "logits_max_abs": parity.LOGITS_MAX_ABS,
+            "greedy_new_tokens": parity.GREEDY_NEW_TOKENS,
+            "attention_max_abs": attention["limit"],
+        },
+    }
 
 
-def _derive_variants(variants, fp32: dict[str, Path], staging: Path, optimize_args: dict[str, tuple],
-                     decoder_model: bool, measure: Callable[[str, dict[str, Path]], dict]) -> list[GraphFile]:
+def _derive_variants(
+    variants,
+    fp32: dict[str, Path],
+    staging: Path,
+    optimize_args: dict[str, tuple],
+    decoder_model: bool,
+    measure: Callable[[str, dict[str, Path]], dict],
+) -> list[GraphFile]:
     """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
 
     fp16 starts from the optimized graph when it was built (fused graphs run faster), and so does a
@@ -98,9 +111,18 @@ def _build(out: Path, body: Callable[[Path], dict]) -> ModelDir:
         raise
 
 
-def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                    variants=(), extra: dict | None = None, device: str = "cpu",
-                    quality_sample: tuple[str, list[str]] | None = None) -> ModelDir:
+def build_embedding(
+    model,
+    tokenizer: Tokenizer,
+    out: Path,
+    *,
+    name: str,
+    special_tokens: dict,
+    variants=(),
+    extra: dict | None = None,
+    device: str = "cpu",
+    quality_sample: tuple[str, list[str]] | None = None,
+) -> ModelDir:
     """quality_sample: (description, texts) on which reduced-precision variants are judged (default:
     the gate texts). device "cuda": the fp16 graph is also measured on the GPU (export/gpu_gate.py)."""
     cfg = model.config
@@ -133,15 +155,24 @@ def build_embedding(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
         figures["packed"] = packed.embedding_parity(model, fp32["packed"], batches, cfg.pad_token_id)
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
-        graphs += _derive_variants(variants, fp32, staging, dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model)),
-                                   False, measure)
+        graphs += _derive_variants(
+            variants, fp32, staging, dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model)), False, measure
+        )
         attention_graphs, attention = attention_graph(model, staging, batches)
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
-        return dict(graphs=graphs, name=name, kind="embedding", architecture={"type": "bert-encoder", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=cfg.max_length,
-                    parity=_parity_figures(figures, attention),
-                    pooling=cfg.pooling, embedding_dim=cfg.d_model, extra=extra or {})
+        return dict(
+            graphs=graphs,
+            name=name,
+            kind="embedding",
+            architecture={"type": "bert-encoder", **asdict(cfg)},
+            special_tokens=special_tokens,
+            max_input_tokens=cfg.max_length,
+            parity=_parity_figures(figures, attention),
+            pooling=cfg.pooling,
+            embedding_dim=cfg.d_model,
+            extra=extra or {},
+        )
 
     return _build(out, body)
 
@@ -156,9 +187,20 @@ def _exact(variant: str) -> bool:
     return parity.VARIANT_LIMITS[variant][2]
 
 
-def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                     max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
-                     quality_sample: tuple[str, list[list[int]]] | None = None, device: str = "cpu") -> ModelDir:
+def build_generation(
+    model,
+    tokenizer: Tokenizer,
+    out: Path,
+    *,
+    name: str,
+    special_tokens: dict,
+    max_input_tokens: int,
+    max_output_tokens: int,
+    variants=(),
+    extra: dict | None = None,
+    quality_sample: tuple[str, list[list[int]]] | None = None,
+    device: str = "cpu",
+) -> ModelDir:
     """quality_sample: (description, token sequences) on which reduced-precision variants are judged
     teacher-forced (default: the gate texts). device "cuda": the fp16 graph is also measured on the
     GPU (export/gpu_gate.py)."""
@@ -167,7 +209,9 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
     tokenizer.no_truncation()
     prompts = _prompts(tokenizer, min(24, cfg.max_positions - parity.GREEDY_NEW_TOKENS))
     sample_name, sample = quality_sample or (
-        f"{len(GATE_TEXTS)} gate texts", [tokenizer.encode(t).ids[: cfg.max_positions + 1] for t in GATE_TEXTS])
+        f"{len(GATE_TEXTS)} gate texts",
+        [tokenizer.encode(t).ids[: cfg.max_positions + 1] for t in GATE_TEXTS],
+    )
     sample = [s for s in sample if len(s) > 1]
 
     def body(staging: Path) -> dict:
@@ -188,23 +232,41 @@ def build_generation(model, tokenizer: Tokenizer, out: Path, *, name: str, speci
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile("decoder", "fp32", fp32, *ox.graph_io(fp32), figures)]
         graphs += _derive_variants(
-            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, True, measure)
+            variants, {"decoder": fp32}, staging, {"decoder": ("gpt2", cfg.n_heads, cfg.d_model)}, True, measure
+        )
         long = [s[: cfg.max_positions] for s in sample[:4]]  # up to the whole context
         attention_graphs, attention = attention_graph(model, staging, [prompts, long])
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
-        return dict(graphs=graphs, name=name, kind="generation", architecture={"type": "gpt-decoder", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
-                    parity=_parity_figures(figures, attention),
-                    max_output_tokens=max_output_tokens, extra=extra or {})
+        return dict(
+            graphs=graphs,
+            name=name,
+            kind="generation",
+            architecture={"type": "gpt-decoder", **asdict(cfg)},
+            special_tokens=special_tokens,
+            max_input_tokens=max_input_tokens,
+            parity=_parity_figures(figures, attention),
+            max_output_tokens=max_output_tokens,
+            extra=extra or {},
+        )
 
     return _build(out, body)
 
 
-def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                      max_input_tokens: int, max_output_tokens: int, variants=(), extra: dict | None = None,
-                      quality_sample: tuple[str, list[tuple[list[int], list[int]]]] | None = None,
-                      device: str = "cpu") -> ModelDir:
+def build_translation(
+    model,
+    tokenizer: Tokenizer,
+    out: Path,
+    *,
+    name: str,
+    special_tokens: dict,
+    max_input_tokens: int,
+    max_output_tokens: int,
+    variants=(),
+    extra: dict | None = None,
+    quality_sample: tuple[str, list[tuple[list[int], list[int]]]] | None = None,
+    device: str = "cpu",
+) -> ModelDir:
     """quality_sample: (description, (source ids, target ids starting with the decoder start token)
     pairs) on which reduced-precision variants are judged teacher-forced (default: the gate sources
     and their PyTorch greedy translations). device "cuda": the fp16 graphs are also measured on the GPU."""
@@ -216,57 +278,87 @@ def build_translation(model, tokenizer: Tokenizer, out: Path, *, name: str, spec
 
     def body(staging: Path) -> dict:
         started = time.perf_counter()
-        fp32 = {"encoder": staging / "encoder.onnx", "decoder": staging / "decoder.onnx",
-                "packed": staging / packed.FILE}
+        fp32 = {
+            "encoder": staging / "encoder.onnx",
+            "decoder": staging / "decoder.onnx",
+            "packed": staging / packed.FILE,
+        }
         ox.export_translator(model, fp32["encoder"], fp32["decoder"])
         packed.export_packed(model, fp32["packed"])
         reference = parity.reference_translations(model, sources)  # once, for fp32 and every variant
         figures = parity.translator_parity(model, fp32["encoder"], fp32["decoder"], sources, reference=reference)
-        figures["packed"] = packed.translator_parity(model, fp32["packed"], fp32["decoder"], sources,
-                                                     reference=reference)
+        figures["packed"] = packed.translator_parity(
+            model, fp32["packed"], fp32["decoder"], sources, reference=reference
+        )
         sample_name, sample = quality_sample or (
             f"{len(sources)} gate sources with their PyTorch greedy translations",
-            [(s, [cfg.decoder_start_token_id, *r]) for s, r in zip(sources, reference)])
+            [(s, [cfg.decoder_start_token_id, *r]) for s, r in zip(sources, reference)],
+        )
 
         def measure(variant: str, paths: dict[str, Path]) -> dict:
-            figures = parity.translator_parity(model, paths["encoder"], paths["decoder"], sources, variant,
-                                               reference=reference)
+            figures = parity.translator_parity(
+                model, paths["encoder"], paths["decoder"], sources, variant, reference=reference
+            )
             if not _exact(variant):
-                figures.update(parity.translator_quality(model, paths["encoder"], paths["decoder"], sample,
-                                                         sample_name))
+                figures.update(
+                    parity.translator_quality(model, paths["encoder"], paths["decoder"], sample, sample_name)
+                )
             if variant == "fp16" and device == "cuda":
-                figures["cuda"] = gpu_gate.translator_figures(model, paths["encoder"], paths["decoder"], sources,
-                                                              reference)
+                figures["cuda"] = gpu_gate.translator_figures(
+                    model, paths["encoder"], paths["decoder"], sources, reference
+                )
             # the packed encoder's own verdict: the service serves it only where it holds, and a
             # packed graph below its quality never keeps the variant's padded graphs from serving
-            figures["packed"] = packed.translator_parity(model, paths["packed"], paths["decoder"], sources, variant,
-                                                         reference=reference)
+            figures["packed"] = packed.translator_parity(
+                model, paths["packed"], paths["decoder"], sources, variant, reference=reference
+            )
             if not _exact(variant):
-                figures["packed"].update(packed.translator_quality(
-                    model, paths["packed"], paths["decoder"], sample, sample_name, variant,
-                    figures["packed"]["alone_max_abs_diff"]))
+                figures["packed"].update(
+                    packed.translator_quality(
+                        model,
+                        paths["packed"],
+                        paths["decoder"],
+                        sample,
+                        sample_name,
+                        variant,
+                        figures["packed"]["alone_max_abs_diff"],
+                    )
+                )
             return figures
 
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         graphs += _derive_variants(
-            variants, fp32, staging, {"encoder": ("bert", *args), "decoder": ("gpt2", *args),
-                                      "packed": ("bert", *args)}, True, measure)
+            variants,
+            fp32,
+            staging,
+            {"encoder": ("bert", *args), "decoder": ("gpt2", *args), "packed": ("bert", *args)},
+            True,
+            measure,
+        )
         start = cfg.decoder_start_token_id
         pairs = [(s, [start, *r[: 8 + 5 * i]]) for i, (s, r) in enumerate(zip(sources, reference))]
         attention_graphs, attention = attention_graph(model, staging, [pairs, pairs[1:3]])
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
-        return dict(graphs=graphs, name=name, kind="translation", architecture={"type": "seq2seq", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
-                    parity=_parity_figures(figures, attention),
-                    max_output_tokens=max_output_tokens, extra=extra or {})
+        return dict(
+            graphs=graphs,
+            name=name,
+            kind="translation",
+            architecture={"type": "seq2seq", **asdict(cfg)},
+            special_tokens=special_tokens,
+            max_input_tokens=max_input_tokens,
+            parity=_parity_figures(figures, attention),
+            max_output_tokens=max_output_tokens,
+            extra=extra or {},
+        )
 
     return _build(out, body)
 
 
-def build_converted(converted, out: Path, *, name: str, variants=(), device: str = "cpu",
-                    extra: dict | None = None) -> ModelDir:
+def build_converted(
+    converted, out: Path, *, name: str, variants=(), device: str = "cpu", extra: dict | None = None
+) -> ModelDir:
     """A checkpoint converted onto our modules (export/convert/) -> a model directory, through the gate."""
     c = converted
     info = {"converted_from": c.source, **(extra or {})}
@@ -276,13 +368,29 @@ def build_converted(converted, out: Path, *, name: str, variants=(), device: str
     if c.kind == "fill-mask":
         return build_fill_mask(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens, **common)
     build = build_generation if c.kind == "generation" else build_translation
-    return build(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens,
-                 max_output_tokens=c.max_output_tokens, device=device, **common)
+    return build(
+        c.model,
+        c.tokenizer,
+        out,
+        max_input_tokens=c.max_input_tokens,
+        max_output_tokens=c.max_output_tokens,
+        device=device,
+        **common,
+    )
 
 
-def build_fill_mask(model, tokenizer: Tokenizer, out: Path, *, name: str, special_tokens: dict,
-                    max_input_tokens: int, variants=(), extra: dict | None = None,
-                    quality_texts: tuple[str, Sequence[str]] | None = None) -> ModelDir:
+def build_fill_mask(
+    model,
+    tokenizer: Tokenizer,
+    out: Path,
+    *,
+    name: str,
+    special_tokens: dict,
+    max_input_tokens: int,
+    variants=(),
+    extra: dict | None = None,
+    quality_texts: tuple[str, Sequence[str]] | None = None,
+) -> ModelDir:
     """fp32 graph -> gate -> variants -> attention graph -> tokenizer.json -> model.json (kind fill-mask).
 
     The tokenizer does not truncate: the service refuses inputs over max_input_tokens (a truncated
@@ -317,13 +425,21 @@ def build_fill_mask(model, tokenizer: Tokenizer, out: Path, *, name: str, specia
         figures["packed"] = packed.fill_mask_parity(model, fp32["packed"], batches, pad)
         figures["export_seconds"] = round(time.perf_counter() - started, 2)
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
-        graphs += _derive_variants(variants, fp32, staging, dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model)),
-                                   False, measure)
+        graphs += _derive_variants(
+            variants, fp32, staging, dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model)), False, measure
+        )
         attention_graphs, attention = attention_graph(model.encoder, staging, batches)
         graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
-        return dict(graphs=graphs, name=name, kind="fill-mask", architecture={"type": "bert-mlm", **asdict(cfg)},
-                    special_tokens=special_tokens, max_input_tokens=max_input_tokens,
-                    parity=_parity_figures(figures, attention), extra=extra or {})
+        return dict(
+            graphs=graphs,
+            name=name,
+            kind="fill-mask",
+            architecture={"type": "bert-mlm", **asdict(cfg)},
+            special_tokens=special_tokens,
+            max_input_tokens=max_input_tokens,
+            parity=_parity_figures(figures, attention),
+            extra=extra or {},
+        )
 
     return _build(out, body)

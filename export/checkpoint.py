@@ -42,8 +42,17 @@ def architecture_of(model: torch.nn.Module) -> str:
     raise TypeError(f"no checkpoint architecture for {type(model).__name__}")
 
 
-def save_checkpoint(model, out_dir, *, name: str, tokenizer_path, special_tokens: dict, max_length: int,
-                    training: dict | None = None, fp16: bool = True) -> Path:
+def save_checkpoint(
+    model,
+    out_dir,
+    *,
+    name: str,
+    tokenizer_path,
+    special_tokens: dict,
+    max_length: int,
+    training: dict | None = None,
+    fp16: bool = True,
+) -> Path:
     """Write config.json, model.safetensors and tokenizer.json into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +82,9 @@ def load_checkpoint(path) -> tuple[torch.nn.Module, dict]:
     cls, cfg_cls, _ = ARCHITECTURES[meta["architecture"]]
     known = {f.name for f in fields(cfg_cls)}
     model = cls(cfg_cls(**{k: v for k, v in meta["config"].items() if k in known}))
-    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "model.safetensors")).items()}
+    state = {
+        k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "model.safetensors")).items()
+    }
     model.load_state_dict(state)
     return model.eval(), meta
 
@@ -89,8 +100,10 @@ def save_training_state(path, *, model, optimizer, scheduler_state: dict, step: 
         "schedule": scheduler_state,
         "step": step,
         "extra": extra,
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -122,13 +135,42 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
     length = int(meta["max_length"])
     if meta["kind"] == "fill-mask":
-        return build_fill_mask(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
-                               variants=variants, extra=info, quality_texts=fill_mask_texts(Path(path)))
+        return build_fill_mask(
+            model,
+            tok,
+            out,
+            name=meta["name"],
+            special_tokens=special,
+            max_input_tokens=length,
+            variants=variants,
+            extra=info,
+            quality_texts=fill_mask_texts(Path(path)),
+        )
     sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
     if meta["kind"] == "generation":
-        return build_generation(model, tok, out, name=meta["name"], special_tokens=special,
-                                max_input_tokens=length // 2, max_output_tokens=length - length // 2,
-                                variants=variants, extra=info, quality_sample=sample, device=device)
-    return build_translation(model, tok, out, name=meta["name"], special_tokens=special, max_input_tokens=length,
-                             max_output_tokens=min(model.config.max_positions, 2 * length), variants=variants,
-                             extra=info, quality_sample=sample, device=device)
+        return build_generation(
+            model,
+            tok,
+            out,
+            name=meta["name"],
+            special_tokens=special,
+            max_input_tokens=length // 2,
+            max_output_tokens=length - length // 2,
+            variants=variants,
+            extra=info,
+            quality_sample=sample,
+            device=device,
+        )
+    return build_translation(
+        model,
+        tok,
+        out,
+        name=meta["name"],
+        special_tokens=special,
+        max_input_tokens=length,
+        max_output_tokens=min(model.config.max_positions, 2 * length),
+        variants=variants,
+        extra=info,
+        quality_sample=sample,
+        device=device,
+    )

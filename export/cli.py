@@ -39,9 +39,14 @@ def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]
             continue
         meta = json.loads((ckpt / "config.json").read_text())
         inputs = [ckpt / f for f in (*CHECKPOINT_FILES, HELDOUT_FILE) if (ckpt / f).is_file()]
-        jobs.append((meta["name"], meta["kind"], inputs,
-                     lambda out, variants, extra, device, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra,
-                                                                                       device)))
+        jobs.append(
+            (
+                meta["name"],
+                meta["kind"],
+                inputs,
+                lambda out, variants, extra, device, ckpt=ckpt: build_checkpoint(ckpt, out, variants, extra, device),
+            )
+        )
     return jobs
 
 
@@ -86,14 +91,24 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny", help="tiny random-weight model(s), for tests and smoke checks")
     tiny.add_argument("--kind", choices=["embedding", "generation", "translation", "fill-mask", "all"], default="all")
     tiny.add_argument("--out", required=True, help="the model directory; with --kind all, the folder for all four")
-    held = sub.add_parser("heldout", help=f"store a checkpoint's held-out texts as {HELDOUT_FILE} (the sample the "
-                          "gate judges int8 / fp16 decoders on), from its training corpus")
+    held = sub.add_parser(
+        "heldout",
+        help=f"store a checkpoint's held-out texts as {HELDOUT_FILE} (the sample the "
+        "gate judges int8 / fp16 decoders on), from its training corpus",
+    )
     held.add_argument("path", type=Path)
     for command in (models, minilm, ckpt, tiny):
-        command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                             help="auto: CUDA when PyTorch sees a GPU; there the fp16 graphs are also gated on it")
-        command.add_argument("--variants", default="" if command is tiny else DEFAULT_VARIANTS,
-                             help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
+        command.add_argument(
+            "--device",
+            default="auto",
+            choices=["auto", "cpu", "cuda"],
+            help="auto: CUDA when PyTorch sees a GPU; there the fp16 graphs are also gated on it",
+        )
+        command.add_argument(
+            "--variants",
+            default="" if command is tiny else DEFAULT_VARIANTS,
+            help=f"comma-separated, from {','.join(VARIANT_ORDER)}",
+        )
     return p
 
 

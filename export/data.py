@@ -93,8 +93,9 @@ def story_stream(token_lists: list[list[int]], separator_id: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def stream_batch(stream: np.ndarray, batch_size: int, context: int, seed: int,
-                 step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_batch(
+    stream: np.ndarray, batch_size: int, context: int, seed: int, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of the stream for one step: inputs and next-token targets, each (B, context)."""
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, len(stream) - context - 1, size=batch_size)
@@ -145,6 +146,6 @@ def pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
 def translation_batch(src: list[list[int]], tgt: list[list[int]], pad_id: int, bos_id: int, eos_id: int) -> dict:
     """Source ids already end in </s>; the target is fed as <s> y and predicted as y </s>."""
     src_ids, src_mask = pad(src, pad_id)
-    tgt_in, tgt_mask = pad([[bos_id] + t for t in tgt], pad_id)
-    labels, _ = pad([t + [eos_id] for t in tgt], -100)  # -100: ignored by the loss
+    tgt_in, tgt_mask = pad([[bos_id, *t] for t in tgt], pad_id)
+    labels, _ = pad([[*t, eos_id] for t in tgt], -100)  # -100: ignored by the loss
     return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_in, "tgt_mask": tgt_mask, "labels": labels}

@@ -66,6 +66,7 @@ class DecoderConfig:
 
 # ---- rotary positions ---------------------------------------------------------------------------
 
+
 def _linear(inv_freq: torch.Tensor, p: dict) -> torch.Tensor:
     return inv_freq / p["factor"]
 
@@ -125,17 +126,30 @@ class Rotary(nn.Module):
 
 # ---- the model ----------------------------------------------------------------------------------
 
+
 class DecoderBlock(nn.Module):
     """Pre-norm block: x = x + Attn(norm(x)); x = x + FFN(norm(x))."""
 
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.ln_attn = norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.norm_bias)
-        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.qkv_bias, n_kv_heads=cfg.n_kv_heads,
-                                       head_dim=cfg.head_dim, out_bias=cfg.out_bias)
+        self.attn = MultiHeadAttention(
+            cfg.d_model,
+            cfg.n_heads,
+            bias=cfg.qkv_bias,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            out_bias=cfg.out_bias,
+        )
         self.ln_ffn = norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.norm_bias)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias, dropout=cfg.dropout,
-                               activation=cfg.activation, gated=cfg.gated_mlp)
+        self.ffn = FeedForward(
+            cfg.d_model,
+            cfg.d_ff,
+            bias=cfg.mlp_bias,
+            dropout=cfg.dropout,
+            activation=cfg.activation,
+            gated=cfg.gated_mlp,
+        )
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, mask, past=None, rotate=None, position_ids=None):

@@ -34,13 +34,14 @@ def encode_sources(tok: Tokenizer, sentences: list[str], max_len: int) -> list[l
     out = []
     for enc in tok.encode_batch(sentences):
         ids = enc.ids
-        out.append(ids if len(ids) <= max_len else ids[: max_len - 1] + [ids[-1]])
+        out.append(ids if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]])
     return out
 
 
 @torch.no_grad()
-def translate(model, tok: Tokenizer, sentences: list[str], *, beam: int = 1, max_len: int = 64,
-              batch_size: int = 64) -> list[str]:
+def translate(
+    model, tok: Tokenizer, sentences: list[str], *, beam: int = 1, max_len: int = 64, batch_size: int = 64
+) -> list[str]:
     """Translate in length-sorted batches; beam=1 is greedy (`Translator.greedy_decode`)."""
     model.eval()
     cfg = model.config
@@ -68,13 +69,19 @@ def translation_scores(hyps: list[str], refs: list[list[str]]) -> dict:
     streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
     bleu, chrf = bleu_metric.corpus_score(hyps, streams), chrf_metric.corpus_score(hyps, streams)
-    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_detail": bleu.format(),
-            "signature": f"{bleu_metric.get_signature()} {chrf_metric.get_signature()}",
-            "sentences": len(hyps), "references": sum(len(r) for r in refs)}
+    return {
+        "bleu": round(bleu.score, 2),
+        "chrf": round(chrf.score, 2),
+        "bleu_detail": bleu.format(),
+        "signature": f"{bleu_metric.get_signature()} {chrf_metric.get_signature()}",
+        "sentences": len(hyps),
+        "references": sum(len(r) for r in refs),
+    }
 
 
-def evaluate_translator(model, tok: Tokenizer, items: list[tuple[str, list[str]]], *, beam: int = 1,
-                        max_len: int = 64) -> tuple[dict, list[str]]:
+def evaluate_translator(
+    model, tok: Tokenizer, items: list[tuple[str, list[str]]], *, beam: int = 1, max_len: int = 64
+) -> tuple[dict, list[str]]:
     hyps = translate(model, tok, [en for en, _ in items], beam=beam, max_len=max_len)
     return translation_scores(hyps, [refs for _, refs in items]), hyps
 
@@ -94,7 +101,7 @@ def _select_beams(cand, flat, seqs, finished, K: int, V: int, eos: int, pad: int
                 break
             beam, tok = divmod(f, V)
             if tok == eos:
-                hyp = seqs[b * K + beam, 1:].tolist() + [tok]
+                hyp = [*seqs[b * K + beam, 1:].tolist(), tok]
                 finished[b].append((score / len(hyp) ** length_penalty, hyp))
                 continue
             scores[b, live], select[b, live], next_tok[b, live] = score, b * K + beam, tok
@@ -103,15 +110,24 @@ def _select_beams(cand, flat, seqs, finished, K: int, V: int, eos: int, pad: int
 
 
 @torch.no_grad()
-def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_size: int = 4, max_length: int = 64,
-                length_penalty: float = 1.0) -> list[list[int]]:
+def beam_search(
+    model,
+    src_ids: torch.Tensor,
+    src_mask: torch.Tensor,
+    *,
+    beam_size: int = 4,
+    max_length: int = 64,
+    length_penalty: float = 1.0,
+) -> list[list[int]]:
     """Batched beam search with the self-attention KV cache (fairseq-style: a hypothesis ends at
     </s>; finished scores are log p / length**length_penalty; a sentence is done once it has
     beam_size finished hypotheses). src (B, S) -> best token ids per source, without the start token, with EOS."""
     cfg, B, K = model.config, src_ids.shape[0], beam_size
     device = src_ids.device
-    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0))  # (B*K, nh, S, hs)
-             for k, v in model.encode(src_ids, src_mask)]
+    cross = [
+        (k.repeat_interleave(K, 0), v.repeat_interleave(K, 0))  # (B*K, nh, S, hs)
+        for k, v in model.encode(src_ids, src_mask)
+    ]
     src_mask_k = src_mask.repeat_interleave(K, 0)  # (B*K, S)
     scores = torch.full((B, K), -math.inf, device=device)
     scores[:, 0] = 0.0  # one live beam per source at the start
@@ -125,8 +141,9 @@ def beam_search(model, src_ids: torch.Tensor, src_mask: torch.Tensor, *, beam_si
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
         V = logp.shape[-1]
         cand, flat = (scores.view(-1, 1) + logp).view(B, K * V).topk(2 * K, dim=1)  # (B, 2K)
-        scores, select, next_tok = _select_beams(cand, flat, seqs, finished, K, V, cfg.eos_token_id,
-                                                 cfg.pad_token_id, length_penalty)
+        scores, select, next_tok = _select_beams(
+            cand, flat, seqs, finished, K, V, cfg.eos_token_id, cfg.pad_token_id, length_penalty
+        )
         if all(len(f) >= K for f in finished):
             break
         sel = select.view(-1)
@@ -154,14 +171,26 @@ def perplexity(model, windows: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     return {"perplexity": round(math.exp(nll / count), 3), "nll": round(nll / count, 4), "tokens": count}
 
 
-MLM_SAMPLES = ["The cat sat on the [MASK].", "Once upon a time, there was a little [MASK].",
-               "She was very [MASK] and wanted to play with her friends.", "The [MASK] of France is Paris.",
-               "To be, or not to [MASK]: that is the question."]
+MLM_SAMPLES = [
+    "The cat sat on the [MASK].",
+    "Once upon a time, there was a little [MASK].",
+    "She was very [MASK] and wanted to play with her friends.",
+    "The [MASK] of France is Paris.",
+    "To be, or not to [MASK]: that is the question.",
+]
 
 
 @torch.no_grad()
-def sample_stories(model, tok: Tokenizer, prompts: list[str], *, max_new_tokens: int = 200,
-                   temperature: float = 0.8, top_k: int = 40, seed: int = 0) -> list[str]:
+def sample_stories(
+    model,
+    tok: Tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int = 40,
+    seed: int = 0,
+) -> list[str]:
     """Top-k sampled continuations of each prompt (the prompt gets the leading <|endoftext|>)."""
     model.eval()
     gen = torch.Generator().manual_seed(seed)
@@ -222,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         texts = [f"{t}\t{mlm_eval.fill(model, tok, t)}" for t in MLM_SAMPLES]
         result["samples"] = texts
     elif args.kind == "translator":
-        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
-                                   n_dev=sizes.get("dev", 1000))
+        split = data.split_tatoeba(
+            data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000), n_dev=sizes.get("dev", 1000)
+        )
         items = split.test if args.split == "test" else split.dev
         texts = []
         for beam in args.beam:

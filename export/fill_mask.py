@@ -23,8 +23,12 @@ from export import parity
 from export.mlm import MaskedLM
 from service.manifest import TensorSpec
 
-MASK_TEXTS = ["The cat sat on the [MASK].", "Once upon a time, there was a little [MASK] who loved to [MASK].",
-              "[MASK] is the capital of France.", "[MASK]"]
+MASK_TEXTS = [
+    "The cat sat on the [MASK].",
+    "Once upon a time, there was a little [MASK] who loved to [MASK].",
+    "[MASK] is the capital of France.",
+    "[MASK]",
+]
 MASK_EVERY = 7  # quality sample: every 7th real token masked
 
 
@@ -46,8 +50,10 @@ class FillMaskGraph(nn.Module):
 
 
 def fill_mask_specs(model: MaskedLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    inputs = [TensorSpec("input_ids", "int64", ["batch", "sequence"]),
-              TensorSpec("attention_mask", "int64", ["batch", "sequence"])]
+    inputs = [
+        TensorSpec("input_ids", "int64", ["batch", "sequence"]),
+        TensorSpec("attention_mask", "int64", ["batch", "sequence"]),
+    ]
     return inputs, [TensorSpec("logits", "float32", ["batch", "sequence", model.config.vocab_size])]
 
 
@@ -66,8 +72,9 @@ def _logits(model: MaskedLM, sess, ids: np.ndarray, mask: np.ndarray) -> tuple[n
     return ref, got
 
 
-def fill_mask_parity(model: MaskedLM, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int,
-                     variant: str = "fp32") -> dict:
+def fill_mask_parity(
+    model: MaskedLM, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int, variant: str = "fp32"
+) -> dict:
     """ONNX vs PyTorch logits at every real position of right-padded batches (module doc)."""
     sess = parity.session(graph)
     diff, same, positions = 0.0, 0, 0
@@ -78,8 +85,12 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches: Sequence[Sequence[Se
         diff = max(diff, float(np.abs(ref[real] - got[real]).max()))
         same += int((ref[real].argmax(-1) == got[real].argmax(-1)).sum())
         positions += int(real.sum())
-    figures = {"logits_max_abs_diff": diff, "top1_agreement": same / positions, "positions": positions,
-               "inputs": sum(len(batch) for batch in batches)}
+    figures = {
+        "logits_max_abs_diff": diff,
+        "top1_agreement": same / positions,
+        "positions": positions,
+        "inputs": sum(len(batch) for batch in batches),
+    }
     limit = parity.VARIANT_LIMITS[variant][1]
     if limit is not None and diff > limit:
         parity._fail(f"{variant} fill-mask logits max abs diff vs PyTorch ({positions} positions)", diff, limit)

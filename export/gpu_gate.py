@@ -40,8 +40,10 @@ def _session(path: Path, device: str) -> ort.InferenceSession | None:
     wanted = CUDA if device == "cuda" else "CPUExecutionProvider"
     sess = ort.InferenceSession(str(path), providers=list(dict.fromkeys([wanted, "CPUExecutionProvider"])))
     if sess.get_providers()[0] != wanted:
-        raise parity.ParityError(f"parity gate: onnxruntime could not run {path.name} on CUDA "
-                                 f"(providers {sess.get_providers()}): CUDA/cuDNN libraries missing?")
+        raise parity.ParityError(
+            f"parity gate: onnxruntime could not run {path.name} on CUDA "
+            f"(providers {sess.get_providers()}): CUDA/cuDNN libraries missing?"
+        )
     return sess
 
 
@@ -57,8 +59,9 @@ def _header(device: str) -> dict:
 NO_CUDA_PROVIDER = {"skipped": "onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)"}
 
 
-def encoder_figures(model, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int,
-                    device: str = "cuda") -> dict:
+def encoder_figures(
+    model, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int, device: str = "cuda"
+) -> dict:
     """fp16 encoder on CUDA vs PyTorch fp16 on CUDA: cosine (fp16 limit), max abs difference."""
     sess = _session(graph, device)
     if sess is None:
@@ -78,24 +81,40 @@ def encoder_figures(model, graph: Path, batches: Sequence[Sequence[Sequence[int]
     return figures
 
 
-def decoder_figures(model, graph: Path, prompts: Sequence[Sequence[int]], fp32_reference: list[list[int]],
-                    n_new: int = parity.GREEDY_NEW_TOKENS, device: str = "cuda") -> dict:
+def decoder_figures(
+    model,
+    graph: Path,
+    prompts: Sequence[Sequence[int]],
+    fp32_reference: list[list[int]],
+    n_new: int = parity.GREEDY_NEW_TOKENS,
+    device: str = "cuda",
+) -> dict:
     """fp16 GPT decoder on CUDA vs `GPTDecoder` in fp16 on CUDA: logits and greedy tokens."""
     sess = _session(graph, device)
     if sess is None:
         return NO_CUDA_PROVIDER
     cfg, ref_model = model.config, _half(model, device)
     got = parity.onnx_step(sess, max_length=cfg.max_positions)
-    figures = {**_header(device), **parity.logits_parity(parity.torch_step(ref_model, device, torch.float16), got,
-                                                         prompts, cfg.pad_token_id, cfg.vocab_size)}
+    figures = {
+        **_header(device),
+        **parity.logits_parity(
+            parity.torch_step(ref_model, device, torch.float16), got, prompts, cfg.pad_token_id, cfg.vocab_size
+        ),
+    }
     ids, mask = parity.pad_batch(prompts, cfg.pad_token_id, left=True)
     tokens = parity.greedy_loop(got, ids, mask, parity.prompt_positions(mask), n_new)
     return _tokens(figures, parity.reference_generations(ref_model, prompts, n_new), fp32_reference, tokens)
 
 
-def translator_figures(model, encoder_graph: Path, decoder_graph: Path, sources: Sequence[Sequence[int]],
-                       fp32_reference: list[list[int]], n_new: int = parity.GREEDY_NEW_TOKENS,
-                       device: str = "cuda") -> dict:
+def translator_figures(
+    model,
+    encoder_graph: Path,
+    decoder_graph: Path,
+    sources: Sequence[Sequence[int]],
+    fp32_reference: list[list[int]],
+    n_new: int = parity.GREEDY_NEW_TOKENS,
+    device: str = "cuda",
+) -> dict:
     """fp16 translator graphs on CUDA vs `Translator` in fp16 on CUDA: logits and greedy tokens."""
     enc, dec = _session(encoder_graph, device), _session(decoder_graph, device)
     if enc is None:
@@ -103,14 +122,19 @@ def translator_figures(model, encoder_graph: Path, decoder_graph: Path, sources:
     cfg, ref_model = model.config, _half(model, device)
     src, src_mask = parity.pad_batch(sources, cfg.pad_token_id, left=False)
     cross = enc.run(None, {"input_ids": src, "attention_mask": src_mask})
-    got = parity.onnx_step(dec, {"encoder_attention_mask": src_mask,
-                                 **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
-                                    for i, c in enumerate(cross)}})
+    got = parity.onnx_step(
+        dec,
+        {
+            "encoder_attention_mask": src_mask,
+            **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
+        },
+    )
     mask_t = torch.from_numpy(src_mask).to(device)
     with torch.no_grad():
         ref_cross = ref_model.encode(torch.from_numpy(src).to(device), mask_t)
-    ref = parity.torch_step(lambda i, m, p, past: ref_model.decode(i, m, p, past, ref_cross, mask_t),
-                            device, torch.float16)
+    ref = parity.torch_step(
+        lambda i, m, p, past: ref_model.decode(i, m, p, past, ref_cross, mask_t), device, torch.float16
+    )
     prompts = [[cfg.decoder_start_token_id, *s[: i + 1]] for i, s in enumerate(sources)]  # as the CPU gate
     figures = {**_header(device), **parity.logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size)}
     start = np.full((len(sources), 1), cfg.decoder_start_token_id, np.int64)

@@ -33,14 +33,16 @@ def heldout_texts(meta: dict, cfg, tok: Tokenizer) -> list[dict] | None:
     training = meta.get("training", {})
     kind = "generator" if meta["kind"] == "generation" else "translator"
     recorded = Path(training.get("data", ""))  # relative to the directory training ran in (the repository)
-    path = next((p for p in (recorded, ROOT / recorded) if training.get("data") and p.is_file()),
-                data.DEFAULT_DATA[kind])
+    path = next(
+        (p for p in (recorded, ROOT / recorded) if training.get("data") and p.is_file()), data.DEFAULT_DATA[kind]
+    )
     if not path.is_file():
         return None
     seed, sizes = training.get("seed", 0), training.get("split", {})
     if kind == "translator":
-        split = data.split_tatoeba(data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000),
-                                   n_dev=sizes.get("dev", 1000))
+        split = data.split_tatoeba(
+            data.load_tatoeba(path), seed=seed, n_test=sizes.get("test", 2000), n_dev=sizes.get("dev", 1000)
+        )
         return [{"source": en, "references": refs} for en, refs in split.test[:QUALITY_PAIRS]]
     _, held = data.split_stories(data.load_stories(path), seed=seed)
     need, tokens, out = QUALITY_WINDOWS * (cfg.max_positions + 1), 0, []
@@ -79,21 +81,24 @@ def heldout_sample(meta: dict, cfg, tok: Tokenizer, checkpoint: Path | None = No
     else:
         texts = heldout_texts(meta, cfg, tok)
         if texts is None:
-            log.warning("quality sample: no %s and no training corpus; reduced-precision variants are judged "
-                        "on the gate texts", HELDOUT_FILE)
+            log.warning(
+                "quality sample: no %s and no training corpus; reduced-precision variants are judged on the gate texts",
+                HELDOUT_FILE,
+            )
             return None
         where = "the training corpus"
     if meta["kind"] == "generation":
         from export import data
 
-        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch([t["text"] for t in texts])],
-                                   cfg.eos_token_id)
+        stream = data.story_stream([e.ids[1:] for e in tok.encode_batch([t["text"] for t in texts])], cfg.eos_token_id)
         width = cfg.max_positions + 1
         windows = [stream[i : i + width].tolist() for i in range(0, len(stream) - width, width)][:QUALITY_WINDOWS]
         return f"{len(windows)} windows of {width - 1} tokens of held-out stories ({where})", windows
     src = [e.ids[: cfg.max_positions] for e in tok.encode_batch([t["source"] for t in texts])]
-    tgt = [[cfg.decoder_start_token_id, *e.ids][: cfg.max_positions + 1]
-           for e in tok.encode_batch([t["references"][0] for t in texts])]
+    tgt = [
+        [cfg.decoder_start_token_id, *e.ids][: cfg.max_positions + 1]
+        for e in tok.encode_batch([t["references"][0] for t in texts])
+    ]
     return f"{len(texts)} held-out test pairs, first reference ({where})", list(zip(src, tgt))
 
 

@@ -24,8 +24,7 @@ from torch import nn
 def padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, S) 1/0 key mask -> additive (B, 1, 1, S)."""
     allowed = attention_mask[:, None, None, :].to(torch.bool)
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype) -> torch.Tensor:
@@ -39,8 +38,7 @@ def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype
     q_pos = torch.arange(query_len, device=attention_mask.device)[:, None] + past  # (T, 1)
     k_pos = torch.arange(total, device=attention_mask.device)[None, :]  # (1, P+T)
     allowed = (k_pos <= q_pos)[None, None, :, :] & attention_mask[:, None, None, :].to(torch.bool)
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def attention_probs(q, k, mask):
@@ -78,7 +76,7 @@ class RMSNorm(nn.Module):
 
 
 def norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
-    """"layernorm" (with or without bias) or "rmsnorm"."""
+    """ "layernorm" (with or without bias) or "rmsnorm"."""
     if kind == "rmsnorm":
         return RMSNorm(d_model, eps)
     return nn.LayerNorm(d_model, eps=eps, bias=bias)
@@ -96,8 +94,15 @@ class MultiHeadAttention(nn.Module):
     either way, so the other graphs do not change.
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True, n_kv_heads: int | None = None,
-                 head_dim: int | None = None, out_bias: bool | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        bias: bool = True,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        out_bias: bool | None = None,
+    ):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
@@ -116,8 +121,10 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a memory (B, S, C) -> two (B, nkv, S, hs); cross-attention computes them once."""
-        return (self.split_heads(self.key(memory), self.n_kv_heads),
-                self.split_heads(self.value(memory), self.n_kv_heads))
+        return (
+            self.split_heads(self.key(memory), self.n_kv_heads),
+            self.split_heads(self.value(memory), self.n_kv_heads),
+        )
 
     def forward(self, x, mask, past=None, memory_kv=None, rotate=None, position_ids=None):
         """x (B, T, C). past: cached (k, v) of earlier positions, each (B, nkv, P, hs).
@@ -149,8 +156,15 @@ class FeedForward(nn.Module):
     """Position-wise feed-forward: Linear -> activation -> Linear; gated (SwiGLU, Shazeer 2020):
     act(gate(x)) * fc_in(x) -> fc_out. `activation` is a config.json name (`ACTIVATIONS`)."""
 
-    def __init__(self, d_model: int, d_ff: int, bias: bool = True, dropout: float = 0.0, activation: str = "gelu",
-                 gated: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        bias: bool = True,
+        dropout: float = 0.0,
+        activation: str = "gelu",
+        gated: bool = False,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r} is not supported (supported: {', '.join(ACTIVATIONS)})")

@@ -33,9 +33,17 @@ def _choose(eligible: torch.Tensor, word_ids: torch.Tensor, prob: float, gen: to
     return (torch.gather(first, 1, word_ids) < quota[:, None]) & eligible
 
 
-def mask_tokens(ids: torch.Tensor, special: torch.Tensor, *, mask_id: int, vocab_size: int, first_normal_id: int,
-                gen: torch.Generator, prob: float = 0.15, word_starts: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor,
+    special: torch.Tensor,
+    *,
+    mask_id: int,
+    vocab_size: int,
+    first_normal_id: int,
+    gen: torch.Generator,
+    prob: float = 0.15,
+    word_starts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ids (B, T) int64; special (B, T) bool: True at [CLS] [SEP] [PAD] (never chosen).
 
     word_starts (B, T) bool, optional: whole-word masking, True at a word's first piece (a
@@ -59,8 +67,9 @@ def mask_tokens(ids: torch.Tensor, special: torch.Tensor, *, mask_id: int, vocab
     return inputs, labels
 
 
-def mask_all_chosen(ids: torch.Tensor, special: torch.Tensor, *, mask_id: int, gen: torch.Generator,
-                    prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_all_chosen(
+    ids: torch.Tensor, special: torch.Tensor, *, mask_id: int, gen: torch.Generator, prob: float = 0.15
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Evaluation masking: the same 15 % choice, every chosen token replaced by [MASK] (what a
     fill-mask request looks like). -> (inputs, labels)."""
     B, T = ids.shape

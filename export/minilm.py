@@ -77,9 +77,23 @@ def build_minilm(out: Path, variants=(), extra: dict | None = None, device: str 
     device is "cuda"); reduced-precision variants are judged on `quality_sample()`."""
     folder = model_folder()
     converted = convert_minilm(folder)
-    info = {"source": MODEL_ID, "package": f"{PACKAGE}=={version(PACKAGE)}", "license": "apache-2.0",
-            "reference_normalizes": True, "converted_from": converted.source, **(extra or {})}
+    info = {
+        "source": MODEL_ID,
+        "package": f"{PACKAGE}=={version(PACKAGE)}",
+        "license": "apache-2.0",
+        "reference_normalizes": True,
+        "converted_from": converted.source,
+        **(extra or {}),
+    }
     log.info("exporting %s from %s", MODEL_ID, folder)
-    return build_embedding(converted.model, converted.tokenizer, Path(out), name=DIR_NAME,
-                           special_tokens=converted.special_tokens, variants=variants, extra=info, device=device,
-                           quality_sample=quality_sample())
+    return build_embedding(
+        converted.model,
+        converted.tokenizer,
+        Path(out),
+        name=DIR_NAME,
+        special_tokens=converted.special_tokens,
+        variants=variants,
+        extra=info,
+        device=device,
+        quality_sample=quality_sample(),
+    )

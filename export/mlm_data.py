@@ -63,8 +63,9 @@ def load_passages(root: Path) -> dict[str, list[str]]:
     return {name: READERS[name]((Path(root) / file).read_text(encoding="utf-8")) for name, file in FILES.items()}
 
 
-def split_passages(passages: dict[str, list[str]], seed: int = 0,
-                   holdout: float = HOLDOUT) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+def split_passages(
+    passages: dict[str, list[str]], seed: int = 0, holdout: float = HOLDOUT
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """-> (train, held-out), each corpus -> passages in file order; a seeded `holdout` share of
     every corpus's passages is held out."""
     train, held = {}, {}

@@ -84,12 +84,10 @@ def load_unigram(checkpoint: Path) -> np.ndarray:
 def masked_rows(tok: Tokenizer, texts: list[str], max_len: int, special: dict, seed: int = EVAL_SEED) -> dict:
     """-> {"input_ids", "attention_mask", "labels"} (B, T): the fixed evaluation masking."""
     tok.no_padding()
-    rows = [e.ids[: max_len - 1] + [special["sep"]] if len(e.ids) > max_len else e.ids
-            for e in tok.encode_batch(texts)]
+    rows = [[*e.ids[: max_len - 1], special["sep"]] if len(e.ids) > max_len else e.ids for e in tok.encode_batch(texts)]
     ids, mask = data.pad(rows, special["pad"])
     is_special = (ids == special["cls"]) | (ids == special["sep"]) | (mask == 0)
-    inputs, labels = mask_all_chosen(ids, is_special, mask_id=special["mask"],
-                                     gen=torch.Generator().manual_seed(seed))
+    inputs, labels = mask_all_chosen(ids, is_special, mask_id=special["mask"], gen=torch.Generator().manual_seed(seed))
     return {"input_ids": inputs, "attention_mask": mask, "labels": labels}
 
 
@@ -113,13 +111,18 @@ def evaluate(model, rows: dict, log_unigram: np.ndarray, batch_size: int = 32) -
         targets.append(target.cpu().numpy())
     target = np.concatenate(targets)
     best = int(np.argmax(log_unigram))
-    return {"masked_accuracy": round(correct / n, 4), "masked_perplexity": round(math.exp(nll / n), 2),
-            "unigram_accuracy": round(float((target == best).mean()), 4),
-            "unigram_perplexity": round(float(np.exp(-log_unigram[target].mean())), 2), "masked_positions": n}
+    return {
+        "masked_accuracy": round(correct / n, 4),
+        "masked_perplexity": round(math.exp(nll / n), 2),
+        "unigram_accuracy": round(float((target == best).mean()), 4),
+        "unigram_perplexity": round(float(np.exp(-log_unigram[target].mean())), 2),
+        "masked_positions": n,
+    }
 
 
-def checkpoint_figures(checkpoint: Path, model, meta: dict, tok: Tokenizer, every: int = 1,
-                       neighbours: NeighbourLookup | None = None) -> dict:
+def checkpoint_figures(
+    checkpoint: Path, model, meta: dict, tok: Tokenizer, every: int = 1, neighbours: NeighbourLookup | None = None
+) -> dict:
     """Held-out figures of a checkpoint (its heldout.jsonl and unigram.json), overall and per corpus,
     on every `every`-th passage; with neighbours, the neighbour baseline's accuracy too."""
     lines = (Path(checkpoint) / "heldout.jsonl").read_text(encoding="utf-8").splitlines()

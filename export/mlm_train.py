@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from export import data, mlm_data, mlm_eval, tokenizer_train
-from export.tokenizer_train import load_or_train_tokenizer
-from export.heldout import HELDOUT_FILE
 from export.checkpoint import save_checkpoint
 from export.encoder import EncoderConfig
+from export.heldout import HELDOUT_FILE
 from export.masking import IGNORE, mask_tokens
 from export.mlm import MaskedLM
+from export.tokenizer_train import load_or_train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,14 @@ class MLMTask:
         for name, passages in train.items():
             ids = [e.ids[1:-1] for e in self.tok.encode_batch(passages)]
             chunks = [c for c in mlm_data.pack(ids, width) if len(c) >= MIN_CHUNK]
-            log.info("mlm: %s: %d training passages -> %d chunks (%d tokens), %d held out", name, len(passages),
-                     len(chunks), sum(map(len, chunks)), len(held[name]))
+            log.info(
+                "mlm: %s: %d training passages -> %d chunks (%d tokens), %d held out",
+                name,
+                len(passages),
+                len(chunks),
+                sum(map(len, chunks)),
+                len(held[name]),
+            )
             self.chunks += chunks
         vocab = self.tok.get_vocab_size()
         self.counts = mlm_eval.unigram_counts(self.chunks, vocab)
@@ -71,9 +77,16 @@ class MLMTask:
         self.eval_rows = mlm_eval.masked_rows(self.tok, [h["text"] for h in self.heldout], args.max_len, SPECIAL)
         continuation = [self.tok.id_to_token(i).startswith("##") for i in range(vocab)]
         self.continuation = torch.tensor(continuation)
-        self.cfg = EncoderConfig(vocab_size=vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                                 d_ff=args.d_ff, max_positions=args.max_len, max_length=args.max_len,
-                                 pad_token_id=SPECIAL["pad"])
+        self.cfg = EncoderConfig(
+            vocab_size=vocab,
+            d_model=args.d_model,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            d_ff=args.d_ff,
+            max_positions=args.max_len,
+            max_length=args.max_len,
+            pad_token_id=SPECIAL["pad"],
+        )
         self.model = MaskedLM(self.cfg)
         self.cursor: dict = {}
 
@@ -104,8 +117,15 @@ class MLMTask:
         token_types, _ = data.pad(types, 0)
         special = (ids == SPECIAL["cls"]) | (ids == SPECIAL["sep"]) | (mask == 0)
         starts = ~self.continuation[ids] if self.args.whole_word else None
-        inputs, labels = mask_tokens(ids, special, mask_id=SPECIAL["mask"], vocab_size=self.cfg.vocab_size,
-                                     first_normal_id=N_SPECIAL, gen=gen, word_starts=starts)
+        inputs, labels = mask_tokens(
+            ids,
+            special,
+            mask_id=SPECIAL["mask"],
+            vocab_size=self.cfg.vocab_size,
+            first_normal_id=N_SPECIAL,
+            gen=gen,
+            word_starts=starts,
+        )
         batch = {"input_ids": inputs, "attention_mask": mask, "token_type_ids": token_types, "labels": labels}
         if self.args.sop:
             batch["sop_labels"] = torch.tensor(order)
@@ -140,12 +160,24 @@ class MLMTask:
         return round(float((predicted == torch.tensor(order)).float().mean()), 4)
 
     def save(self, model, out: Path, training: dict) -> None:
-        training = {**training, "objective": "mlm+sop" if self.args.sop else "mlm",
-                    "whole_word_masking": bool(self.args.whole_word), "corpora": list(mlm_data.FILES),
-                    "holdout": mlm_data.HOLDOUT}
-        save_checkpoint(model, out, name=self.args.name or "mlm-encoder", tokenizer_path=self.args.tok_path,
-                        special_tokens=SPECIAL, max_length=self.args.max_len, training=training)
+        training = {
+            **training,
+            "objective": "mlm+sop" if self.args.sop else "mlm",
+            "whole_word_masking": bool(self.args.whole_word),
+            "corpora": list(mlm_data.FILES),
+            "holdout": mlm_data.HOLDOUT,
+        }
+        save_checkpoint(
+            model,
+            out,
+            name=self.args.name or "mlm-encoder",
+            tokenizer_path=self.args.tok_path,
+            special_tokens=SPECIAL,
+            max_length=self.args.max_len,
+            training=training,
+        )
         if not (out / HELDOUT_FILE).is_file():
-            (out / HELDOUT_FILE).write_text("".join(json.dumps(h, ensure_ascii=False) + "\n" for h in self.heldout),
-                                            encoding="utf-8")
+            (out / HELDOUT_FILE).write_text(
+                "".join(json.dumps(h, ensure_ascii=False) + "\n" for h in self.heldout), encoding="utf-8"
+            )
             mlm_eval.save_unigram(self.counts, out)

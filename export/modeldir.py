@@ -32,10 +32,25 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 # The files whose content decides what an export writes (model code, exporter, gate, contract).
 SOURCE_FILES = (
-    "export/layers.py", "export/encoder.py", "export/decoder.py", "export/seq2seq.py", "export/checkpoint.py",
-    "export/onnx_export.py", "export/parity.py", "export/modeldir.py", "export/minilm.py", "export/tiny.py",
-    "export/build.py", "export/gpu_gate.py", "export/attention.py", "export/mlm.py", "export/fill_mask.py",
-    "service/manifest.py", "export/heldout.py", "export/packed.py", "service/engine/packing.py",
+    "export/layers.py",
+    "export/encoder.py",
+    "export/decoder.py",
+    "export/seq2seq.py",
+    "export/checkpoint.py",
+    "export/onnx_export.py",
+    "export/parity.py",
+    "export/modeldir.py",
+    "export/minilm.py",
+    "export/tiny.py",
+    "export/build.py",
+    "export/gpu_gate.py",
+    "export/attention.py",
+    "export/mlm.py",
+    "export/fill_mask.py",
+    "service/manifest.py",
+    "export/heldout.py",
+    "export/packed.py",
+    "service/engine/packing.py",
     "service/translation/encoder.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "export" / "convert").glob("*.py")),  # converters
 )
@@ -99,9 +114,22 @@ def write_manifest(staging: Path, *, graphs: list[GraphFile], **fields: Any) -> 
     for g in graphs:
         if g.path.parent.resolve() != staging.resolve():
             raise ValueError(f"graph {g.path} is not inside the staging folder {staging}")
-        specs.append(GraphSpec(role=g.role, variant=g.variant, file=g.path.name, sha256=sha256_file(g.path),
-                               inputs=g.inputs, outputs=g.outputs, parity=g.parity))
-    tokenizer = {"file": TOKENIZER_FILE, "sha256": sha256_file(staging / TOKENIZER_FILE), "type": "huggingface-tokenizers"}
+        specs.append(
+            GraphSpec(
+                role=g.role,
+                variant=g.variant,
+                file=g.path.name,
+                sha256=sha256_file(g.path),
+                inputs=g.inputs,
+                outputs=g.outputs,
+                parity=g.parity,
+            )
+        )
+    tokenizer = {
+        "file": TOKENIZER_FILE,
+        "sha256": sha256_file(staging / TOKENIZER_FILE),
+        "type": "huggingface-tokenizers",
+    }
     manifest = Manifest(graphs=specs, tokenizer=tokenizer, opset=OPSET, versions=versions(), **fields)
     (staging / "model.json").write_text(manifest.to_json(), encoding="utf-8")
     load_model_dir(staging)  # the service's own check, before anything is moved into place

@@ -83,8 +83,18 @@ class _GroupQueryAttention(torch.autograd.Function):
         absent = [g.op("prim::Constant") for _ in range(2)]  # optional inputs left empty ("")
         for node in absent:
             node.setType(torch._C.OptionalType.ofTensor())
-        return g.op("com.microsoft::GroupQueryAttention", qkv, *absent, past_k, past_v, seqlens_k, total_length,
-                    num_heads_i=n_heads, kv_num_heads_i=n_kv_heads, outputs=3)
+        return g.op(
+            "com.microsoft::GroupQueryAttention",
+            qkv,
+            *absent,
+            past_k,
+            past_v,
+            seqlens_k,
+            total_length,
+            num_heads_i=n_heads,
+            kv_num_heads_i=n_kv_heads,
+            outputs=3,
+        )
 
 
 def _rotated(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
@@ -113,8 +123,9 @@ class DecoderGraph(nn.Module):
         for block in model.blocks:
             attn = block.attn
             parts = (attn.query, attn.key, attn.value)
-            fused = nn.Linear(attn.query.in_features, sum(p.out_features for p in parts),
-                              bias=attn.query.bias is not None)
+            fused = nn.Linear(
+                attn.query.in_features, sum(p.out_features for p in parts), bias=attn.query.bias is not None
+            )
             with torch.no_grad():
                 fused.weight.copy_(torch.cat([p.weight for p in parts]))
                 if fused.bias is not None:
@@ -131,8 +142,9 @@ class DecoderGraph(nn.Module):
             packed = qkv(h)  # (B, T, (nh + 2 nkv) hs)
             if rotary is not None:
                 packed = _rotated(packed, *rotary, attn.n_heads, attn.n_kv_heads)
-            y, k, v = _GroupQueryAttention.apply(packed, past_k, past_v, seqlens_k, total_sequence_length,
-                                                 attn.n_heads, attn.n_kv_heads)
+            y, k, v = _GroupQueryAttention.apply(
+                packed, past_k, past_v, seqlens_k, total_sequence_length, attn.n_heads, attn.n_kv_heads
+            )
             x = x + block.dropout(attn.out(y))
             x = x + block.ffn(block.ln_ffn(x))
             present += [k, v]
@@ -160,7 +172,9 @@ class TranslatorDecoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *kv):
         cross, past = _pairs(kv[: self.n_flat]), _pairs(kv[self.n_flat :])
-        logits, present = self.model.decode(input_ids, attention_mask, position_ids, past, cross, encoder_attention_mask)
+        logits, present = self.model.decode(
+            input_ids, attention_mask, position_ids, past, cross, encoder_attention_mask
+        )
         return (logits, *_flat(present))
 
 
@@ -180,8 +194,12 @@ def encoder_specs(model: SentenceEncoder) -> tuple[list[TensorSpec], list[Tensor
 def decoder_specs(model: GPTDecoder, dtype: str = "float32") -> tuple[list[TensorSpec], list[TensorSpec]]:
     cfg = model.config
     heads, hd = cfg.kv_heads, cfg.head_size  # the cache holds the key / value heads
-    inputs = [_ids("input_ids", "batch", "sequence"), _ids("position_ids", "batch", "sequence"),
-              TensorSpec("seqlens_k", "int32", ["batch"]), TensorSpec("total_sequence_length", "int32", [])]
+    inputs = [
+        _ids("input_ids", "batch", "sequence"),
+        _ids("position_ids", "batch", "sequence"),
+        TensorSpec("seqlens_k", "int32", ["batch"]),
+        TensorSpec("total_sequence_length", "int32", []),
+    ]
     inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "max_sequence", dtype)
     outputs = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
     outputs += _kv(kv_names("present", cfg.n_layers), heads, hd, "max_sequence", dtype)
@@ -193,8 +211,12 @@ def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tup
     heads, hd, n = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.n_decoder_layers
     cross = _kv(kv_names("cross_key_values", n), heads, hd, "source_sequence", dtype)
     enc_in = [_ids("input_ids", "batch", "source_sequence"), _ids("attention_mask", "batch", "source_sequence")]
-    dec_in = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "total_sequence"),
-              _ids("position_ids", "batch", "sequence"), _ids("encoder_attention_mask", "batch", "source_sequence")]
+    dec_in = [
+        _ids("input_ids", "batch", "sequence"),
+        _ids("attention_mask", "batch", "total_sequence"),
+        _ids("position_ids", "batch", "sequence"),
+        _ids("encoder_attention_mask", "batch", "source_sequence"),
+    ]
     dec_in += cross + _kv(kv_names("past_key_values", n), heads, hd, "past_sequence", dtype)
     dec_out = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
     dec_out += _kv(kv_names("present", n), heads, hd, "total_sequence", dtype)
@@ -207,9 +229,15 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec]
         # head_dim (a fixed model size) is read from a shape in the attention scale: expected.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(
-            module.eval(), args, str(path),
-            input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-            dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+            module.eval(),
+            args,
+            str(path),
+            input_names=[t.name for t in inputs],
+            output_names=[t.name for t in outputs],
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
         )
     onnx.checker.check_model(str(path))
     log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
@@ -279,6 +307,7 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
 
 # ---- variants, derived from the fp32 graph; the gate measures each against PyTorch ---------------
 
+
 def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model: int) -> dict[str, int]:
     """onnxruntime's transformer optimizer (fusions); -> the fused operator counts.
 
@@ -321,8 +350,12 @@ def make_int8(src: Path, dst: Path) -> None:
     quantize_rowwise(src, dst)
 
 
-_ONNX_DTYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
-                onnx.TensorProto.INT32: "int32"}
+_ONNX_DTYPES = {
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.INT32: "int32",
+}
 
 
 def graph_io(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:

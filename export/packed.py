@@ -140,8 +140,10 @@ def _feeds(packed: Packed) -> dict[str, np.ndarray]:
 
 # ---- embedding ----------------------------------------------------------------------------------
 
-def embed(sess, seqs: Sequence[Sequence[int]], pad_id: int, pooling: str, row_tokens: int,
-          align: int = 1) -> np.ndarray:
+
+def embed(
+    sess, seqs: Sequence[Sequence[int]], pad_id: int, pooling: str, row_tokens: int, align: int = 1
+) -> np.ndarray:
     """(N, C) pooled embeddings of seqs through a packed graph, packed as the service packs them."""
     packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id, align)
     (hidden,) = sess.run(["token_embeddings"], _feeds(packed))
@@ -167,42 +169,68 @@ def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, 
             alone_diff = max(alone_diff, float(np.abs(alone - got).max()))
         n += len(batch)
     cos_min = float(np.concatenate(cos).min())
-    figures = {"cos_min": cos_min, "alone_max_abs_diff": alone_diff, "inputs": n,
-               "row_tokens": list(GATE_ROW_TOKENS)}
+    figures = {"cos_min": cos_min, "alone_max_abs_diff": alone_diff, "inputs": n, "row_tokens": list(GATE_ROW_TOKENS)}
     if cos_min < parity.VARIANT_LIMITS[variant][0]:
-        parity._fail(f"{variant} packed encoder cosine vs PyTorch (min over {n} inputs)", cos_min,
-                     parity.VARIANT_LIMITS[variant][0])
+        parity._fail(
+            f"{variant} packed encoder cosine vs PyTorch (min over {n} inputs)",
+            cos_min,
+            parity.VARIANT_LIMITS[variant][0],
+        )
     if parity.VARIANT_LIMITS[variant][2] and alone_diff > parity.LOGITS_MAX_ABS:
-        parity._fail(f"{variant} packed encoder: an input alone vs packed with others (max abs diff)", alone_diff,
-                     parity.LOGITS_MAX_ABS)
+        parity._fail(
+            f"{variant} packed encoder: an input alone vs packed with others (max abs diff)",
+            alone_diff,
+            parity.LOGITS_MAX_ABS,
+        )
     return figures
 
 
-def embedding_quality(model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str,
-                      chunk: int = 32) -> dict:
+def embedding_quality(
+    model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str, chunk: int = 32
+) -> dict:
     """A reduced-precision packed graph on the quality sample, as parity.encoder_quality judges padded ones."""
     sess, pooling, align = parity.session(graph), model.config.pooling, alignment(variant)
     ref = np.concatenate([_reference(model, sample[i : i + chunk], pad_id) for i in range(0, len(sample), chunk)])
-    got = np.concatenate([embed(sess, sample[i : i + chunk], pad_id, pooling, GATE_ROW_TOKENS[0], align)
-                          for i in range(0, len(sample), chunk)])
+    got = np.concatenate(
+        [
+            embed(sess, sample[i : i + chunk], pad_id, pooling, GATE_ROW_TOKENS[0], align)
+            for i in range(0, len(sample), chunk)
+        ]
+    )
     alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0], align) for s in sample[:chunk]])
     cos, limits = parity._cos(ref, got), parity.EMBEDDING_QUALITY_LIMITS
     diff = float(np.abs(alone - got[: len(alone)]).max())
-    figures = {"sample": sample_name, "texts": len(sample), "cos_min": round(float(cos.min()), 5),
-               "cos_mean": round(float(cos.mean()), 5),
-               "similarity_spearman": round(parity._spearman(parity._pair_similarities(ref),
-                                                             parity._pair_similarities(got)), 5),
-               "batch_max_abs_diff": float(f"{diff:.3g}"), "limits": limits}
-    ok = (figures["cos_min"] >= limits["cos_min"] and figures["cos_mean"] >= limits["cos_mean"]
-          and figures["similarity_spearman"] >= limits["similarity_spearman_min"]
-          and diff <= limits["batch_max_abs_diff"])
+    figures = {
+        "sample": sample_name,
+        "texts": len(sample),
+        "cos_min": round(float(cos.min()), 5),
+        "cos_mean": round(float(cos.mean()), 5),
+        "similarity_spearman": round(
+            parity._spearman(parity._pair_similarities(ref), parity._pair_similarities(got)), 5
+        ),
+        "batch_max_abs_diff": float(f"{diff:.3g}"),
+        "limits": limits,
+    }
+    ok = (
+        figures["cos_min"] >= limits["cos_min"]
+        and figures["cos_mean"] >= limits["cos_mean"]
+        and figures["similarity_spearman"] >= limits["similarity_spearman_min"]
+        and diff <= limits["batch_max_abs_diff"]
+    )
     return {"quality": figures, "quality_ok": ok}
 
 
 # ---- fill-mask ----------------------------------------------------------------------------------
 
-def mask_logits(sess, seqs: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], pad_id: int,
-                row_tokens: int, align: int = 1) -> list[np.ndarray]:
+
+def mask_logits(
+    sess,
+    seqs: Sequence[Sequence[int]],
+    positions: Sequence[Sequence[int]],
+    pad_id: int,
+    row_tokens: int,
+    align: int = 1,
+) -> list[np.ndarray]:
     """Logits (len(positions[i]), V) at the given token positions of each input, through a packed graph."""
     packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id, align)
     inputs = np.repeat(np.arange(len(seqs)), [len(p) for p in positions])
@@ -230,19 +258,28 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant
                 alone_diff = max(alone_diff, float(np.abs(alone[i] - g).max()))
                 same += int((r.argmax(-1) == g.argmax(-1)).sum())
                 total += len(g)
-    figures = {"logits_max_abs_diff": diff, "top1_agreement": same / total, "alone_max_abs_diff": alone_diff,
-               "positions": total, "row_tokens": list(GATE_ROW_TOKENS)}
+    figures = {
+        "logits_max_abs_diff": diff,
+        "top1_agreement": same / total,
+        "alone_max_abs_diff": alone_diff,
+        "positions": total,
+        "row_tokens": list(GATE_ROW_TOKENS),
+    }
     limit = parity.VARIANT_LIMITS[variant][1]
     if limit is not None and diff > limit:
         parity._fail(f"{variant} packed fill-mask logits max abs diff vs PyTorch ({total} positions)", diff, limit)
     if parity.VARIANT_LIMITS[variant][2] and alone_diff > parity.LOGITS_MAX_ABS:
-        parity._fail(f"{variant} packed fill-mask: an input alone vs packed with others (max abs diff)", alone_diff,
-                     parity.LOGITS_MAX_ABS)
+        parity._fail(
+            f"{variant} packed fill-mask: an input alone vs packed with others (max abs diff)",
+            alone_diff,
+            parity.LOGITS_MAX_ABS,
+        )
     return figures
 
 
-def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int,
-                      variant: str) -> dict:
+def fill_mask_quality(
+    model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str
+) -> dict:
     """A reduced-precision packed graph at the sample's masked positions (parity.quality_figures)."""
     sess, align = parity.session(graph), alignment(variant)
     seqs = [ids.tolist() for ids, _, _ in sample]
@@ -260,8 +297,10 @@ def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], descrip
 
 # ---- translation (the translator's encoder) ------------------------------------------------------
 
-def translator_cross(sess, seqs: Sequence[Sequence[int]], pad_id: int, row_tokens: int,
-                     align: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+
+def translator_cross(
+    sess, seqs: Sequence[Sequence[int]], pad_id: int, row_tokens: int, align: int = 1
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Cross K/V per decoder layer (flat: key, value, ...; each (B, nkv, S, hs)) and the source mask
     (B, S) of seqs through a packed translator encoder graph, packed as the service packs them."""
     feeds, mask, _ = translation_encoder.packed_feeds(seqs, row_tokens, pad_id, align)
@@ -269,12 +308,20 @@ def translator_cross(sess, seqs: Sequence[Sequence[int]], pad_id: int, row_token
 
 
 def _cross_feeds(cross: list[np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
-    return {"encoder_attention_mask": mask,
-            **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)}}
+    return {
+        "encoder_attention_mask": mask,
+        **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
+    }
 
 
-def translator_parity(model: Translator, graph: Path, decoder_graph: Path, sources: Sequence[Sequence[int]],
-                      variant: str = "fp32", reference: list[list[int]] | None = None) -> dict:
+def translator_parity(
+    model: Translator,
+    graph: Path,
+    decoder_graph: Path,
+    sources: Sequence[Sequence[int]],
+    variant: str = "fp32",
+    reference: list[list[int]] | None = None,
+) -> dict:
     """Packed cross K/V vs PyTorch's padded `encode` (every real source position), each source
     packed alone vs among others, and greedy tokens through the decoder graph vs the reference."""
     cfg = model.config
@@ -288,21 +335,37 @@ def translator_parity(model: Translator, graph: Path, decoder_graph: Path, sourc
         cross, mask = translator_cross(sess, sources, cfg.pad_token_id, row_tokens, align)
         if not np.array_equal(mask, src_mask):
             parity._fail(f"{variant} packed translator encoder: source mask differs from the padded one", 1.0, 0.0)
-        diff = max(diff, *(float(np.abs(np.where(valid, r - c.astype(np.float32), 0)).max())
-                           for r, c in zip(ref, cross, strict=True)))
+        diff = max(
+            diff,
+            *(
+                float(np.abs(np.where(valid, r - c.astype(np.float32), 0)).max())
+                for r, c in zip(ref, cross, strict=True)
+            ),
+        )
         for i, s in enumerate(sources):
             alone, _ = translator_cross(sess, [s], cfg.pad_token_id, row_tokens, align)
-            alone_diff = max(alone_diff, *(float(np.abs(a[0, :, : len(s)].astype(np.float32)
-                                                        - c[i, :, : len(s)].astype(np.float32)).max())
-                                           for a, c in zip(alone, cross, strict=True)))
-    figures = {"cross_kv_max_abs_diff": diff, "alone_max_abs_diff": alone_diff, "inputs": len(sources),
-               "row_tokens": list(GATE_ROW_TOKENS)}
+            alone_diff = max(
+                alone_diff,
+                *(
+                    float(np.abs(a[0, :, : len(s)].astype(np.float32) - c[i, :, : len(s)].astype(np.float32)).max())
+                    for a, c in zip(alone, cross, strict=True)
+                ),
+            )
+    figures = {
+        "cross_kv_max_abs_diff": diff,
+        "alone_max_abs_diff": alone_diff,
+        "inputs": len(sources),
+        "row_tokens": list(GATE_ROW_TOKENS),
+    }
     limit, exact = parity.VARIANT_LIMITS[variant][1], parity.VARIANT_LIMITS[variant][2]
     if limit is not None and diff > limit:
         parity._fail(f"{variant} packed translator encoder cross K/V max abs diff vs PyTorch", diff, limit)
     if exact and alone_diff > parity.LOGITS_MAX_ABS:
-        parity._fail(f"{variant} packed translator encoder: a source alone vs packed with others (max abs diff)",
-                     alone_diff, parity.LOGITS_MAX_ABS)
+        parity._fail(
+            f"{variant} packed translator encoder: a source alone vs packed with others (max abs diff)",
+            alone_diff,
+            parity.LOGITS_MAX_ABS,
+        )
     reference = reference or parity.reference_translations(model, sources)
     cross, mask = translator_cross(sess, sources, cfg.pad_token_id, GATE_ROW_TOKENS[0], align)
     step = parity.onnx_step(parity.session(decoder_graph), _cross_feeds(cross, mask))
@@ -312,15 +375,21 @@ def translator_parity(model: Translator, graph: Path, decoder_graph: Path, sourc
     return figures
 
 
-def translator_quality(model: Translator, graph: Path, decoder_graph: Path, pairs, sample: str, variant: str,
-                       alone_max_abs_diff: float) -> dict:
+def translator_quality(
+    model: Translator, graph: Path, decoder_graph: Path, pairs, sample: str, variant: str, alone_max_abs_diff: float
+) -> dict:
     """A reduced-precision packed encoder with its decoder graph, teacher-forced on the sample as
     parity.translator_quality judges the padded ones; `quality_ok` also needs each source's cross
     K/V independent of its neighbours (alone_max_abs_diff from translator_parity)."""
     sess, align = parity.session(graph), translation_encoder.alignment(variant)
     pad = model.config.pad_token_id
     figures = parity.translator_quality(
-        model, graph, decoder_graph, pairs, sample,
-        encode=lambda rows: translator_cross(sess, rows, pad, GATE_ROW_TOKENS[0], align))
+        model,
+        graph,
+        decoder_graph,
+        pairs,
+        sample,
+        encode=lambda rows: translator_cross(sess, rows, pad, GATE_ROW_TOKENS[0], align),
+    )
     figures["quality_ok"] = figures["quality_ok"] and alone_max_abs_diff <= parity.LOGITS_MAX_ABS
     return figures

@@ -57,8 +57,12 @@ QUALITY_LIMITS = {"perplexity_ratio_max": 1.01, "top1_agreement_min": 0.95, "bat
 # cosines of PyTorch's, the Spearman correlation between PyTorch's and its pairwise cosine
 # similarities is at least 0.99, and it is batch-invariant like the decoders. (all-MiniLM-L6-v2,
 # row-wise int8, 553 held-out texts: cos min 0.990, mean 0.997; docs/performance.md.)
-EMBEDDING_QUALITY_LIMITS = {"cos_min": 0.98, "cos_mean": 0.995, "similarity_spearman_min": 0.99,
-                            "batch_max_abs_diff": LOGITS_MAX_ABS}
+EMBEDDING_QUALITY_LIMITS = {
+    "cos_min": 0.98,
+    "cos_mean": 0.995,
+    "similarity_spearman_min": 0.99,
+    "batch_max_abs_diff": LOGITS_MAX_ABS,
+}
 BATCH_ROWS = 8  # rows of the sample computed together for the batch-invariance check
 
 Past = list[np.ndarray]  # flat: layer 0 key, layer 0 value, layer 1 key, ...
@@ -99,8 +103,10 @@ def _fail(what: str, value: float, limit: float) -> None:
 
 # ---- embedding ----------------------------------------------------------------------------------
 
-def encoder_parity(model, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int,
-                   variant: str = "fp32") -> dict:
+
+def encoder_parity(
+    model, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int, variant: str = "fp32"
+) -> dict:
     """ONNX embeddings vs PyTorch (pooled, unnormalised) on right-padded batches."""
     sess = session(graph)
     cos, diff, n = [], 0.0, 0
@@ -135,8 +141,9 @@ def _pair_similarities(x: np.ndarray) -> np.ndarray:
     return (x @ x.T)[np.triu_indices(len(x), 1)]
 
 
-def encoder_quality(model, graph: Path, sample: Sequence[Sequence[int]], sample_name: str, pad_id: int,
-                    batch_size: int = 32) -> dict:
+def encoder_quality(
+    model, graph: Path, sample: Sequence[Sequence[int]], sample_name: str, pad_id: int, batch_size: int = 32
+) -> dict:
     """A reduced-precision encoder on a text sample, against PyTorch: cosine per text, Spearman of
     the pairwise similarities, and how far a row moves between alone and batched.
     -> {"quality": figures and limits, "quality_ok": within EMBEDDING_QUALITY_LIMITS}."""
@@ -149,27 +156,37 @@ def encoder_quality(model, graph: Path, sample: Sequence[Sequence[int]], sample_
         got = sess.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
         return ref, got.astype(np.float32)
 
-    pairs = [embed(sample[i:i + batch_size]) for i in range(0, len(sample), batch_size)]
+    pairs = [embed(sample[i : i + batch_size]) for i in range(0, len(sample), batch_size)]
     ref, got = (np.concatenate(x) for x in zip(*pairs))
     cos = _cos(ref, got)
     alone = np.concatenate([embed([seq])[1] for seq in sample[:batch_size]])
-    batch_diff = float(np.abs(alone - got[:len(alone)]).max())
+    batch_diff = float(np.abs(alone - got[: len(alone)]).max())
     limits = EMBEDDING_QUALITY_LIMITS
-    figures = {"sample": sample_name, "texts": len(sample), "cos_min": round(float(cos.min()), 5),
-               "cos_mean": round(float(cos.mean()), 5),
-               "similarity_spearman": round(_spearman(_pair_similarities(ref), _pair_similarities(got)), 5),
-               "batch_max_abs_diff": float(f"{batch_diff:.3g}"), "limits": limits}
-    ok = (figures["cos_min"] >= limits["cos_min"] and figures["cos_mean"] >= limits["cos_mean"]
-          and figures["similarity_spearman"] >= limits["similarity_spearman_min"]
-          and batch_diff <= limits["batch_max_abs_diff"])
+    figures = {
+        "sample": sample_name,
+        "texts": len(sample),
+        "cos_min": round(float(cos.min()), 5),
+        "cos_mean": round(float(cos.mean()), 5),
+        "similarity_spearman": round(_spearman(_pair_similarities(ref), _pair_similarities(got)), 5),
+        "batch_max_abs_diff": float(f"{batch_diff:.3g}"),
+        "limits": limits,
+    }
+    ok = (
+        figures["cos_min"] >= limits["cos_min"]
+        and figures["cos_mean"] >= limits["cos_mean"]
+        and figures["similarity_spearman"] >= limits["similarity_spearman_min"]
+        and batch_diff <= limits["batch_max_abs_diff"]
+    )
     log.info("quality on %s: %s -> %s", sample_name, figures, "ok" if ok else "below the limits")
     return {"quality": figures, "quality_ok": ok}
 
 
 # ---- decoding steps -----------------------------------------------------------------------------
 
-def onnx_step(sess: ort.InferenceSession, fixed: dict[str, np.ndarray] | None = None,
-              max_length: int | None = None) -> Step:
+
+def onnx_step(
+    sess: ort.InferenceSession, fixed: dict[str, np.ndarray] | None = None, max_length: int | None = None
+) -> Step:
     """A decoding step through an ONNX decoder graph; float inputs are cast to the graph's dtype.
 
     A GroupQueryAttention decoder (a `seqlens_k` input) keeps its cache in buffers of
@@ -202,9 +219,13 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
     spec = sess.get_inputs()[len(sess.get_inputs()) - 1].shape  # (batch, H, max_sequence, D)
 
     def run(ids, pos, lengths_after, buffers):
-        feeds = {"input_ids": ids, "position_ids": pos, "seqlens_k": (lengths_after - 1).astype(np.int32),
-                 "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
-                 **{n: b.astype(float_type[n]) for n, b in zip(past_names, buffers)}}
+        feeds = {
+            "input_ids": ids,
+            "position_ids": pos,
+            "seqlens_k": (lengths_after - 1).astype(np.int32),
+            "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
+            **{n: b.astype(float_type[n]) for n, b in zip(past_names, buffers)},
+        }
         logits, *present = sess.run(None, feeds)
         return logits.astype(np.float32), [p.astype(np.float32) for p in present]
 
@@ -214,20 +235,22 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
             lengths = mask.sum(axis=1).astype(np.int64)  # (B,)
             aligned_ids, aligned_pos = np.zeros_like(ids), np.zeros_like(pos)
             for b, n in enumerate(lengths):
-                aligned_ids[b, :n], aligned_pos[b, :n] = ids[b, new - n:], pos[b, new - n:]
+                aligned_ids[b, :n], aligned_pos[b, :n] = ids[b, new - n :], pos[b, new - n :]
             buffers = [np.zeros((rows, spec[1], max_length, spec[3]), np.float32) for _ in past_names]
             out, present = run(aligned_ids, aligned_pos, lengths, buffers)
             logits = np.zeros_like(out)
             for b, n in enumerate(lengths):
-                logits[b, new - n:] = out[b, :n]
+                logits[b, new - n :] = out[b, :n]
             return logits, (present, lengths)
         buffers, lengths = past
         if new == 1 or rows == 1:
             logits, present = run(ids, pos, lengths + new, buffers)
             return logits, (present, lengths + new)
         # GroupQueryAttention takes several new tokens after a past for one row at a time.
-        outs = [run(ids[b : b + 1], pos[b : b + 1], lengths[b : b + 1] + new, [a[b : b + 1] for a in buffers])
-                for b in range(rows)]
+        outs = [
+            run(ids[b : b + 1], pos[b : b + 1], lengths[b : b + 1] + new, [a[b : b + 1] for a in buffers])
+            for b in range(rows)
+        ]
         present = [np.concatenate([o[1][i] for o in outs]) for i in range(len(past_names))]
         return np.concatenate([o[0] for o in outs]), (present, lengths + new)
 
@@ -242,8 +265,7 @@ def torch_step(fn: Callable, device: str = "cpu", dtype: torch.dtype = torch.flo
         return torch.from_numpy(a).to(device, float_type)
 
     def step(ids, mask, pos, past):
-        pairs = None if past is None else [(to(past[i], dtype), to(past[i + 1], dtype))
-                                           for i in range(0, len(past), 2)]
+        pairs = None if past is None else [(to(past[i], dtype), to(past[i + 1], dtype)) for i in range(0, len(past), 2)]
         with torch.no_grad():
             logits, present = fn(to(ids), to(mask), to(pos), pairs)
         return logits.float().cpu().numpy(), [t.float().cpu().numpy() for kv in present for t in kv]
@@ -293,11 +315,17 @@ def compare_tokens(ref: Sequence[Sequence[int]], got: np.ndarray, exact: bool, w
     for row, (r, g) in enumerate(zip(ref, got.tolist())):
         first = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r))
         if exact and (first < len(r) or len(g) != len(r)):
-            raise ParityError(f"parity gate: {what}: sequence {row} differs from the PyTorch reference at "
-                              f"new token {first} (reference {r[first:first + 4]}, onnx {g[first:first + 4]})")
+            raise ParityError(
+                f"parity gate: {what}: sequence {row} differs from the PyTorch reference at "
+                f"new token {first} (reference {r[first : first + 4]}, onnx {g[first : first + 4]})"
+            )
         agree.append(first / len(r))
-    return {"greedy_new_tokens": len(ref[0]), "greedy_sequences": len(ref),
-            "greedy_prefix_agreement": float(np.mean(agree)), "greedy_identical": all(a == 1.0 for a in agree)}
+    return {
+        "greedy_new_tokens": len(ref[0]),
+        "greedy_sequences": len(ref),
+        "greedy_prefix_agreement": float(np.mean(agree)),
+        "greedy_identical": all(a == 1.0 for a in agree),
+    }
 
 
 def _check_logits(figures: dict, variant: str, what: str) -> None:
@@ -309,17 +337,26 @@ def _check_logits(figures: dict, variant: str, what: str) -> None:
 
 # ---- generation ---------------------------------------------------------------------------------
 
+
 def reference_generations(model, prompts: Sequence[Sequence[int]], n_new: int = GREEDY_NEW_TOKENS) -> list[list[int]]:
     """`GPTDecoder.generate` per prompt (no cache, no EOS stop): the tokens the ONNX loop must produce."""
     if max(len(p) for p in prompts) + n_new > model.config.max_positions:
         raise ValueError(f"prompts too long for {n_new} new tokens within max_positions {model.config.max_positions}")
     device = next(model.parameters()).device
-    return [model.generate(torch.tensor([p], device=device), n_new, stop_at_eos=False)[0, len(p):].tolist()
-            for p in prompts]
+    return [
+        model.generate(torch.tensor([p], device=device), n_new, stop_at_eos=False)[0, len(p) :].tolist()
+        for p in prompts
+    ]
 
 
-def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant: str = "fp32",
-                   n_new: int = GREEDY_NEW_TOKENS, reference: list[list[int]] | None = None) -> dict:
+def decoder_parity(
+    model,
+    graph: Path,
+    prompts: Sequence[Sequence[int]],
+    variant: str = "fp32",
+    n_new: int = GREEDY_NEW_TOKENS,
+    reference: list[list[int]] | None = None,
+) -> dict:
     """GPT decoder graph vs `GPTDecoder`: logits at prefill and decode, greedy tokens vs `generate`.
 
     reference: `reference_generations(model, prompts, n_new)` when already computed (variants)."""
@@ -335,6 +372,7 @@ def decoder_parity(model, graph: Path, prompts: Sequence[Sequence[int]], variant
 
 
 # ---- quality of reduced-precision variants (teacher-forced) ---------------------------------------
+
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
@@ -357,13 +395,22 @@ def quality_figures(rows, sample: str, batch_max_abs_diff: float) -> dict:
         same += int((ref.argmax(-1) == got.argmax(-1)).sum())
         tokens += len(targets)
     ppl_ref, ppl = float(np.exp(nll_ref / tokens)), float(np.exp(nll_got / tokens))
-    figures = {"sample": sample, "tokens": tokens, "perplexity_pytorch": round(ppl_ref, 4),
-               "perplexity": round(ppl, 4), "perplexity_ratio": round(ppl / ppl_ref, 5),
-               "top1_agreement": round(same / tokens, 5), "kl_mean": float(f"{kl / tokens:.4g}"),
-               "batch_max_abs_diff": float(f"{batch_max_abs_diff:.3g}"), "limits": QUALITY_LIMITS}
-    ok = (figures["perplexity_ratio"] <= QUALITY_LIMITS["perplexity_ratio_max"]
-          and figures["top1_agreement"] >= QUALITY_LIMITS["top1_agreement_min"]
-          and batch_max_abs_diff <= QUALITY_LIMITS["batch_max_abs_diff"])
+    figures = {
+        "sample": sample,
+        "tokens": tokens,
+        "perplexity_pytorch": round(ppl_ref, 4),
+        "perplexity": round(ppl, 4),
+        "perplexity_ratio": round(ppl / ppl_ref, 5),
+        "top1_agreement": round(same / tokens, 5),
+        "kl_mean": float(f"{kl / tokens:.4g}"),
+        "batch_max_abs_diff": float(f"{batch_max_abs_diff:.3g}"),
+        "limits": QUALITY_LIMITS,
+    }
+    ok = (
+        figures["perplexity_ratio"] <= QUALITY_LIMITS["perplexity_ratio_max"]
+        and figures["top1_agreement"] >= QUALITY_LIMITS["top1_agreement_min"]
+        and batch_max_abs_diff <= QUALITY_LIMITS["batch_max_abs_diff"]
+    )
     log.info("quality on %s: %s -> %s", sample, figures, "ok" if ok else "below the limits")
     return {"quality": figures, "quality_ok": ok}
 
@@ -380,7 +427,9 @@ def _batch_diff(step: Step, seqs: Sequence[Sequence[int]], alone: Sequence[np.nd
     inputs = [s[:-1] for s in seqs]
     ids, mask = pad_batch(inputs, pad_id, left=True)
     logits = step(ids, mask, prompt_positions(mask), None)[0]  # (B, T, V)
-    return max(float(np.abs(logits[b, ids.shape[1] - len(x):] - a).max()) for b, (x, a) in enumerate(zip(inputs, alone)))
+    return max(
+        float(np.abs(logits[b, ids.shape[1] - len(x) :] - a).max()) for b, (x, a) in enumerate(zip(inputs, alone))
+    )
 
 
 def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], sample: str) -> dict:
@@ -388,12 +437,19 @@ def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], samp
     ref, got = torch_step(model), onnx_step(session(graph), max_length=model.config.max_positions)
     alone = [forced_logits(got, s) for s in sequences]
     batch = _batch_diff(got, sequences[:BATCH_ROWS], alone[:BATCH_ROWS], model.config.pad_token_id)
-    return quality_figures(((forced_logits(ref, s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch)
+    return quality_figures(
+        ((forced_logits(ref, s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch
+    )
 
 
-def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
-                       pairs: Sequence[tuple[Sequence[int], Sequence[int]]], sample: str,
-                       encode: Callable | None = None) -> dict:
+def translator_quality(
+    model,
+    encoder_graph: Path,
+    decoder_graph: Path,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    sample: str,
+    encode: Callable | None = None,
+) -> dict:
     """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
     starting with the decoder start token) pairs, one pair at a time (no padding involved).
     encode: source rows -> (cross K/V, source mask) in place of the padded encoder graph's run
@@ -408,9 +464,13 @@ def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
 
     def graph_step(src_rows):
         cross, mask = encode(src_rows)
-        return onnx_step(dec, {"encoder_attention_mask": mask,
-                               **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
-                                  for i, c in enumerate(cross)}})
+        return onnx_step(
+            dec,
+            {
+                "encoder_attention_mask": mask,
+                **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
+            },
+        )
 
     refs, alone = [], []
     for src, tgt in pairs:
@@ -418,7 +478,7 @@ def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
         mask = torch.ones_like(ids)
         with torch.no_grad():
             ref_cross = model.encode(ids, mask)
-        ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, mask))
+        ref = torch_step(lambda i, m, p, past, cross=ref_cross, mask=mask: model.decode(i, m, p, past, cross, mask))
         refs.append(forced_logits(ref, tgt))
         alone.append(forced_logits(graph_step([src]), tgt))
     head = pairs[:BATCH_ROWS]  # sources and targets of different lengths: both sides padded
@@ -428,9 +488,16 @@ def translator_quality(model, encoder_graph: Path, decoder_graph: Path,
 
 # ---- translation --------------------------------------------------------------------------------
 
-def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: Sequence[Sequence[int]],
-                      variant: str = "fp32", n_new: int = GREEDY_NEW_TOKENS,
-                      reference: list[list[int]] | None = None) -> dict:
+
+def translator_parity(
+    model,
+    encoder_graph: Path,
+    decoder_graph: Path,
+    sources: Sequence[Sequence[int]],
+    variant: str = "fp32",
+    n_new: int = GREEDY_NEW_TOKENS,
+    reference: list[list[int]] | None = None,
+) -> dict:
     """Encoder + decoder graphs vs `Translator.encode/decode`, greedy tokens vs `greedy_decode`.
 
     reference: `reference_translations(model, sources, n_new)` when already computed (variants)."""
@@ -440,16 +507,24 @@ def translator_parity(model, encoder_graph: Path, decoder_graph: Path, sources: 
     with torch.no_grad():
         ref_cross = model.encode(torch.from_numpy(src), torch.from_numpy(src_mask))
     valid = src_mask.astype(bool)[:, None, :, None]  # (B, 1, S, 1): padded source slots are never attended
-    cross_diff = max(float(np.abs(np.where(valid, r.numpy() - c.astype(np.float32), 0)).max())
-                     for r, c in zip([t for kv in ref_cross for t in kv], cross))
-    got = onnx_step(session(decoder_graph), {"encoder_attention_mask": src_mask,
-                                             **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c
-                                                for i, c in enumerate(cross)}})
+    cross_diff = max(
+        float(np.abs(np.where(valid, r.numpy() - c.astype(np.float32), 0)).max())
+        for r, c in zip([t for kv in ref_cross for t in kv], cross)
+    )
+    got = onnx_step(
+        session(decoder_graph),
+        {
+            "encoder_attention_mask": src_mask,
+            **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
+        },
+    )
     ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(src_mask)))
     start_id = cfg.decoder_start_token_id
     prompts = [[start_id, *s[: i + 1]] for i, s in enumerate(sources)]  # target prefixes, lengths differ
-    figures = {"cross_kv_max_abs_diff": cross_diff,
-               **logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size)}
+    figures = {
+        "cross_kv_max_abs_diff": cross_diff,
+        **logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size),
+    }
     _check_logits(figures, variant, "translator decoder logits")
     if VARIANT_LIMITS[variant][1] is not None and cross_diff > VARIANT_LIMITS[variant][1]:
         _fail(f"{variant} translator encoder cross K/V max abs diff", cross_diff, VARIANT_LIMITS[variant][1])
@@ -465,8 +540,11 @@ def reference_translations(model, sources: Sequence[Sequence[int]], n_new: int =
     original, device = model.config, next(model.parameters()).device
     model.config = dataclasses.replace(original, eos_token_id=-1)
     try:
-        return [model.greedy_decode(torch.tensor([s], device=device), torch.ones(1, len(s), dtype=torch.long,
-                                                                               device=device), n_new)[0]
-                for s in sources]
+        return [
+            model.greedy_decode(
+                torch.tensor([s], device=device), torch.ones(1, len(s), dtype=torch.long, device=device), n_new
+            )[0]
+            for s in sources
+        ]
     finally:
         model.config = original

@@ -69,8 +69,13 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> in
             constant(name + "/scale", col_scale)
         out = node.output[0]
         nodes += [
-            helper.make_node("MatMulIntegerToFloat", [q, name, one, name + "/scale", zero_point],
-                             [out + "/unscaled"], name=(node.name or out) + "/rowq", domain="com.microsoft"),
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [q, name, one, name + "/scale", zero_point],
+                [out + "/unscaled"],
+                name=(node.name or out) + "/rowq",
+                domain="com.microsoft",
+            ),
             helper.make_node("Mul", [out + "/unscaled", row_scale], [out], name=(node.name or out) + "/rowq_scale"),
         ]
         replaced.add(weight.name)

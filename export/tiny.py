@@ -27,8 +27,12 @@ from export.mlm import MaskedLM
 from export.seq2seq import Seq2SeqConfig, Translator
 from service.manifest import ModelDir
 
-NAMES = {"embedding": "tiny-embed", "generation": "tiny-gpt", "translation": "tiny-translate",
-         "fill-mask": "tiny-fill-mask"}
+NAMES = {
+    "embedding": "tiny-embed",
+    "generation": "tiny-gpt",
+    "translation": "tiny-translate",
+    "fill-mask": "tiny-fill-mask",
+}
 SPECIALS = {
     "embedding": ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
     "fill-mask": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
@@ -51,10 +55,12 @@ def byte_tokenizer(kind: str) -> Tokenizer:
     ids = {t: vocab[t] for t in SPECIALS[kind]}
     if kind in ("embedding", "fill-mask"):
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])]
+        )
     elif kind == "generation":
         tok.post_processor = processors.TemplateProcessing(
-            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", ids["<|endoftext|>"])])
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", ids["<|endoftext|>"])]
+        )
     else:
         tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", ids["</s>"])])
     return tok
@@ -70,18 +76,40 @@ def _widen(model: nn.Module, std: float) -> nn.Module:
 def tiny_model(kind: str, vocab_size: int) -> nn.Module:
     torch.manual_seed(SEED)
     if kind == "embedding":
-        cfg = EncoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
-                            max_length=MAX_INPUT_TOKENS["embedding"])
+        cfg = EncoderConfig(
+            vocab_size=vocab_size,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            d_ff=64,
+            max_positions=64,
+            max_length=MAX_INPUT_TOKENS["embedding"],
+        )
         return _widen(SentenceEncoder(cfg), 0.5)
     if kind == "fill-mask":
-        cfg = EncoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
-                            max_length=MAX_INPUT_TOKENS["fill-mask"])
+        cfg = EncoderConfig(
+            vocab_size=vocab_size,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            d_ff=64,
+            max_positions=64,
+            max_length=MAX_INPUT_TOKENS["fill-mask"],
+        )
         return _widen(MaskedLM(cfg), 0.3)
     if kind == "generation":
         cfg = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
         return _widen(GPTDecoder(cfg), 0.3)
-    cfg = Seq2SeqConfig(vocab_size=vocab_size, d_model=32, n_encoder_layers=2, n_decoder_layers=2, n_heads=4,
-                        d_ff=64, max_positions=160, dropout=0.0)
+    cfg = Seq2SeqConfig(
+        vocab_size=vocab_size,
+        d_model=32,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        n_heads=4,
+        d_ff=64,
+        max_positions=160,
+        dropout=0.0,
+    )
     return _widen(Translator(cfg), 0.3)
 
 
@@ -93,19 +121,57 @@ def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelD
     ids = {t: tok.token_to_id(t) for t in SPECIALS[kind]}
     if kind == "embedding":
         special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
-        return build_embedding(model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra,
-                               device=device)
+        return build_embedding(
+            model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra, device=device
+        )
     if kind == "fill-mask":
-        special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"],
-                   "mask": ids["[MASK]"]}
-        return build_fill_mask(model, tok, out, name=NAMES[kind], special_tokens=special,
-                               max_input_tokens=MAX_INPUT_TOKENS[kind], variants=variants, extra=extra)
+        special = {
+            "pad": ids["[PAD]"],
+            "unk": ids["[UNK]"],
+            "cls": ids["[CLS]"],
+            "sep": ids["[SEP]"],
+            "mask": ids["[MASK]"],
+        }
+        return build_fill_mask(
+            model,
+            tok,
+            out,
+            name=NAMES[kind],
+            special_tokens=special,
+            max_input_tokens=MAX_INPUT_TOKENS[kind],
+            variants=variants,
+            extra=extra,
+        )
     if kind == "generation":
         eot = ids["<|endoftext|>"]
-        return build_generation(model, tok, out, name=NAMES[kind], special_tokens={"bos": eot, "eos": eot, "pad": eot},
-                                max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
-                                variants=variants, extra=extra, device=device)
-    special = {"pad": ids["<pad>"], "bos": ids["<s>"], "decoder_start": ids["<s>"], "eos": ids["</s>"], "unk": ids["<unk>"]}
-    return build_translation(model, tok, out, name=NAMES[kind], special_tokens=special,
-                             max_input_tokens=MAX_INPUT_TOKENS[kind], max_output_tokens=MAX_OUTPUT_TOKENS,
-                             variants=variants, extra=extra, device=device)
+        return build_generation(
+            model,
+            tok,
+            out,
+            name=NAMES[kind],
+            special_tokens={"bos": eot, "eos": eot, "pad": eot},
+            max_input_tokens=MAX_INPUT_TOKENS[kind],
+            max_output_tokens=MAX_OUTPUT_TOKENS,
+            variants=variants,
+            extra=extra,
+            device=device,
+        )
+    special = {
+        "pad": ids["<pad>"],
+        "bos": ids["<s>"],
+        "decoder_start": ids["<s>"],
+        "eos": ids["</s>"],
+        "unk": ids["<unk>"],
+    }
+    return build_translation(
+        model,
+        tok,
+        out,
+        name=NAMES[kind],
+        special_tokens=special,
+        max_input_tokens=MAX_INPUT_TOKENS[kind],
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+        variants=variants,
+        extra=extra,
+        device=device,
+    )

@@ -80,15 +80,17 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> T
     pieces = sorted(t for t in vocab if t not in MLM_SPECIALS)
     tok.model = models.WordPiece({t: i for i, t in enumerate(MLM_SPECIALS + pieces)}, unk_token="[UNK]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        single="[CLS] $A [SEP]", pair="[CLS] $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     for i, name in enumerate(MLM_SPECIALS):
         if tok.token_to_id(name) != i:
             raise RuntimeError(f"special token {name} got id {tok.token_to_id(name)}, expected {i}")
     return tok
 
 
-def build_tokenizer(kind: str, data_path: Path, vocab_size: int, seed: int, n_test: int = 2000,
-                    n_dev: int = 1000) -> Tokenizer:
+def build_tokenizer(
+    kind: str, data_path: Path, vocab_size: int, seed: int, n_test: int = 2000, n_dev: int = 1000
+) -> Tokenizer:
     """Train on the training side of the same split the trainer uses (no test text leaks in)."""
     if kind == "generator":
         train, _ = data.split_stories(data.load_stories(data_path), seed=seed)

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from export import data, evaluate, tokenizer_train
-from export.heldout import HELDOUT_FILE, write_heldout
 from export.checkpoint import load_training_state, save_checkpoint, save_training_state
 from export.decoder import DecoderConfig, GPTDecoder
+from export.heldout import HELDOUT_FILE, write_heldout
 from export.mlm_train import MLMTask
 from export.seq2seq import Seq2SeqConfig, Translator
 from export.tokenizer_train import load_or_train_tokenizer
@@ -53,20 +53,33 @@ class TranslatorTask:
     def __init__(self, args, run_dir: Path):
         self.args = args
         self.tok = load_or_train_tokenizer(self.kind, args, run_dir)
-        split = data.split_tatoeba(data.load_tatoeba(args.data), seed=args.seed, n_test=args.split_test,
-                                   n_dev=args.split_dev)
+        split = data.split_tatoeba(
+            data.load_tatoeba(args.data), seed=args.seed, n_test=args.split_test, n_dev=args.split_dev
+        )
         src = [e.ids for e in self.tok.encode_batch([en for en, _ in split.train])]
         tgt = [e.ids for e in self.tok.encode_batch([fr for _, fr in split.train], add_special_tokens=False)]
         keep = [i for i in range(len(src)) if len(src[i]) <= args.max_len and len(tgt[i]) + 1 <= args.max_len]
-        log.info("translator: %d training pairs (%d dropped over %d tokens), %d dev / %d test sentences",
-                 len(keep), len(src) - len(keep), args.max_len, len(split.dev), len(split.test))
+        log.info(
+            "translator: %d training pairs (%d dropped over %d tokens), %d dev / %d test sentences",
+            len(keep),
+            len(src) - len(keep),
+            args.max_len,
+            len(split.dev),
+            len(split.test),
+        )
         self.src, self.tgt = [src[i] for i in keep], [tgt[i] for i in keep]
         self.lengths = [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
         self.dev = split.dev[: args.dev_sentences]
         self.cfg = Seq2SeqConfig(
-            vocab_size=self.tok.get_vocab_size(), d_model=args.d_model, n_encoder_layers=args.layers,
-            n_decoder_layers=args.decoder_layers or args.layers, n_heads=args.heads, d_ff=args.d_ff,
-            max_positions=max(256, args.max_len), dropout=args.dropout)
+            vocab_size=self.tok.get_vocab_size(),
+            d_model=args.d_model,
+            n_encoder_layers=args.layers,
+            n_decoder_layers=args.decoder_layers or args.layers,
+            n_heads=args.heads,
+            d_ff=args.d_ff,
+            max_positions=max(256, args.max_len),
+            dropout=args.dropout,
+        )
         self.model = Translator(self.cfg)
         self.cursor = {"epoch": 0, "index": 0}
         self._epoch_batches: tuple[int, list[list[int]]] | None = None
@@ -81,14 +94,19 @@ class TranslatorTask:
         if self.cursor["index"] >= len(batches):
             self.cursor = {"epoch": epoch + 1, "index": 0}
         c = self.cfg
-        batch = data.translation_batch([self.src[i] for i in idx], [self.tgt[i] for i in idx],
-                                       c.pad_token_id, c.bos_token_id, c.eos_token_id)
+        batch = data.translation_batch(
+            [self.src[i] for i in idx], [self.tgt[i] for i in idx], c.pad_token_id, c.bos_token_id, c.eos_token_id
+        )
         return batch, int((batch["labels"] != -100).sum())
 
     def loss(self, model, batch: dict) -> torch.Tensor:
         logits = model(batch["src_ids"], batch["src_mask"], batch["tgt_ids"], batch["tgt_mask"])  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
-                               label_smoothing=self.args.label_smoothing)
+        return F.cross_entropy(
+            logits.flatten(0, 1),
+            batch["labels"].flatten(),
+            ignore_index=-100,
+            label_smoothing=self.args.label_smoothing,
+        )
 
     def evaluate(self, model) -> dict:
         scores, hyps = evaluate.evaluate_translator(model, self.tok, self.dev, max_len=self.args.max_len)
@@ -96,9 +114,15 @@ class TranslatorTask:
         return {"dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"]}
 
     def save(self, model, out: Path, training: dict) -> None:
-        save_checkpoint(model, out, name=self.args.name or "tatoeba-en-fr", tokenizer_path=self.args.tok_path,
-                        special_tokens=tokenizer_train.TRANSLATOR_SPECIAL_TOKENS, max_length=self.args.max_len,
-                        training=training)
+        save_checkpoint(
+            model,
+            out,
+            name=self.args.name or "tatoeba-en-fr",
+            tokenizer_path=self.args.tok_path,
+            special_tokens=tokenizer_train.TRANSLATOR_SPECIAL_TOKENS,
+            max_length=self.args.max_len,
+            training=training,
+        )
 
 
 class GeneratorTask:
@@ -114,10 +138,22 @@ class GeneratorTask:
         self.stream = data.story_stream([e.ids[1:] for e in self.tok.encode_batch(train)], 0)
         held_stream = data.story_stream([e.ids[1:] for e in self.tok.encode_batch(held)], 0)
         self.heldout = data.stream_windows(held_stream, args.context)
-        log.info("generator: %d training stories (%d tokens), %d held out (%d tokens)",
-                 len(train), len(self.stream), len(held), len(held_stream))
-        self.cfg = DecoderConfig(vocab_size=self.tok.get_vocab_size(), d_model=args.d_model, n_layers=args.layers,
-                                 n_heads=args.heads, d_ff=args.d_ff, max_positions=args.context, dropout=args.dropout)
+        log.info(
+            "generator: %d training stories (%d tokens), %d held out (%d tokens)",
+            len(train),
+            len(self.stream),
+            len(held),
+            len(held_stream),
+        )
+        self.cfg = DecoderConfig(
+            vocab_size=self.tok.get_vocab_size(),
+            d_model=args.d_model,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            d_ff=args.d_ff,
+            max_positions=args.context,
+            dropout=args.dropout,
+        )
         self.model = GPTDecoder(self.cfg)
         self.cursor: dict = {}
 
@@ -137,9 +173,15 @@ class GeneratorTask:
         return {"heldout_ppl": ppl["perplexity"]}
 
     def save(self, model, out: Path, training: dict) -> None:
-        save_checkpoint(model, out, name=self.args.name or "tinystories-gpt", tokenizer_path=self.args.tok_path,
-                        special_tokens=tokenizer_train.GENERATOR_SPECIAL_TOKENS, max_length=self.args.context,
-                        training=training)
+        save_checkpoint(
+            model,
+            out,
+            name=self.args.name or "tinystories-gpt",
+            tokenizer_path=self.args.tok_path,
+            special_tokens=tokenizer_train.GENERATOR_SPECIAL_TOKENS,
+            max_length=self.args.context,
+            training=training,
+        )
 
 
 def move(batch: dict, device: torch.device) -> dict:
@@ -173,11 +215,20 @@ class Progress:
 
 
 def checkpoint_meta(args, task, sched: dict, prog: Progress) -> dict:
-    return {"command": "python -m export " + " ".join(args.argv), "data": os.path.relpath(args.data),
-            "seed": args.seed, "split": {"test": args.split_test, "dev": args.split_dev, "generator_holdout": 0.05},
-            "steps": prog.step, "planned_steps": sched["total"], "tokens_seen": prog.tokens,
-            "wall_minutes": round(prog.elapsed / 60, 1), "threads": torch.get_num_threads(),
-            "device": str(args.device_obj), "parameters": task.model.num_parameters(), "metrics": prog.metrics}
+    return {
+        "command": "python -m export " + " ".join(args.argv),
+        "data": os.path.relpath(args.data),
+        "seed": args.seed,
+        "split": {"test": args.split_test, "dev": args.split_dev, "generator_holdout": 0.05},
+        "steps": prog.step,
+        "planned_steps": sched["total"],
+        "tokens_seen": prog.tokens,
+        "wall_minutes": round(prog.elapsed / 60, 1),
+        "threads": torch.get_num_threads(),
+        "device": str(args.device_obj),
+        "parameters": task.model.num_parameters(),
+        "metrics": prog.metrics,
+    }
 
 
 def train_step(task, model, opt, sched: dict, prog: Progress, args) -> float:
@@ -202,16 +253,24 @@ def train_step(task, model, opt, sched: dict, prog: Progress, args) -> float:
 def evaluate_and_save(task, model, opt, sched: dict, prog: Progress, args, lr: float, logf) -> None:
     """Held-out evaluation, a log line, the resumable state and the exportable checkpoint."""
     prog.metrics = task.evaluate(model)
-    record = {"step": prog.step, "total": sched["total"], "loss": round(prog.smooth, 4), "lr": lr,
-              "tokens": prog.tokens, "minutes": round(prog.elapsed / 60, 2), **prog.metrics}
+    record = {
+        "step": prog.step,
+        "total": sched["total"],
+        "loss": round(prog.smooth, 4),
+        "lr": lr,
+        "tokens": prog.tokens,
+        "minutes": round(prog.elapsed / 60, 2),
+        **prog.metrics,
+    }
     logf.write(json.dumps(record) + "\n")
     logf.flush()
     log.info("eval %s", record)
     if args.time_budget_minutes:
         replan(sched, prog.step, prog.elapsed, args.time_budget_minutes * 60)
     extra = {"elapsed": prog.elapsed, "tokens": prog.tokens, "metrics": prog.metrics, "cursor": task.cursor}
-    save_training_state(args.run_dir / "state.pt", model=model, optimizer=opt, scheduler_state=sched,
-                        step=prog.step, extra=extra)
+    save_training_state(
+        args.run_dir / "state.pt", model=model, optimizer=opt, scheduler_state=sched, step=prog.step, extra=extra
+    )
     task.save(model, args.out, checkpoint_meta(args, task, sched, prog))
     if not (args.out / HELDOUT_FILE).is_file():  # the export gate's held-out sample, written once
         write_heldout(args.out)
@@ -257,15 +316,54 @@ def run(task, args) -> dict:
 
 
 DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
-    "translator": dict(d_model=256, layers=4, decoder_layers=3, heads=4, d_ff=1024, dropout=0.1, vocab_size=6000,
-                       max_tokens=3000, lr=1e-3, warmup=400, label_smoothing=0.1, max_len=64, eval_every=400,
-                       out=Path("checkpoints/tatoeba-en-fr")),
-    "generator": dict(d_model=256, layers=4, decoder_layers=0, heads=8, d_ff=1024, dropout=0.0, vocab_size=4096,
-                      max_tokens=4096, lr=1.5e-3, warmup=100, label_smoothing=0.0, max_len=0, eval_every=100,
-                      out=Path("checkpoints/tinystories-gpt")),
-    "mlm": dict(d_model=128, layers=4, decoder_layers=0, heads=4, d_ff=512, dropout=0.0, vocab_size=8000,
-                max_tokens=2048, lr=1e-3, warmup=100, label_smoothing=0.0, max_len=128, eval_every=400,
-                out=Path("checkpoints/mlm-encoder")),
+    "translator": dict(
+        d_model=256,
+        layers=4,
+        decoder_layers=3,
+        heads=4,
+        d_ff=1024,
+        dropout=0.1,
+        vocab_size=6000,
+        max_tokens=3000,
+        lr=1e-3,
+        warmup=400,
+        label_smoothing=0.1,
+        max_len=64,
+        eval_every=400,
+        out=Path("checkpoints/tatoeba-en-fr"),
+    ),
+    "generator": dict(
+        d_model=256,
+        layers=4,
+        decoder_layers=0,
+        heads=8,
+        d_ff=1024,
+        dropout=0.0,
+        vocab_size=4096,
+        max_tokens=4096,
+        lr=1.5e-3,
+        warmup=100,
+        label_smoothing=0.0,
+        max_len=0,
+        eval_every=100,
+        out=Path("checkpoints/tinystories-gpt"),
+    ),
+    "mlm": dict(
+        d_model=128,
+        layers=4,
+        decoder_layers=0,
+        heads=4,
+        d_ff=512,
+        dropout=0.0,
+        vocab_size=8000,
+        max_tokens=2048,
+        lr=1e-3,
+        warmup=100,
+        label_smoothing=0.0,
+        max_len=128,
+        eval_every=400,
+        out=Path("checkpoints/mlm-encoder"),
+    ),
 }
 TASKS = {"translator": TranslatorTask, "generator": GeneratorTask, "mlm": MLMTask}
 
@@ -322,8 +420,13 @@ def main(argv: list[str]) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     task = TASKS[args.kind](args, args.run_dir)
     args.tok_path = args.tokenizer or args.run_dir / "tokenizer.json"
-    log.info("%s: %d parameters, %d threads, device %s", args.kind, task.model.num_parameters(),
-             torch.get_num_threads(), args.device_obj)
+    log.info(
+        "%s: %d parameters, %d threads, device %s",
+        args.kind,
+        task.model.num_parameters(),
+        torch.get_num_threads(),
+        args.device_obj,
+    )
     result = run(task, args)
     log.info("done: %s", result)
     return 0

@@ -42,8 +42,16 @@ class Gate:
 class Admission:
     """Places of one model's queue: held = waiting() + taken-not-yet-queued, never above capacity."""
 
-    def __init__(self, kind: str, model: str, capacity: int, unit: str, *, gate: Gate | None = None,
-                 waiting: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        capacity: int,
+        unit: str,
+        *,
+        gate: Gate | None = None,
+        waiting: Callable[[], int] | None = None,
+    ):
         """kind, model and unit name the queue in messages ("fill-mask", "queued inputs"; model "": a pool
         shared by every model); `waiting` counts the items already queued, which hold their places
         until they leave the queue (None: a compute pool, nothing waits)."""
@@ -64,8 +72,10 @@ class Admission:
         if held + n > self.capacity:
             queue = f"{self.kind} queue of model {self.model!r}" if self.model else f"{self.kind} queue"
             detail = f": {waiting} waiting, {self.reserved} being tokenized" if self.queue else ""
-            raise ResourceExhausted(f"{queue} is full ({held} of {self.capacity} {self.unit}{detail}; this call adds "
-                                    f"{n}); retry with backoff")
+            raise ResourceExhausted(
+                f"{queue} is full ({held} of {self.capacity} {self.unit}{detail}; this call adds "
+                f"{n}); retry with backoff"
+            )
 
     def take(self, n: int = 1) -> None:
         """Holds n places, or raises Unavailable / ResourceExhausted at once."""

@@ -24,11 +24,15 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-AUTH_FAILURES = Counter("ts_auth_failures", "calls refused for a missing, malformed or invalid bearer token",
-                        ["protocol", "reason"])
+AUTH_FAILURES = Counter(
+    "ts_auth_failures", "calls refused for a missing, malformed or invalid bearer token", ["protocol", "reason"]
+)
 # Callable without a token: probes (Kubernetes, load balancers) and tools (grpcurl list/describe).
-OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-                 "/grpc.reflection.v1.ServerReflection/")
+OPEN_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
 MESSAGES = {
     "missing": "missing credentials: send the metadata 'authorization: Bearer <token>'",
     "malformed": "malformed credentials: the authorization value must be 'Bearer <token>'",
@@ -46,7 +50,7 @@ class Tokens:
         self.reload()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "Tokens":
+    def from_settings(cls, settings: Settings) -> Tokens:
         return cls(settings.auth_tokens.split(","), settings.auth_tokens_file)
 
     def reload(self) -> None:
@@ -138,11 +142,16 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
     async def refuse(_request, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
-             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
     make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(refuse, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    return make(
+        refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -152,5 +161,6 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         return None
     key, cert = Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes()
     client_ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
-                                       require_client_auth=client_ca is not None)
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )

@@ -16,8 +16,10 @@ def float32(name: str, value: float) -> float:
     parameters); INVALID_ARGUMENT when it is not 0 but a 32-bit float would hold it as 0: a
     temperature of 1e-50 became 0, greedy, instead of being refused as out of range."""
     if value != 0 and abs(value) <= FLOAT32_ZERO:
-        raise InvalidArgument(f"{name}={value!r} is too small for the field's 32-bit float, which would read it as 0; "
-                              "send 0 or a value in the documented range")
+        raise InvalidArgument(
+            f"{name}={value!r} is too small for the field's 32-bit float, which would read it as 0; "
+            "send 0 or a value in the documented range"
+        )
     return value
 
 
@@ -25,11 +27,21 @@ def usage(input_tokens: int, output_tokens: int = 0) -> pb.Usage:
     return pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens)
 
 
-def timings(total_s: float, tokenize_s: float = 0.0, queue_s: float = 0.0, inference_s: float = 0.0,
-            time_to_first_token_s: float = 0.0) -> pb.Timings:
+def timings(
+    total_s: float,
+    tokenize_s: float = 0.0,
+    queue_s: float = 0.0,
+    inference_s: float = 0.0,
+    time_to_first_token_s: float = 0.0,
+) -> pb.Timings:
     """Seconds in, milliseconds out (the proto's unit)."""
-    return pb.Timings(tokenize_ms=tokenize_s * 1e3, queue_ms=queue_s * 1e3, inference_ms=inference_s * 1e3,
-                      total_ms=total_s * 1e3, time_to_first_token_ms=time_to_first_token_s * 1e3)
+    return pb.Timings(
+        tokenize_ms=tokenize_s * 1e3,
+        queue_ms=queue_s * 1e3,
+        inference_ms=inference_s * 1e3,
+        total_ms=total_s * 1e3,
+        time_to_first_token_ms=time_to_first_token_s * 1e3,
+    )
 
 
 def model_info(info: dict[str, Any], is_default: bool) -> pb.ModelInfo:

@@ -28,6 +28,12 @@ class Cores:
 
     @classmethod
     def build(cls, registry: ModelRegistry, settings: Settings, runtime: Runtime) -> Cores:
-        return cls(registry, settings, EmbeddingCore(registry, settings), FillMaskCore(registry, settings),
-                   GenerationCore(registry), TranslationCore(registry, settings),
-                   AttentionCore(registry, settings, runtime))
+        return cls(
+            registry,
+            settings,
+            EmbeddingCore(registry, settings),
+            FillMaskCore(registry, settings),
+            GenerationCore(registry),
+            TranslationCore(registry, settings),
+            AttentionCore(registry, settings, runtime),
+        )

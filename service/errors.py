@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 QUOTE_CHARS = 64  # characters of a request value quoted in a message
 MESSAGE_BYTES = 1024  # UTF-8 bytes of a message at most; percent-encoded <= 3 KiB, far below 8 KiB
 
-_CURRENT_CALL: contextvars.ContextVar["_Call | None"] = contextvars.ContextVar("ts_current_call", default=None)
+_CURRENT_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("ts_current_call", default=None)
 
 
 class ServiceError(Exception):
@@ -150,8 +150,10 @@ class _Call:
 def _series(service: str, method: str, model: str, code: str, protocol: str) -> tuple:
     """The labelled children of one call's metrics, resolved once (labels() costs microseconds a call;
     label values are bounded: model names are resolved ones or "-")."""
-    return (metrics.REQUESTS.labels(service, method, model, code, protocol),
-            metrics.REQUEST_DURATION.labels(service, method, model, protocol))
+    return (
+        metrics.REQUESTS.labels(service, method, model, code, protocol),
+        metrics.REQUEST_DURATION.labels(service, method, model, protocol),
+    )
 
 
 def start_call(service: str, method: str, protocol: str) -> _Call:
@@ -191,7 +193,7 @@ def _wrap_unary(service: str, fn: Callable) -> Callable:
         except grpc.aio.AbortError:
             call.aborted(context)
             raise
-        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become INTERNAL
+        except Exception as exc:
             await call.fail(context, exc)
         finally:
             call.finish()
@@ -212,7 +214,7 @@ def _wrap_stream(service: str, fn: Callable) -> Callable:
         except grpc.aio.AbortError:
             call.aborted(context)
             raise
-        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become INTERNAL
+        except Exception as exc:
             await call.fail(context, exc)
         finally:
             call.finish()

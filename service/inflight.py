@@ -68,11 +68,15 @@ class TrackCalls(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        kind = ("stream" if handler.request_streaming else "unary") + "_" + (
-            "stream" if handler.response_streaming else "unary")
+        kind = (
+            ("stream" if handler.request_streaming else "unary")
+            + "_"
+            + ("stream" if handler.response_streaming else "unary")
+        )
         behaviour = getattr(handler, kind)
         inflight, accepted = self.inflight, self.accepted
         if inspect.isasyncgenfunction(behaviour):
+
             async def streamed(request, context):
                 if accepted is not None:
                     accepted.inc()
@@ -82,6 +86,7 @@ class TrackCalls(grpc.aio.ServerInterceptor):
                         yield response
                 finally:
                     inflight.leave()
+
             return handler._replace(**{kind: streamed})
 
         async def counted(request, context):
@@ -92,4 +97,5 @@ class TrackCalls(grpc.aio.ServerInterceptor):
                 return await behaviour(request, context)
             finally:
                 inflight.leave()
+
         return handler._replace(**{kind: counted})

@@ -26,13 +26,23 @@ class Kind:
         return getattr(importlib.import_module(module), attr)
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("embedding", "service.embedding.model:EmbeddingModel", ("EmbeddingService",)),
-    Kind("generation", "service.generation.model:GenerationModel", ("GenerationService",)),
-    Kind("translation", "service.translation.model:TranslationModel", ("TranslationService",)),
-    Kind("fill-mask", "service.fillmask.model:FillMaskModel", ("FillMaskService",)),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("embedding", "service.embedding.model:EmbeddingModel", ("EmbeddingService",)),
+        Kind("generation", "service.generation.model:GenerationModel", ("GenerationService",)),
+        Kind("translation", "service.translation.model:TranslationModel", ("TranslationService",)),
+        Kind("fill-mask", "service.fillmask.model:FillMaskModel", ("FillMaskService",)),
+    )
+}
 
 # The gRPC doors, each a module with `register(server, cores)`: every service is registered this one way.
-GRPC_DOORS = ("service.embedding.grpc", "service.generation.grpc", "service.translation.grpc",
-              "service.fillmask.grpc", "service.inspection.grpc", "service.modelservice", "service.kserve.servicer")
+GRPC_DOORS = (
+    "service.embedding.grpc",
+    "service.generation.grpc",
+    "service.translation.grpc",
+    "service.fillmask.grpc",
+    "service.inspection.grpc",
+    "service.modelservice",
+    "service.kserve.servicer",
+)

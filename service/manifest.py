@@ -24,8 +24,12 @@ FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
 POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
-ROLES = {"embedding": ("encoder",), "generation": ("decoder",), "translation": ("encoder", "decoder"),
-         "fill-mask": ("encoder",)}
+ROLES = {
+    "embedding": ("encoder",),
+    "generation": ("decoder",),
+    "translation": ("encoder", "decoder"),
+    "fill-mask": ("encoder",),
+}
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 PACKED_ROLE = "packed"  # optional: several inputs per row (export/packed.py); older directories lack it
@@ -54,7 +58,7 @@ class GraphSpec:
     parity: dict[str, Any] = field(default_factory=dict)  # figures measured by the gate at export
 
     @staticmethod
-    def from_dict(d: dict) -> "GraphSpec":
+    def from_dict(d: dict) -> GraphSpec:
         return GraphSpec(
             role=d["role"],
             variant=d["variant"],
@@ -88,7 +92,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"
 
     @staticmethod
-    def from_dict(d: dict) -> "Manifest":
+    def from_dict(d: dict) -> Manifest:
         d = dict(d)
         d["graphs"] = [GraphSpec.from_dict(g) for g in d["graphs"]]
         return Manifest(**d)
@@ -156,16 +160,20 @@ def inside(directory: Path, name: str, where: Path) -> Path:
     root = directory.resolve()
     target = (root / name).resolve()
     if not target.is_relative_to(root):
-        raise ModelDirError(f"{where}: file {name!r} resolves to {target}, outside the model directory {root} "
-                            "(a '..' or a symbolic link leads out); a model directory holds its own files")
+        raise ModelDirError(
+            f"{where}: file {name!r} resolves to {target}, outside the model directory {root} "
+            "(a '..' or a symbolic link leads out); a model directory holds its own files"
+        )
     return directory / name
 
 
 def _check_manifest(m: Manifest, where: Path) -> None:
     if m.format_version not in SUPPORTED_FORMATS:
-        raise ModelDirError(f"{where}: format_version {m.format_version} unsupported "
-                            f"(this service reads {', '.join(map(str, SUPPORTED_FORMATS))}: rebuild it with "
-                            "`make models`)")
+        raise ModelDirError(
+            f"{where}: format_version {m.format_version} unsupported "
+            f"(this service reads {', '.join(map(str, SUPPORTED_FORMATS))}: rebuild it with "
+            "`make models`)"
+        )
     if m.kind not in KINDS:
         raise ModelDirError(f"{where}: kind {m.kind!r} is not one of {', '.join(KINDS)}")
     for role in ROLES[m.kind]:
@@ -183,8 +191,10 @@ def _check_manifest(m: Manifest, where: Path) -> None:
     if m.kind == "embedding" and (m.pooling not in POOLINGS or not m.embedding_dim):
         raise ModelDirError(f"{where}: an embedding model needs pooling ({'|'.join(POOLINGS)}) and embedding_dim")
     if m.kind == "fill-mask" and not {"mask", "pad"} <= set(m.special_tokens):
-        raise ModelDirError(f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
-                            f"(has: {', '.join(sorted(m.special_tokens)) or 'none'})")
+        raise ModelDirError(
+            f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
+            f"(has: {', '.join(sorted(m.special_tokens)) or 'none'})"
+        )
     if m.max_input_tokens <= 0:
         raise ModelDirError(f"{where}: max_input_tokens must be positive")
 

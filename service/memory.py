@@ -25,8 +25,21 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -57,8 +70,7 @@ class MemoryTrimmer:
 
     def due(self) -> bool:
         """Resident or free memory grew by trim_bytes since the last trim."""
-        return (resident_bytes() - self._resident > self.trim_bytes
-                or self._free_bytes() - self._free > self.trim_bytes)
+        return resident_bytes() - self._resident > self.trim_bytes or self._free_bytes() - self._free > self.trim_bytes
 
     def trim(self) -> None:
         before = resident_bytes()

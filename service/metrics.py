@@ -34,40 +34,54 @@ REQUESTS = Counter(
     "ts_requests", "RPCs handled, by final status code", ["service", "method", "model", "code", "protocol"]
 )
 REQUEST_DURATION = Histogram(
-    "ts_request_duration_seconds", "RPC latency, server side, from arrival to the last message",
-    ["service", "method", "model", "protocol"], buckets=LATENCY_BUCKETS,
+    "ts_request_duration_seconds",
+    "RPC latency, server side, from arrival to the last message",
+    ["service", "method", "model", "protocol"],
+    buckets=LATENCY_BUCKETS,
 )
 QUEUE_DURATION = Histogram(
-    "ts_queue_duration_seconds", "time an item waited in a model's queue before its batch ran",
-    ["model"], buckets=LATENCY_BUCKETS,
+    "ts_queue_duration_seconds",
+    "time an item waited in a model's queue before its batch ran",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
 )
 QUEUE_DEPTH = Gauge("ts_queue_depth", "items waiting in a model's queue", ["model"], multiprocess_mode="livesum")
 QUEUE_CAPACITY = Gauge(
-    "ts_queue_capacity", "most items a model's queue holds before RESOURCE_EXHAUSTED", ["model"],
+    "ts_queue_capacity",
+    "most items a model's queue holds before RESOURCE_EXHAUSTED",
+    ["model"],
     multiprocess_mode="livesum",
 )
 BATCH_SIZE = Histogram("ts_batch_size", "rows per model forward pass", ["model"], buckets=BATCH_SIZE_BUCKETS)
 BATCH_TOKENS = Histogram(
-    "ts_batch_tokens", "tokens per forward pass, padding counted (rows x longest row; a packed encoder batch: "
-    "rows x row length)", ["model"], buckets=TOKEN_BUCKETS,
+    "ts_batch_tokens",
+    "tokens per forward pass, padding counted (rows x longest row; a packed encoder batch: rows x row length)",
+    ["model"],
+    buckets=TOKEN_BUCKETS,
 )
 PADDING_RATIO = Histogram(
-    "ts_batch_padding_ratio", "tokens an encoder forward pass computes per real input token (1 = no padding)",
-    ["model"], buckets=PADDING_BUCKETS,
+    "ts_batch_padding_ratio",
+    "tokens an encoder forward pass computes per real input token (1 = no padding)",
+    ["model"],
+    buckets=PADDING_BUCKETS,
 )
 TOKENS = Counter("ts_tokens", "tokens read (input) and generated (output)", ["model", "direction"])
 MODEL_INFO = Gauge(
-    "ts_model_info", "1 per served model; labels say what runs where",
-    ["model", "kind", "provider", "variant", "requested_provider"], multiprocess_mode="livemax",
+    "ts_model_info",
+    "1 per served model; labels say what runs where",
+    ["model", "kind", "provider", "variant", "requested_provider"],
+    multiprocess_mode="livemax",
 )
 INFERENCE_DURATION = Histogram(
-    "ts_inference_duration_seconds", "wall time of one engine run: an encoder batch, a generation prefill or "
-    "decode step, a translator's encoder run or decoder step", ["model"],
+    "ts_inference_duration_seconds",
+    "wall time of one engine run: an encoder batch, a generation prefill or "
+    "decode step, a translator's encoder run or decoder step",
+    ["model"],
     buckets=LATENCY_BUCKETS,
 )
 DROPPED = Counter(
-    "ts_dropped_items", "queued items (inputs, generations, sources) dropped before compute because their call "
-    "was cancelled or expired",
+    "ts_dropped_items",
+    "queued items (inputs, generations, sources) dropped before compute because their call was cancelled or expired",
     ["model", "reason"],
 )
 WORKER_RPCS = Counter(

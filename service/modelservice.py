@@ -17,8 +17,9 @@ class ModelServicer(pb_grpc.ModelServiceServicer):
         self.registry = registry
 
     @grpc_errors("ModelService")
-    async def ListModels(self, request: pb.ListModelsRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
         self.registry.admit()
         return pb.ListModelsResponse(models=[self._info(b) for b in self.registry])
 

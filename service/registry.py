@@ -25,6 +25,7 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 @runtime_checkable
 class Backend(Protocol):
     """One served model. Engines and schedulers behind it never see protobuf."""
@@ -36,7 +37,7 @@ class Backend(Protocol):
     variant: str  # graph variant served: fp32 | optimized | fp16 | int8
 
     @classmethod
-    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "Backend": ...
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> Backend: ...
 
     async def start(self) -> None:
         """Starts the model's queue / scheduler task."""
@@ -82,8 +83,13 @@ def model_info(backend: Backend, vocab_size: int) -> dict[str, Any]:
 
 
 class ModelRegistry:
-    def __init__(self, backends: list[Backend], defaults: dict[str, str], dirs: dict[str, Path] | None = None,
-                 gate: Gate | None = None):
+    def __init__(
+        self,
+        backends: list[Backend],
+        defaults: dict[str, str],
+        dirs: dict[str, Path] | None = None,
+        gate: Gate | None = None,
+    ):
         self._by_name = {b.name: b for b in backends}
         self.dirs = dirs or {}  # model name -> its directory (InspectionService opens its attention graph)
         self.defaults = defaults  # kind -> default model name
@@ -105,12 +111,14 @@ class ModelRegistry:
         self.gate.enter()
 
     @classmethod
-    def load(cls, settings: Settings, runtime: Runtime) -> "ModelRegistry":
+    def load(cls, settings: Settings, runtime: Runtime) -> ModelRegistry:
         """Loads every model directory under settings.models; raises ModelLoadError naming the cause."""
         dirs = discover(settings.models)
         if not dirs:
-            raise ModelLoadError(f"no model directories (folders with model.json) under {Path(settings.models)}; "
-                                 "run `make models` or pass --models DIR")
+            raise ModelLoadError(
+                f"no model directories (folders with model.json) under {Path(settings.models)}; "
+                "run `make models` or pass --models DIR"
+            )
         backends = [cls._load_one(path, settings, runtime) for path in dirs]
         names = [b.name for b in backends]
         if len(set(names)) != len(names):
@@ -118,8 +126,16 @@ class ModelRegistry:
         registry = cls(backends, _defaults(backends, settings), dict(zip(names, dirs)), runtime.gate)
         for b in backends:
             metrics.MODEL_INFO.labels(b.name, b.kind, b.provider, b.variant, runtime.requested_provider).set(1)
-            log.info("model %s: kind=%s provider=%s (requested %s) variant=%s default=%s from %s", b.name, b.kind,
-                     b.provider, runtime.requested_provider, b.variant, registry.is_default(b), settings.models)
+            log.info(
+                "model %s: kind=%s provider=%s (requested %s) variant=%s default=%s from %s",
+                b.name,
+                b.kind,
+                b.provider,
+                runtime.requested_provider,
+                b.variant,
+                registry.is_default(b),
+                settings.models,
+            )
         return registry
 
     @staticmethod
@@ -136,8 +152,9 @@ class ModelRegistry:
         except Exception as e:  # a file that loads but cannot be served (bad names, bad UTF-8...)
             m = model_dir.manifest
             files = ", ".join(sorted({g.file for g in m.graphs} | {m.tokenizer["file"]}))
-            raise ModelDirError(f"{path}: cannot serve this model directory ({type(e).__name__}: {e}); its files: "
-                                f"{files}") from e
+            raise ModelDirError(
+                f"{path}: cannot serve this model directory ({type(e).__name__}: {e}); its files: {files}"
+            ) from e
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(sorted(self._by_name.values(), key=lambda b: b.name))
@@ -155,8 +172,10 @@ class ModelRegistry:
         if backend is None:
             raise NotFound(f"unknown model {quote(name)}; available {kind} models: {self._names(kind) or 'none'}")
         if backend.kind != kind:
-            raise InvalidArgument(f"model {quote(name)} is a {backend.kind} model, not a {kind} model; "
-                                  f"available {kind} models: {self._names(kind) or 'none'}")
+            raise InvalidArgument(
+                f"model {quote(name)} is a {backend.kind} model, not a {kind} model; "
+                f"available {kind} models: {self._names(kind) or 'none'}"
+            )
         return backend
 
     def find(self, name: str) -> Backend:
@@ -195,8 +214,10 @@ def _defaults(backends: list[Backend], settings: Settings) -> dict[str, str]:
         override = getattr(settings, spec.default_setting)
         if override:
             if override not in {b.name for b in of_kind}:
-                raise ModelLoadError(f"{spec.default_setting}={override!r} is not a served {kind} model "
-                                     f"(have: {', '.join(b.name for b in of_kind)})")
+                raise ModelLoadError(
+                    f"{spec.default_setting}={override!r} is not a served {kind} model "
+                    f"(have: {', '.join(b.name for b in of_kind)})"
+                )
             out[kind] = override
             continue
         flagged = [b.name for b in of_kind if b.manifest.extra.get("default") is True]

@@ -48,8 +48,10 @@ class Runtime:
         self.settings = settings
         available = ort.get_available_providers()
         if settings.device == "cuda" and CUDA not in available:
-            self._fallback(f"device=cuda but this onnxruntime offers only {', '.join(available)} "
-                           "(install onnxruntime-gpu instead of onnxruntime)")
+            self._fallback(
+                f"device=cuda but this onnxruntime offers only {', '.join(available)} "
+                "(install onnxruntime-gpu instead of onnxruntime)"
+            )
         wants_cuda = settings.device == "cuda" or (settings.device == "auto" and CUDA in available)
         self.requested_provider = CUDA if wants_cuda else CPU
         self.provider = self.requested_provider  # replaced by what the first session reports
@@ -83,12 +85,16 @@ class Runtime:
         try:
             session = ort.InferenceSession(str(path), sess_options=self.session_options(), providers=providers)
         except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail...) share no base
-            raise ModelDirError(f"{path}: onnxruntime cannot load this graph ({e}); re-export the model, or check "
-                                "it against its manifest's sha256 (--verify-hashes)") from e
+            raise ModelDirError(
+                f"{path}: onnxruntime cannot load this graph ({e}); re-export the model, or check "
+                "it against its manifest's sha256 (--verify-hashes)"
+            ) from e
         used = session.get_providers()[0]
         if used != self.requested_provider:
-            self._fallback(f"{Path(path).name}: asked for {self.requested_provider}, onnxruntime runs {used} "
-                           "(CUDA/cuDNN libraries missing or incompatible?)")
+            self._fallback(
+                f"{Path(path).name}: asked for {self.requested_provider}, onnxruntime runs {used} "
+                "(CUDA/cuDNN libraries missing or incompatible?)"
+            )
         self.provider = used
         return session
 
@@ -131,8 +137,10 @@ class Runtime:
         wanted = self.settings.variant
         if wanted != "auto":
             if wanted not in have:
-                raise ValueError(f"model {manifest.name!r}: variant {wanted!r} requested but its {role} "
-                                 f"graph comes only as {', '.join(have)}")
+                raise ValueError(
+                    f"model {manifest.name!r}: variant {wanted!r} requested but its {role} "
+                    f"graph comes only as {', '.join(have)}"
+                )
             return wanted
 
         def judged(variant: str, unmeasured: bool) -> bool:

@@ -50,8 +50,15 @@ SERVICE_KINDS = {service: kind.name for kind in KINDS.values() for service in ki
 class Server:
     """A running service; `address`, `port` and `metrics_port` are the ones actually bound."""
 
-    def __init__(self, settings: Settings, runtime: Runtime, registry: ModelRegistry, worker: int | None = None,
-                 tokens: Tokens | None = None, credentials: grpc.ServerCredentials | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: Runtime,
+        registry: ModelRegistry,
+        worker: int | None = None,
+        tokens: Tokens | None = None,
+        credentials: grpc.ServerCredentials | None = None,
+    ):
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
         self.cores = Cores.build(registry, settings, runtime)  # what every door calls (service/cores.py)
         self.tokens, self.credentials = tokens or Tokens(), credentials
@@ -59,13 +66,16 @@ class Server:
         self.inflight = Inflight()  # the drain waits for these (service/inflight.py)
         interceptors = [AuthInterceptor(self.tokens)] if self.tokens.enabled else []  # first: refuse before all
         interceptors.append(TrackCalls(self.inflight, self._worker_calls))
-        self.grpc = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", settings.max_message_bytes),
-            # grpc sets SO_REUSEPORT by default on Linux, so a second server on a taken port would
-            # silently share it; one process refuses a taken port, workers share theirs on purpose.
-            ("grpc.so_reuseport", 0 if worker is None else 1),
-        ])
+        self.grpc = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", settings.max_message_bytes),
+                # grpc sets SO_REUSEPORT by default on Linux, so a second server on a taken port would
+                # silently share it; one process refuses a taken port, workers share theirs on purpose.
+                ("grpc.so_reuseport", 0 if worker is None else 1),
+            ],
+        )
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.http: HttpServer | None = None
@@ -82,7 +92,7 @@ class Server:
         return f"{self.settings.host}:{self.port}"
 
     @classmethod
-    async def start(cls, settings: Settings, worker: int | None = None) -> "Server":
+    async def start(cls, settings: Settings, worker: int | None = None) -> Server:
         """Loads, binds, warms up (a worker: warms up, then binds); returns once every model serves."""
         tokens, credentials = Tokens.from_settings(settings), server_credentials(settings)  # bad files: fail fast
         runtime = Runtime(settings)
@@ -111,10 +121,14 @@ class Server:
         for door in GRPC_DOORS:  # every service registered one way: its module's register(server, cores)
             importlib.import_module(door).register(self.grpc, self.cores)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        names = (*SERVICES.values(), health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME)
-        pool = kserve.reflection_pool(pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR,
-                                      kserve.oip.DESCRIPTOR)
+        names = (
+            *SERVICES.values(),
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        pool = kserve.reflection_pool(
+            pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR, kserve.oip.DESCRIPTOR
+        )
         reflection.enable_server_reflection(names, self.grpc, pool=pool)
         await self._set_health(status)
         address = f"{self.settings.host}:{self.settings.port}"
@@ -126,20 +140,28 @@ class Server:
         except RuntimeError as e:  # grpc's "Failed to bind": port in use, bad address
             raise OSError(f"cannot bind gRPC to {self.settings.host}:{self.settings.port} ({e})") from e
         await self.grpc.start()
-        log.info("gRPC listening on %s (%s%s)", self.address,
-                 "plaintext" if self.credentials is None else "TLS" if not self.settings.tls_client_ca else "mTLS",
-                 ", bearer tokens required" if self.tokens.enabled else "")
+        log.info(
+            "gRPC listening on %s (%s%s)",
+            self.address,
+            "plaintext" if self.credentials is None else "TLS" if not self.settings.tls_client_ca else "mTLS",
+            ", bearer tokens required" if self.tokens.enabled else "",
+        )
         if self.settings.http_port >= 0:
             guard = [Middleware(BearerAuth, tokens=self.tokens)] if self.tokens.enabled else []
-            app = build_app(self.cores, lambda: self.serving, middleware=guard,
-                            worker_calls=self._worker_calls)
-            self.http = await HttpServer.start(app, self.settings.http_address, self.settings.http_port,
-                                               reuse_port=self.worker is not None, ssl=ssl_options(self.settings),
-                                               header_timeout=self.settings.http_header_timeout_s,
-                                               max_connections=self.settings.http_max_connections)
+            app = build_app(self.cores, lambda: self.serving, middleware=guard, worker_calls=self._worker_calls)
+            self.http = await HttpServer.start(
+                app,
+                self.settings.http_address,
+                self.settings.http_port,
+                reuse_port=self.worker is not None,
+                ssl=ssl_options(self.settings),
+                header_timeout=self.settings.http_header_timeout_s,
+                max_connections=self.settings.http_max_connections,
+            )
         if self.settings.metrics_port >= 0:
             self._metrics_server, self.metrics_port = metrics.start_metrics_server(
-                self.settings.metrics_address, self.settings.metrics_port)
+                self.settings.metrics_address, self.settings.metrics_port
+            )
 
     async def _set_health(self, status: int) -> None:
         served_kinds = {b.kind for b in self.registry}
@@ -202,8 +224,7 @@ def _on_signal(server: Server, sig: signal.Signals) -> None:
     server.shutdown()
 
 
-async def serve(settings: Settings, worker: int | None = None,
-                on_ready: Callable[[Server], None] | None = None) -> int:
+async def serve(settings: Settings, worker: int | None = None, on_ready: Callable[[Server], None] | None = None) -> int:
     """Runs the service until a signal stops it; returns the process exit code.
 
     on_ready(server) is called once it serves (a worker tells its supervisor)."""

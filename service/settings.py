@@ -39,67 +39,104 @@ class Settings:
     metrics_port: int = _f(9464, "Prometheus metrics HTTP port; 0 picks a free one; -1 disables it")
     http_host: str = _f("", "HTTP (OpenAI-compatible) listen address; empty = same as --host")
     http_port: int = _f(8080, "HTTP (OpenAI-compatible) port; 0 picks a free one (logged); -1 turns HTTP off")
-    http_header_timeout_s: float = _f(10.0, "seconds an HTTP client has to send a request's headers, from the "
-                                      "connection's opening or its previous response; then the connection is closed")
-    http_body_timeout_s: float = _f(60.0, "seconds an HTTP client has to send a request's whole body once the route "
-                                    "reads it; then 408 and the connection is closed")
+    http_header_timeout_s: float = _f(
+        10.0,
+        "seconds an HTTP client has to send a request's headers, from the "
+        "connection's opening or its previous response; then the connection is closed",
+    )
+    http_body_timeout_s: float = _f(
+        60.0,
+        "seconds an HTTP client has to send a request's whole body once the route "
+        "reads it; then 408 and the connection is closed",
+    )
     http_max_connections: int = _f(1024, "open HTTP connections per process; one more gets 503 and is closed")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
-    workers: int = _f(1, "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
-                      "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)")
+    workers: int = _f(
+        1,
+        "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
+        "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)",
+    )
     # Security (docs/design/security.md)
     tls_cert: str = _f("", "PEM certificate (chain) of the gRPC port; with --tls-key turns TLS on")
     tls_key: str = _f("", "PEM private key of --tls-cert")
     tls_client_ca: str = _f("", "PEM CA bundle: clients must present a certificate it signed (mTLS)")
-    auth_tokens_file: str = _f("", "file of accepted bearer tokens, one per line (# comments); "
-                               "when set, every RPC but health and reflection needs one; SIGHUP re-reads it")
-    auth_tokens: str = field(default="", repr=False, metadata={  # env only: a flag would show in ps
-        "doc": "accepted bearer tokens, comma-separated (env TS_AUTH_TOKENS only)", "flag": False})
+    auth_tokens_file: str = _f(
+        "",
+        "file of accepted bearer tokens, one per line (# comments); "
+        "when set, every RPC but health and reflection needs one; SIGHUP re-reads it",
+    )
+    auth_tokens: str = field(
+        default="",
+        repr=False,
+        metadata={  # env only: a flag would show in ps
+            "doc": "accepted bearer tokens, comma-separated (env TS_AUTH_TOKENS only)",
+            "flag": False,
+        },
+    )
     # onnxruntime
     device: str = _f("auto", "auto (CUDA when present, else CPU) | cpu | cuda", choices=DEVICES)
     strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
-    variant: str = _f("auto", "graph variant: auto (CUDA: fp16, else optimized; CPU: int8 where the export gate "
-                      "found its held-out quality within its limits, else optimized; else fp32) or one name",
-                      choices=VARIANT_CHOICES)
+    variant: str = _f(
+        "auto",
+        "graph variant: auto (CUDA: fp16, else optimized; CPU: int8 where the export gate "
+        "found its held-out quality within its limits, else optimized; else fp32) or one name",
+        choices=VARIANT_CHOICES,
+    )
     intra_op_threads: int = _f(1, "onnxruntime intra-op threads per session")
     compute_workers: int = _f(2, "threads of the one compute executor (parallel batches)")
-    cuda_graph: bool = _f(False, "generation decode steps replay CUDA graphs (CUDA only; off until a GPU run shows "
-                          "their tokens equal the plain steps', docs/design/gpu.md)")
+    cuda_graph: bool = _f(
+        False,
+        "generation decode steps replay CUDA graphs (CUDA only; off until a GPU run shows "
+        "their tokens equal the plain steps', docs/design/gpu.md)",
+    )
     # Default models per kind (empty: the manifest's extra.default, else the first by name)
     default_embedding_model: str = _f("", "embedding model used when a request names none")
     default_generation_model: str = _f("", "generation model used when a request names none")
     default_translation_model: str = _f("", "translation model used when a request names none")
     default_fill_mask_model: str = _f("", "fill-mask model used when a request names none")
     # Embeddings
-    embed_max_batch_tokens: int = _f(0, "token budget of one encoder batch (padded: rows x longest, padding "
-                                     "counted; packed: real tokens); 0 = by device (CPU 2048, CUDA 16384)")
+    embed_max_batch_tokens: int = _f(
+        0,
+        "token budget of one encoder batch (padded: rows x longest, padding "
+        "counted; packed: real tokens); 0 = by device (CPU 2048, CUDA 16384)",
+    )
     embed_max_batch_size: int = _f(0, "most inputs in one embedding batch; 0 = by device (CPU 32, CUDA 256)")
     embed_max_wait_ms: float = _f(2.0, "how long a batch waits for more inputs before it closes")
     embed_max_queue: int = _f(2048, "queued inputs per embedding model; beyond it RESOURCE_EXHAUSTED")
     embed_max_inputs: int = _f(256, "most inputs in one Embed request")
-    embed_pack_row_tokens: int = _f(128, "encoder batches (embedding, fill-mask, the translator's encoder) run "
-                                    "packed, several inputs per row of this many tokens, where the model directory "
-                                    "has a packed graph; 0 = padded (docs/design/packing.md)")
+    embed_pack_row_tokens: int = _f(
+        128,
+        "encoder batches (embedding, fill-mask, the translator's encoder) run "
+        "packed, several inputs per row of this many tokens, where the model directory "
+        "has a packed graph; 0 = padded (docs/design/packing.md)",
+    )
     # Generation and translation
     gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
     gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
     gen_max_queue: int = _f(256, "queued generation requests per model; beyond it RESOURCE_EXHAUSTED")
-    gen_max_context: int = _f(0, "longest context (prompt + generated tokens) a generation model serves, which "
-                              "sizes its KV cache; 0 = the model's own max_positions")
-    gen_kv_cache_bytes: int = _f(0, "bytes this process's generation models may allocate for KV caches: fewer rows "
-                                 "than gen_max_batch where short, no start where one row at the context does not "
-                                 "fit; 0 = auto: half the free memory (CUDA device, else MemAvailable) / workers")
+    gen_max_context: int = _f(
+        0,
+        "longest context (prompt + generated tokens) a generation model serves, which "
+        "sizes its KV cache; 0 = the model's own max_positions",
+    )
+    gen_kv_cache_bytes: int = _f(
+        0,
+        "bytes this process's generation models may allocate for KV caches: fewer rows "
+        "than gen_max_batch where short, no start where one row at the context does not "
+        "fit; 0 = auto: half the free memory (CUDA device, else MemAvailable) / workers",
+    )
     translate_max_batch: int = _f(32, "most inputs (x beams) decoded together by one translation model")
     translate_max_beam: int = _f(8, "largest beam_size accepted")
     translate_default_max_length: int = _f(0, "max target tokens when a request leaves it 0; 0 = model's")
     translate_max_inputs: int = _f(256, "most inputs (sentences) in one Translate request")
     translate_max_queue: int = _f(4096, "queued sources per translation model; beyond it RESOURCE_EXHAUSTED")
     # Inspection
-    attention_max_in_flight: int = _f(4, "Attention calls computing at once (each holds every layer's maps); "
-                                      "beyond it RESOURCE_EXHAUSTED")
+    attention_max_in_flight: int = _f(
+        4, "Attention calls computing at once (each holds every layer's maps); beyond it RESOURCE_EXHAUSTED"
+    )
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -113,22 +150,46 @@ class Settings:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 out.append(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        positive = ("intra_op_threads", "compute_workers", "max_message_bytes", "embed_max_queue", "embed_max_inputs",
-                    "gen_max_batch", "gen_default_max_new_tokens", "gen_max_queue", "translate_max_batch",
-                    "translate_max_beam", "translate_max_inputs", "translate_max_queue", "attention_max_in_flight",
-                    "http_header_timeout_s", "http_body_timeout_s", "http_max_connections")
+        positive = (
+            "intra_op_threads",
+            "compute_workers",
+            "max_message_bytes",
+            "embed_max_queue",
+            "embed_max_inputs",
+            "gen_max_batch",
+            "gen_default_max_new_tokens",
+            "gen_max_queue",
+            "translate_max_batch",
+            "translate_max_beam",
+            "translate_max_inputs",
+            "translate_max_queue",
+            "attention_max_in_flight",
+            "http_header_timeout_s",
+            "http_body_timeout_s",
+            "http_max_connections",
+        )
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
-        non_negative = ("workers", "port", "grace_seconds", "embed_max_wait_ms", "translate_default_max_length",
-                        "embed_max_batch_tokens", "embed_max_batch_size", "gen_kv_cache_bytes",
-                        "embed_pack_row_tokens")
+        non_negative = (
+            "workers",
+            "port",
+            "grace_seconds",
+            "embed_max_wait_ms",
+            "translate_default_max_length",
+            "embed_max_batch_tokens",
+            "embed_max_batch_size",
+            "gen_kv_cache_bytes",
+            "embed_pack_row_tokens",
+        )
         out += [f"{n} must be >= 0 (got {getattr(self, n)})" for n in non_negative if getattr(self, n) < 0]
         if bool(self.tls_cert) != bool(self.tls_key):
             out.append("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             out.append("tls_client_ca (mTLS) needs TLS: give tls_cert and tls_key too")
         if self.gen_max_context < 0 or self.gen_max_context == 1:
-            out.append(f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
-                       f"(got {self.gen_max_context})")
+            out.append(
+                f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
+                f"(got {self.gen_max_context})"
+            )
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
         if self.http_port < -1:
@@ -144,7 +205,7 @@ class Settings:
         return self.http_host or self.host
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then `TS_<FIELD>` variables, then keyword overrides."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
@@ -156,8 +217,9 @@ class Settings:
         return cls(**values)
 
     @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-                  prog: str = "python -m service") -> "Settings":
+    def from_args(
+        cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str = "python -m service"
+    ) -> Settings:
         """Parses flags (see `add_arguments`) over `from_env`; flags not given leave env/defaults."""
         parser = argparse.ArgumentParser(prog=prog, description="transformer-serving gRPC service")
         cls.add_arguments(parser)
@@ -181,8 +243,7 @@ class Settings:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=doc)
             else:
-                parser.add_argument(flag, type=_type_of(f), default=None, help=doc,
-                                    choices=f.metadata.get("choices"))
+                parser.add_argument(flag, type=_type_of(f), default=None, help=doc, choices=f.metadata.get("choices"))
 
     def describe(self) -> dict[str, Any]:
         """The settings as a dict, secrets masked."""

@@ -46,8 +46,9 @@ def reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
 
     A plain bind first: it fails when anyone holds the port, where SO_REUSEPORT alone could join a
     stranger's group. Only listening sockets get connections, so the reservation gets none."""
-    family, _, _, _, address = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                                  flags=socket.AI_PASSIVE)[0]
+    family, _, _, _, address = socket.getaddrinfo(
+        host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.bind(address)
@@ -116,8 +117,12 @@ class Supervisor:
         self._warn_if_oversubscribed()
         log.info("gRPC listening on %s:%d (%d workers, SO_REUSEPORT)", self.settings.host, port, self.settings.workers)
         if http_hold is not None:
-            log.info("HTTP listening on http://%s:%d (%d workers, SO_REUSEPORT)", self.settings.http_address,
-                     http_port, self.settings.workers)
+            log.info(
+                "HTTP listening on http://%s:%d (%d workers, SO_REUSEPORT)",
+                self.settings.http_address,
+                http_port,
+                self.settings.workers,
+            )
         self.worker_settings = dataclasses.replace(self.settings, port=port, http_port=http_port, metrics_port=-1)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
@@ -146,9 +151,14 @@ class Supervisor:
     def _warn_if_oversubscribed(self) -> None:
         s, cores = self.settings, usable_cores()
         if s.device != "cuda" and s.workers * s.compute_workers * s.intra_op_threads > cores:
-            log.warning("%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
-                        "they will contend (lower --compute-workers)", s.workers, s.compute_workers,
-                        s.intra_op_threads, cores)
+            log.warning(
+                "%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
+                "they will contend (lower --compute-workers)",
+                s.workers,
+                s.compute_workers,
+                s.intra_op_threads,
+                cores,
+            )
 
     def _start_metrics(self):
         if self.settings.metrics_port < 0:
@@ -156,8 +166,9 @@ class Supervisor:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(self.metrics_dir))
         registry.register(_SupervisorCollector(self))
-        server, _thread = start_http_server(self.settings.metrics_port, addr=self.settings.metrics_address,
-                                            registry=registry)
+        server, _thread = start_http_server(
+            self.settings.metrics_port, addr=self.settings.metrics_address, registry=registry
+        )
         log.info("metrics on http://%s:%d/metrics (all workers)", self.settings.metrics_address, server.server_port)
         return server
 
@@ -169,8 +180,9 @@ class Supervisor:
 
     def _start_worker(self, index: int) -> None:
         mine, theirs = multiprocessing.Pipe()
-        process = self._spawn.Process(target=worker_main, args=(self.worker_settings, index, theirs),
-                                      name=f"ts-worker-{index}")
+        process = self._spawn.Process(
+            target=worker_main, args=(self.worker_settings, index, theirs), name=f"ts-worker-{index}"
+        )
         process.start()
         theirs.close()
         self.workers[index] = Worker(index, process, mine)
@@ -205,8 +217,11 @@ class Supervisor:
         self._restart_due()
         if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
             for worker in self.workers.values():
-                log.error("worker %d (pid %d) still running after the grace period; killing it",
-                          worker.index, worker.process.pid)
+                log.error(
+                    "worker %d (pid %d) still running after the grace period; killing it",
+                    worker.index,
+                    worker.process.pid,
+                )
                 worker.process.kill()
             self.exit_code, self.stop_deadline = 1, float("inf")
 
@@ -220,8 +235,9 @@ class Supervisor:
         group = self.workers.values()
         if not self.served and len(group) == self.settings.workers and all(w.ready for w in group):
             self.served = True
-            log.info("all %d workers serving on %s:%d", len(self.workers), self.settings.host,
-                     self.worker_settings.port)
+            log.info(
+                "all %d workers serving on %s:%d", len(self.workers), self.settings.host, self.worker_settings.port
+            )
 
     def _on_exit(self, worker: Worker) -> None:
         worker.process.join()
@@ -278,7 +294,11 @@ class _SupervisorCollector:
 
     def collect(self):
         sup = self._supervisor
-        yield CounterMetricFamily("ts_worker_restarts", "worker processes restarted after they exited",
-                                  value=sup.restarts)
-        yield GaugeMetricFamily("ts_workers_ready", "worker processes serving (warm, on the port)",
-                                value=sum(w.ready for w in list(sup.workers.values())))
+        yield CounterMetricFamily(
+            "ts_worker_restarts", "worker processes restarted after they exited", value=sup.restarts
+        )
+        yield GaugeMetricFamily(
+            "ts_workers_ready",
+            "worker processes serving (warm, on the port)",
+            value=sum(w.ready for w in list(sup.workers.values())),
+        )

@@ -26,8 +26,14 @@ from service.manifest import ModelDirError
 INLINE_CHARS = 4096  # calls up to this many characters tokenize on the event loop (microseconds)
 HUGE_CHARS = 1 << 20  # calls from this many characters on tokenize one at a time per Encoder
 COMPOSE_SHRINK = 4  # NFC / NFKC: characters one composed character can replace (U+1F82: 4)
-_GROWING_NORMALIZERS = {"NFD": 1, "NFKD": 1, "Lowercase": 1, "Prepend": 1, "NFC": COMPOSE_SHRINK,
-                        "NFKC": COMPOSE_SHRINK}
+_GROWING_NORMALIZERS = {
+    "NFD": 1,
+    "NFKD": 1,
+    "Lowercase": 1,
+    "Prepend": 1,
+    "NFC": COMPOSE_SHRINK,
+    "NFKC": COMPOSE_SHRINK,
+}
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "UnicodeScripts", "Split", "Punctuation"}
 
 
@@ -108,9 +114,11 @@ def check_chars(text: str, limit: int | None, what: str, model: str, max_tokens:
     """InvalidArgument when text has more characters than `limit` (max_chars) allows: too many tokens
     for the model, known without tokenizing it."""
     if limit is not None and len(text) > limit:
-        raise InvalidArgument(f"{what} is {len(text)} characters, more than {max_tokens} tokens can hold with model "
-                              f"{model!r}'s tokenizer (at most {limit // max_tokens} characters a token), so it is "
-                              f"over the model's limit of {max_tokens} tokens; {advice}")
+        raise InvalidArgument(
+            f"{what} is {len(text)} characters, more than {max_tokens} tokens can hold with model "
+            f"{model!r}'s tokenizer (at most {limit // max_tokens} characters a token), so it is "
+            f"over the model's limit of {max_tokens} tokens; {advice}"
+        )
 
 
 class Encoder:

@@ -27,16 +27,21 @@ class Undecodable:
 
     @property
     def message(self) -> str:
-        return (f"the request ({self.size} bytes) is not a valid {self.type_name} protobuf message; check that "
-                "the client uses this server's .proto files")
+        return (
+            f"the request ({self.size} bytes) is not a valid {self.type_name} protobuf message; check that "
+            "the client uses this server's .proto files"
+        )
 
 
 def guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     """handler with undecodable requests refused (INVALID_ARGUMENT) instead of raising inside grpc."""
     if handler.request_deserializer is None:  # raw bytes: nothing to decode
         return handler
-    kind = ("stream" if handler.request_streaming else "unary") + "_" + (
-        "stream" if handler.response_streaming else "unary")
+    kind = (
+        ("stream" if handler.request_streaming else "unary")
+        + "_"
+        + ("stream" if handler.response_streaming else "unary")
+    )
     behaviour = getattr(handler, kind)
     if handler.request_streaming:
         checked = _streaming_requests(behaviour)
@@ -52,7 +57,7 @@ def _tolerant(deserializer: Callable[[bytes], object]) -> Callable[[bytes], obje
     def deserialize(raw: bytes) -> object:
         try:
             return deserializer(raw)
-        except Exception:  # noqa: BLE001 - DecodeError, or whatever a parser raises on bytes it cannot read
+        except Exception:
             return Undecodable(type_name, len(raw))
 
     return deserialize
@@ -73,6 +78,7 @@ async def _refuse(context: grpc.aio.ServicerContext, request: Undecodable, servi
 
 def _unary_request(behaviour: Callable, service: str, method: str) -> Callable:
     if inspect.isasyncgenfunction(behaviour):
+
         async def checked_stream(request, context):
             if type(request) is Undecodable:
                 await _refuse(context, request, service, method)
@@ -99,6 +105,7 @@ def _streaming_requests(behaviour: Callable) -> Callable:
             yield request
 
     if inspect.isasyncgenfunction(behaviour):
+
         async def checked_stream(iterator, context):
             async for response in behaviour(requests(iterator, context), context):
                 yield response

@@ -19,8 +19,10 @@ def test_places_are_held_from_take_to_queued_and_never_pass_the_capacity():
     adm.take(3)
     with pytest.raises(ResourceExhausted) as err:
         adm.take(3)  # 3 held + 3 > 5
-    assert err.value.message == ("translation queue of model 'm' is full (3 of 5 queued sources: 0 waiting, "
-                                 "3 being tokenized; this call adds 3); retry with backoff")
+    assert err.value.message == (
+        "translation queue of model 'm' is full (3 of 5 queued sources: 0 waiting, "
+        "3 being tokenized; this call adds 3); retry with backoff"
+    )
     queue.extend([1, 2, 3])
     adm.queued(3)  # the queue counts them now
     assert adm.reserved == 0
@@ -37,8 +39,9 @@ def test_a_pool_without_a_queue_counts_only_what_it_holds():
     with pool.holding(), pool.holding():
         with pytest.raises(ResourceExhausted) as err:
             pool.take()
-        assert err.value.message == ("attention queue is full (2 of 2 calls computing; this call adds 1); "
-                                     "retry with backoff")
+        assert err.value.message == (
+            "attention queue is full (2 of 2 calls computing; this call adds 1); retry with backoff"
+        )
     assert pool.reserved == 0
     pool.take(2)
 

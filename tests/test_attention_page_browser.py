@@ -18,14 +18,28 @@ from service.proto import inference_pb2_grpc as pb_grpc
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/deploy-tools.sh installs it)")
 # Appended to a copy of the page: once loaded, count the images the browser decoded.
-PROBE = ("<script>addEventListener('load', () => { document.body.dataset.decoded = [...document.images]"
-         ".filter(i => i.complete && i.naturalWidth > 0).length; });</script>")
+PROBE = (
+    "<script>addEventListener('load', () => { document.body.dataset.decoded = [...document.images]"
+    ".filter(i => i.complete && i.naturalWidth > 0).length; });</script>"
+)
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--virtual-time-budget=10000", *args],
-                          check=False, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--virtual-time-budget=10000",
+            *args,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 async def test_page_renders_every_panel(server, tmp_path):

@@ -32,8 +32,16 @@ async def embed_one(stub, text: str) -> np.ndarray:
 
 def job(input: Path, output: Path, address: str, **kw) -> JobConfig:
     embed = EmbedOptions(batch_size=kw.pop("batch_size", 8), **FAST_RETRY, **kw.pop("embed", {}))
-    return JobConfig(input=input, output=output, address=address, chunk_size=kw.pop("chunk_size", 20),
-                     concurrency=kw.pop("concurrency", 2), progress=False, embed=embed, **kw)
+    return JobConfig(
+        input=input,
+        output=output,
+        address=address,
+        chunk_size=kw.pop("chunk_size", 20),
+        concurrency=kw.pop("concurrency", 2),
+        progress=False,
+        embed=embed,
+        **kw,
+    )
 
 
 def test_chunks_cover_every_item_once_across_shards():
@@ -84,8 +92,19 @@ def test_client_cli_dispatch_uses_the_clients_address(tmp_path):
         closed = f"127.0.0.1:{s.getsockname()[1]}"
     corpus = tmp_path / "in.txt"
     corpus.write_text("hello\n")
-    args = parser.parse_args(["--address", closed, "batch", str(corpus), "--output", str(tmp_path / "o.parquet"),
-                              "--max-retries", "0", "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--address",
+            closed,
+            "batch",
+            str(corpus),
+            "--output",
+            str(tmp_path / "o.parquet"),
+            "--max-retries",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert args.timeout == 30.0 and args.chunk_timeout == 600.0
     with Client(closed) as client:
         assert args.handler(args, client) == 1  # UNAVAILABLE at `closed`, no retries: the job fails
@@ -104,8 +123,11 @@ async def test_jsonl_to_npy_float16_with_failures(start_server, embed_models_roo
     summary = await run_job(job(corpus, tmp_path / "out.npy", running.address, dtype="float16"))
 
     failures = [json.loads(x) for x in summary.failures_file.read_text().splitlines()]
-    assert {f["id"]: f["code"] for f in failures} == {"line:4": "INVALID_INPUT", "doc-10": "INVALID_INPUT",
-                                                      "doc-20": "INVALID_ARGUMENT"}
+    assert {f["id"]: f["code"] for f in failures} == {
+        "line:4": "INVALID_INPUT",
+        "doc-10": "INVALID_INPUT",
+        "doc-20": "INVALID_ARGUMENT",
+    }
     assert "empty" in next(f["message"] for f in failures if f["id"] == "doc-20")
     ids = np.load(tmp_path / "out.ids.npy")
     matrix = np.load(tmp_path / "out.npy")
@@ -113,8 +135,9 @@ async def test_jsonl_to_npy_float16_with_failures(start_server, embed_models_roo
     expected_ids.insert(18, "21")
     assert ids.tolist() == expected_ids and summary.rows == 47 and summary.failed == 3
     assert matrix.dtype == np.float16 and matrix.shape[0] == 47
-    np.testing.assert_allclose(matrix[0].astype(np.float32),
-                               await embed_one(running.embedding, "document number 0 about topic 0"), atol=2e-3)
+    np.testing.assert_allclose(
+        matrix[0].astype(np.float32), await embed_one(running.embedding, "document number 0 about topic 0"), atol=2e-3
+    )
 
 
 async def test_parquet_shards_split_the_work(start_server, embed_models_root, tmp_path):
@@ -124,8 +147,15 @@ async def test_parquet_shards_split_the_work(start_server, embed_models_root, tm
     pq.write_table(pa.table({"key": ids, "body": [f"row {i} text" for i in range(70)]}), corpus)
     outputs = []
     for shard in range(2):
-        cfg = job(corpus, tmp_path / f"out-{shard}.parquet", running.address, id_field="key", text_field="body",
-                  shard_index=shard, shard_count=2)
+        cfg = job(
+            corpus,
+            tmp_path / f"out-{shard}.parquet",
+            running.address,
+            id_field="key",
+            text_field="body",
+            shard_index=shard,
+            shard_count=2,
+        )
         outputs.append((await run_job(cfg)).output)
     tables = [pq.read_table(o) for o in outputs]
     assert all(t.schema.field("id").type == pa.int32() for t in tables)
@@ -140,11 +170,17 @@ async def test_retries_when_the_server_sheds_load(start_server, embed_models_roo
     running = await start_server(embed_models_root, embed_max_queue=16, embed_max_wait_ms=20.0)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} with a few words\n" for i in range(400)))
-    labels = {"service": "EmbeddingService", "method": "EmbedStream", "model": "tiny-embed",
-              "code": "RESOURCE_EXHAUSTED", "protocol": "grpc"}
+    labels = {
+        "service": "EmbeddingService",
+        "method": "EmbedStream",
+        "model": "tiny-embed",
+        "code": "RESOURCE_EXHAUSTED",
+        "protocol": "grpc",
+    }
     shed_before = metric("ts_requests_total", labels)
-    summary = await run_job(job(corpus, tmp_path / "out.parquet", running.address, concurrency=4,
-                                embed={"window": 4, "max_retries": 50}))
+    summary = await run_job(
+        job(corpus, tmp_path / "out.parquet", running.address, concurrency=4, embed={"window": 4, "max_retries": 50})
+    )
     assert metric("ts_requests_total", labels) > shed_before  # the server did refuse work...
     assert summary.rows == 400 and summary.failed == 0  # ...and the client got everything done
     assert pq.read_table(summary.output).column("id").to_pylist() == list(range(400))

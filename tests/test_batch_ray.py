@@ -55,16 +55,24 @@ def write_jsonl(path: Path, lines: int, seed: int = 0) -> dict[str, str]:
 
 
 def job(input: Path, output: Path, models: Path, **kw) -> RayJobConfig:
-    return RayJobConfig(input=input, output=output, models=models, model="tiny-embed", num_actors=2,
-                        progress=False, **{"chunk_size": 250, **kw})
+    return RayJobConfig(
+        input=input,
+        output=output,
+        models=models,
+        model="tiny-embed",
+        num_actors=2,
+        progress=False,
+        **{"chunk_size": 250, **kw},
+    )
 
 
 def read_output(folder: Path) -> pa.Table:
     return pads.dataset(folder, format="parquet").to_table()  # skips _job.json, _SUCCESS, .tmp
 
 
-async def test_ray_job_equals_the_service_and_a_rerun_adds_nothing(ray_address, embed_models_root, start_server,
-                                                                    tmp_path):
+async def test_ray_job_equals_the_service_and_a_rerun_adds_nothing(
+    ray_address, embed_models_root, start_server, tmp_path
+):
     texts = write_jsonl(tmp_path / "corpus.jsonl", 3000)
     cfg = job(tmp_path / "corpus.jsonl", tmp_path / "out", embed_models_root, batch_size=16)
     summary = run_ray_job(cfg)
@@ -78,7 +86,7 @@ async def test_ray_job_equals_the_service_and_a_rerun_adds_nothing(ray_address, 
     order = list(texts)
     expected = []
     for i in range(0, len(order), 64):
-        response = await running.embedding.Embed(pb.EmbedRequest(inputs=[texts[k] for k in order[i:i + 64]]))
+        response = await running.embedding.Embed(pb.EmbedRequest(inputs=[texts[k] for k in order[i : i + 64]]))
         expected += [list(e.values) for e in response.embeddings]
     expected = np.array(expected, dtype=np.float32)  # (3000, 32), unit rows
     got = np.array(table.column("embedding").to_pylist(), dtype=np.float32)[np.argsort(ids)]
@@ -96,10 +104,31 @@ async def test_ray_job_equals_the_service_and_a_rerun_adds_nothing(ray_address, 
 def test_killed_midway_then_rerun_writes_every_id_once(ray_address, embed_models_root, tmp_path):
     texts = write_jsonl(tmp_path / "corpus.jsonl", 6000, seed=1)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "client.batch", "--engine", "ray", str(tmp_path / "corpus.jsonl"),
-           "--output", str(out), "--models", str(embed_models_root), "--model", "tiny-embed",
-           "--ray-address", ray_address, "--num-actors", "2", "--chunk-size", "100", "--batch-size", "4",
-           "--no-progress", "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "client.batch",
+        "--engine",
+        "ray",
+        str(tmp_path / "corpus.jsonl"),
+        "--output",
+        str(out),
+        "--models",
+        str(embed_models_root),
+        "--model",
+        "tiny-embed",
+        "--ray-address",
+        ray_address,
+        "--num-actors",
+        "2",
+        "--chunk-size",
+        "100",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--log-level",
+        "WARNING",
+    ]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while len(list(out.glob("part-*.parquet"))) < 3 and first.poll() is None and time.monotonic() < deadline:
@@ -122,9 +151,22 @@ def test_a_bad_line_stops_the_job_with_file_and_line(ray_address, embed_models_r
     lines = (tmp_path / "corpus.jsonl").read_text().splitlines()
     lines[456] = json.dumps({"id": "doc-456", "txt": "a misspelt field"})
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
-    argv = ["--engine", "ray", str(tmp_path / "bad.jsonl"), "--output", str(tmp_path / "out"),
-            "--models", str(embed_models_root), "--model", "tiny-embed", "--num-actors", "2",
-            "--chunk-size", "100", "--no-progress"]
+    argv = [
+        "--engine",
+        "ray",
+        str(tmp_path / "bad.jsonl"),
+        "--output",
+        str(tmp_path / "out"),
+        "--models",
+        str(embed_models_root),
+        "--model",
+        "tiny-embed",
+        "--num-actors",
+        "2",
+        "--chunk-size",
+        "100",
+        "--no-progress",
+    ]
     assert cli.main(argv) == 1
     assert "bad.jsonl:457: field 'text' missing or not a string" in caplog.text
     assert "--skip-bad" in caplog.text
@@ -151,17 +193,32 @@ def test_skip_bad_counts_bad_lines_and_writes_nothing_for_them(ray_address, embe
 def test_text_and_parquet_input_float16_output(ray_address, embed_models_root, tmp_path):
     lines = ["first line", "", "third line", *[f"line number {i}" for i in range(3, 300)]]
     (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
-    summary = run_ray_job(job(tmp_path / "corpus.txt", tmp_path / "txt", embed_models_root, dtype="float16",
-                              dimensions=16, chunk_size=100))
+    summary = run_ray_job(
+        job(
+            tmp_path / "corpus.txt", tmp_path / "txt", embed_models_root, dtype="float16", dimensions=16, chunk_size=100
+        )
+    )
     table = read_output(tmp_path / "txt")
     assert summary.rows == 299 and sorted(table.column("id").to_pylist()) == [0, *range(2, 300)]
     assert table.schema.field("embedding").type == pa.list_(pa.float16(), 16)
 
-    pq.write_table(pa.table({"key": pa.array(range(1000, 1250), pa.int32()),
-                             "body": [f"row {i} of the table" for i in range(250)]}), tmp_path / "t.parquet",
-                   row_group_size=64)
-    summary = run_ray_job(job(tmp_path / "t.parquet", tmp_path / "pq", embed_models_root, id_field="key",
-                              text_field="body", chunk_size=100))
+    pq.write_table(
+        pa.table(
+            {"key": pa.array(range(1000, 1250), pa.int32()), "body": [f"row {i} of the table" for i in range(250)]}
+        ),
+        tmp_path / "t.parquet",
+        row_group_size=64,
+    )
+    summary = run_ray_job(
+        job(
+            tmp_path / "t.parquet",
+            tmp_path / "pq",
+            embed_models_root,
+            id_field="key",
+            text_field="body",
+            chunk_size=100,
+        )
+    )
     table = read_output(tmp_path / "pq")
     assert summary.rows == 250 and sorted(table.column("id").to_pylist()) == list(range(1000, 1250))
     assert table.schema.field("id").type == pa.int32()

@@ -49,8 +49,13 @@ def ledger_chunks(ledger: Path) -> set[int]:
 
 
 def stream_calls() -> float:
-    labels = {"service": "EmbeddingService", "method": "EmbedStream", "model": "tiny-embed", "code": "OK",
-              "protocol": "grpc"}
+    labels = {
+        "service": "EmbeddingService",
+        "method": "EmbedStream",
+        "model": "tiny-embed",
+        "code": "OK",
+        "protocol": "grpc",
+    }
     return metric("ts_requests_total", labels)
 
 
@@ -73,13 +78,30 @@ async def test_20k_lines_killed_half_way_then_resumed(start_server, embed_models
     texts = write_corpus(corpus, LINES)
     output = tmp_path / "embeddings.parquet"
     ledger = tmp_path / "embeddings.parquet.parts" / "ledger.jsonl"
-    cmd = [sys.executable, "-m", "client.batch", str(corpus), "--output", str(output),
-           "--address", running.address, "--chunk-size", str(CHUNK), "--batch-size", "25",
-           "--concurrency", "3", "--no-progress", "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "client.batch",
+        str(corpus),
+        "--output",
+        str(output),
+        "--address",
+        running.address,
+        "--chunk-size",
+        str(CHUNK),
+        "--batch-size",
+        "25",
+        "--concurrency",
+        "3",
+        "--no-progress",
+        "--log-level",
+        "WARNING",
+    ]
 
     first = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
-    await until(lambda: len(ledger_chunks(ledger)) >= CHUNKS // 2 or first.returncode is not None, 300,
-                "half of the chunks")
+    await until(
+        lambda: len(ledger_chunks(ledger)) >= CHUNKS // 2 or first.returncode is not None, 300, "half of the chunks"
+    )
     first.kill()
     await first.wait()
     assert first.returncode == -9, (await first.stderr.read()).decode()

@@ -21,30 +21,36 @@ from bench.gpu_report import _agreement
 from bench.gpu_service import ServerClock
 
 ROOT = Path(__file__).resolve().parents[1]
-no_gpu = pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),
-                            reason="this machine has onnxruntime-gpu: bench.gpu would measure")
+no_gpu = pytest.mark.skipif(
+    "CUDAExecutionProvider" in ort.get_available_providers(),
+    reason="this machine has onnxruntime-gpu: bench.gpu would measure",
+)
 
 
 @no_gpu
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--out", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no GPU to measure here" in proc.stdout and "nothing measured" in proc.stdout
     assert not list(tmp_path.iterdir())  # no report
 
 
 def test_a_cpu_run_refuses_to_write_the_gpu_report():
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "writes no GPU report" in proc.stderr
 
 
 def test_server_clock_counts_a_child_process_cpu_time():
     busy = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(30)"
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, "
-                               f"'-c', {busy!r}])"], start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {busy!r}])"],
+        start_new_session=True,
+    )
     try:
         clock = ServerClock(parent.pid)
         deadline = time.monotonic() + 30

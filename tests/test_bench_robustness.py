@@ -33,8 +33,13 @@ def rss_mb() -> float:
 
 def served(code: str) -> float:
     """Calls the server counted with this status code, over every RPC and door."""
-    return sum(s.value for family in REGISTRY.collect() if family.name == "ts_requests"
-               for s in family.samples if s.name == "ts_requests_total" and s.labels["code"] == code)
+    return sum(
+        s.value
+        for family in REGISTRY.collect()
+        if family.name == "ts_requests"
+        for s in family.samples
+        if s.name == "ts_requests_total" and s.labels["code"] == code
+    )
 
 
 async def test_fuzz_session_reports_every_rpc(server):
@@ -49,8 +54,9 @@ async def test_fuzz_session_reports_every_rpc(server):
 
 
 async def test_soak_reports_statuses_memory_and_drained_gauges(server):
-    args = argparse.Namespace(duration=3.0, concurrency=3, cancel_share=0.3, deadline_share=0.3, sample_every=1.0,
-                              warmup=0.0, seed=1)
+    args = argparse.Namespace(
+        duration=3.0, concurrency=3, cancel_share=0.3, deadline_share=0.3, sample_every=1.0, warmup=0.0, seed=1
+    )
     ok_before = served("OK")
     report = await soak.soak(server.address, os.getpid(), server.metrics_url, args)
     rss = rss_mb()
@@ -58,8 +64,10 @@ async def test_soak_reports_statuses_memory_and_drained_gauges(server):
     assert report["calls"] == sum(n for codes in report["status"].values() for n in codes.values())
     assert 0 < ok <= served("OK") - ok_before  # every OK the soak saw, the server counted OK
     assert abs(report["rss"]["end_mb"] - rss) <= 0.25 * rss, (report["rss"], rss)  # the bench reads the right process
-    assert set(report["gauges_after"]) >= {"ts_queue_depth{model=tiny-embed}",
-                                          "ts_generations_in_flight{model=tiny-gpt}"}
+    assert set(report["gauges_after"]) >= {
+        "ts_queue_depth{model=tiny-embed}",
+        "ts_generations_in_flight{model=tiny-gpt}",
+    }
     assert soak.verdict(report, max_growth=10.0) == []
     statuses = {code for codes in report["status"].values() for code in codes}
     # INVALID_ARGUMENT: the tiny models take 48 tokens of one byte each; some sentences are longer

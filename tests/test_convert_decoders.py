@@ -57,11 +57,18 @@ def byte_bpe(folder: Path, bos: bool = True) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>" if bos else None,
-                                   eos_token="<|endoftext|>")
+    tok.train_from_iterator(
+        corpus(),
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>" if bos else None, eos_token="<|endoftext|>"
+    )
     fast.save_pretrained(folder)
     return fast
 
@@ -71,8 +78,9 @@ def llama_bpe(folder: Path) -> PreTrainedTokenizerFast:
     added before every input by the post-processor."""
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                          show_progress=False))
+    tok.train_from_iterator(
+        corpus(), trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    )
     spec = json.loads(tok.to_str())
     for byte in range(256):
         spec["model"]["vocab"].setdefault(f"<0x{byte:02X}>", len(spec["model"]["vocab"]))
@@ -96,30 +104,76 @@ def widen(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def llama_sizes(vocab: int, **extra) -> dict:
-    return dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=128, **extra)
+    return dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        **extra,
+    )
 
 
 def build_checkpoints(root: Path) -> dict[str, Path]:
     folders = {name: root / name for name in ("gpt2", "llama", "mistral", "qwen2")}
     tok = byte_bpe(folders["gpt2"])
-    widen(GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=4,
-                                     bos_token_id=0, eos_token_id=0))).save_pretrained(folders["gpt2"])
+    widen(
+        GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+            )
+        )
+    ).save_pretrained(folders["gpt2"])
     tok = llama_bpe(folders["llama"])
-    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-    widen(LlamaForCausalLM(LlamaConfig(**llama_sizes(len(tok), num_key_value_heads=2, tie_word_embeddings=False,
-                                                     rope_parameters=llama3, bos_token_id=1, eos_token_id=2))
-                           )).save_pretrained(folders["llama"])
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
+    widen(
+        LlamaForCausalLM(
+            LlamaConfig(
+                **llama_sizes(
+                    len(tok),
+                    num_key_value_heads=2,
+                    tie_word_embeddings=False,
+                    rope_parameters=llama3,
+                    bos_token_id=1,
+                    eos_token_id=2,
+                )
+            )
+        )
+    ).save_pretrained(folders["llama"])
     tok = llama_bpe(folders["mistral"])
-    widen(MistralForCausalLM(MistralConfig(**llama_sizes(len(tok), num_key_value_heads=1, head_dim=16,
-                                                         sliding_window=96, bos_token_id=1, eos_token_id=2))
-                             )).save_pretrained(folders["mistral"])
+    widen(
+        MistralForCausalLM(
+            MistralConfig(
+                **llama_sizes(
+                    len(tok), num_key_value_heads=1, head_dim=16, sliding_window=96, bos_token_id=1, eos_token_id=2
+                )
+            )
+        )
+    ).save_pretrained(folders["mistral"])
     tok = byte_bpe(folders["qwen2"], bos=False)
     linear = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
-    widen(Qwen2ForCausalLM(Qwen2Config(**llama_sizes(len(tok), num_key_value_heads=2, tie_word_embeddings=True,
-                                                     rope_parameters=linear, bos_token_id=None, eos_token_id=0))
-                           )).save_pretrained(folders["qwen2"])
+    widen(
+        Qwen2ForCausalLM(
+            Qwen2Config(
+                **llama_sizes(
+                    len(tok),
+                    num_key_value_heads=2,
+                    tie_word_embeddings=True,
+                    rope_parameters=linear,
+                    bos_token_id=None,
+                    eos_token_id=0,
+                )
+            )
+        )
+    ).save_pretrained(folders["qwen2"])
     return folders
 
 
@@ -141,9 +195,15 @@ def transformers_greedy(folder: Path, prompt: str) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = torch.tensor([tok(prompt)["input_ids"]])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                             num_beams=1, pad_token_id=tok.eos_token_id)
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            num_beams=1,
+            pad_token_id=tok.eos_token_id,
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "qwen2"])
@@ -183,17 +243,20 @@ def copy_with_config(folder: Path, dst: Path, **changes) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("name, changes, options, field", [
-    ("llama", {"rope_parameters": None, "rope_scaling": {"type": "yarn", "factor": 4.0}}, {}, "rope_scaling"),
-    ("llama", {"hidden_act": "mish"}, {}, "hidden_act"),
-    ("llama", {"partial_rotary_factor": 0.5}, {}, "partial_rotary_factor"),
-    ("llama", {"quantization_config": {"quant_method": "gptq"}}, {}, "quantization_config"),
-    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, {}, "scale_attn_by_inverse_layer_idx"),
-    ("gpt2", {"reorder_and_upcast_attn": True}, {}, "reorder_and_upcast_attn"),
-    ("gpt2", {"activation_function": "quick_gelu"}, {}, "activation_function"),
-    ("mistral", {}, {"max_input_tokens": 90, "max_output_tokens": 10}, "sliding_window"),
-    ("gpt2", {}, {"max_input_tokens": 100, "max_output_tokens": 100}, "n_positions"),
-])
+@pytest.mark.parametrize(
+    "name, changes, options, field",
+    [
+        ("llama", {"rope_parameters": None, "rope_scaling": {"type": "yarn", "factor": 4.0}}, {}, "rope_scaling"),
+        ("llama", {"hidden_act": "mish"}, {}, "hidden_act"),
+        ("llama", {"partial_rotary_factor": 0.5}, {}, "partial_rotary_factor"),
+        ("llama", {"quantization_config": {"quant_method": "gptq"}}, {}, "quantization_config"),
+        ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, {}, "scale_attn_by_inverse_layer_idx"),
+        ("gpt2", {"reorder_and_upcast_attn": True}, {}, "reorder_and_upcast_attn"),
+        ("gpt2", {"activation_function": "quick_gelu"}, {}, "activation_function"),
+        ("mistral", {}, {"max_input_tokens": 90, "max_output_tokens": 10}, "sliding_window"),
+        ("gpt2", {}, {"max_input_tokens": 100, "max_output_tokens": 100}, "n_positions"),
+    ],
+)
 def test_unsupported_configs_are_refused_naming_the_field(name, changes, options, field, checkpoints, tmp_path):
     folder = copy_with_config(checkpoints[name], tmp_path / name, **changes)
     with pytest.raises(ConversionError, match=field):

@@ -36,8 +36,13 @@ from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXTS = ["The cat sat on the mat.", "Once upon a time, there was a little girl who loved books.",
-         "Überraschung! Ça coûte 12,50 € — naïve café.", "short", "A man is playing a guitar on the street."]
+TEXTS = [
+    "The cat sat on the mat.",
+    "Once upon a time, there was a little girl who loved books.",
+    "Überraschung! Ça coûte 12,50 € — naïve café.",
+    "short",
+    "A man is playing a guitar on the street.",
+]
 
 
 def corpus() -> list[str]:
@@ -56,10 +61,17 @@ def wordpiece(folder: Path) -> PreTrainedTokenizerFast:
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")])
+        single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")]
+    )
     tok.decoder = decoders.WordPiece()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
     fast.save_pretrained(folder)
     return fast
 
@@ -69,13 +81,26 @@ def byte_bpe(folder: Path) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=500, special_tokens=specials,
-                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        corpus(),
+        trainers.BpeTrainer(
+            vocab_size=500, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[(t, tok.token_to_id(t)) for t in ("<s>", "</s>")])
+        single="<s> $A </s>", special_tokens=[(t, tok.token_to_id(t)) for t in ("<s>", "</s>")]
+    )
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>", cls_token="<s>", sep_token="</s>", mask_token="<mask>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        cls_token="<s>",
+        sep_token="</s>",
+        mask_token="<mask>",
+    )
     fast.save_pretrained(folder)
     return fast
 
@@ -89,20 +114,30 @@ def widen(model: torch.nn.Module, std: float = 0.2) -> torch.nn.Module:
 
 
 def sizes(vocab: int, **extra) -> dict:
-    return dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                **extra)
+    return dict(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **extra
+    )
 
 
 def sentence_transformers_folder(folder: Path, pooling: str, normalize: bool = True) -> None:
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 32, "pooling_mode_cls_token": pooling == "cls",
-         "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max"}))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_cls_token": pooling == "cls",
+                "pooling_mode_mean_tokens": pooling == "mean",
+                "pooling_mode_max_tokens": pooling == "max",
+            }
+        )
+    )
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
 
 
@@ -161,8 +196,12 @@ def reference_embeddings(folder: Path, texts: list[str], pooling: str) -> np.nda
 @pytest.mark.parametrize("name, pooling", [("bert-st", "mean"), ("xlmr", "max"), ("roberta-mlm", "mean")])
 async def test_embed_matches_transformers(name, pooling, checkpoints, converted, tmp_path, start_server):
     if name == "roberta-mlm":  # a masked-LM folder served as an embedding model (--kind embedding)
-        convert(checkpoints[name], tmp_path / "roberta-embed", name="roberta-embed",
-                options=Options(kind="embedding", max_input_tokens=40))
+        convert(
+            checkpoints[name],
+            tmp_path / "roberta-embed",
+            name="roberta-embed",
+            options=Options(kind="embedding", max_input_tokens=40),
+        )
         root, model = tmp_path, "roberta-embed"
     else:
         root, model = converted, name
@@ -182,7 +221,8 @@ async def test_fill_mask_matches_transformers_pipeline(name, checkpoints, conver
     texts = [f"The cat sat on the {tok.mask_token}.", f"Once upon a {tok.mask_token}, there was a girl."]
     server = await start_server(converted)
     reply = await pb_grpc.FillMaskServiceStub(server.channel).FillMask(
-        pb.FillMaskRequest(model=name, inputs=texts, top_k=5))
+        pb.FillMaskRequest(model=name, inputs=texts, top_k=5)
+    )
     for text, result in zip(texts, reply.results, strict=True):
         want = fill(text)
         got = result.masks[0].candidates
@@ -212,9 +252,14 @@ def test_unsupported_configs_are_refused_naming_the_field(checkpoints, tmp_path)
         ("config.json", {**config, "position_embedding_type": "relative_key"}, "position_embedding_type"),
         ("config.json", {**config, "hidden_act": "mish"}, "hidden_act"),
         ("config.json", {**config, "architectures": ["BertForQuestionAnswering"]}, "architectures"),
-        ("modules.json", [*json.loads((folder / "modules.json").read_text()),
-                          {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}],
-         "Dense"),
+        (
+            "modules.json",
+            [
+                *json.loads((folder / "modules.json").read_text()),
+                {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
+            ],
+            "Dense",
+        ),
     ]
     for file, content, field in cases:
         original = (folder / file).read_text()

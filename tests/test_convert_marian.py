@@ -32,8 +32,14 @@ from service.proto import inference_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "opus-mt-tiny"
-SOURCES = ["Hello world.", "The café is near the station, isn't it?", "Ça coûte 12,50 € — naïve résumé, déjà vu.",
-           "Yes", "Tom didn't want to go to school today because he was sick.", "Où est la gare ? 東京 🙂"]
+SOURCES = [
+    "Hello world.",
+    "The café is near the station, isn't it?",
+    "Ça coûte 12,50 € — naïve résumé, déjà vu.",
+    "Yes",
+    "Tom didn't want to go to school today because he was sick.",
+    "Où est la gare ? 東京 🙂",
+]
 MAX_LENGTH = 20
 
 
@@ -45,9 +51,16 @@ def pairs() -> list[dict]:
 def train_spm(texts: list[str], file: Path) -> list[str]:
     """A SentencePiece unigram model of about 400 pieces, written to file; -> its pieces by id."""
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=400,
-                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-                                   num_threads=1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=400,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+    )
     file.write_bytes(model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
@@ -65,11 +78,24 @@ def build_folder(folder: Path) -> Path:
     vocab[">>fr<<"] = len(vocab)  # a target-language code, as multilingual OPUS-MT vocabularies have
     vocab["<pad>"] = pad = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    config = MarianConfig(vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2,
-                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                          max_position_embeddings=128, activation_function="swish", scale_embedding=True,
-                          pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
-                          architectures=["MarianMTModel"])
+    config = MarianConfig(
+        vocab_size=len(vocab),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=0,
+        architectures=["MarianMTModel"],
+    )
     torch.manual_seed(0)
     model = MarianMTModel(config).eval()
     with torch.no_grad():
@@ -79,11 +105,19 @@ def build_folder(folder: Path) -> Path:
             elif name.endswith("bias"):
                 torch.nn.init.normal_(p, std=0.1)
         torch.nn.init.normal_(model.final_logits_bias, std=0.1)
-    model.generation_config = GenerationConfig(bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=0,
-                                               forced_eos_token_id=0, pad_token_id=pad, max_length=512, num_beams=4)
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[pad]],
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        pad_token_id=pad,
+        max_length=512,
+        num_beams=4,
+    )
     model.save_pretrained(folder)
     MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")).save_pretrained(
-        folder)
+        folder
+    )
     return folder
 
 
@@ -107,21 +141,24 @@ def transformers_translations(folder: Path, sources: list[str]) -> list[str]:
     texts = []
     for source in sources:
         with torch.no_grad():
-            out = model.generate(**tok([source], return_tensors="pt"), max_new_tokens=MAX_LENGTH + 1, num_beams=1,
-                                 do_sample=False)
+            out = model.generate(
+                **tok([source], return_tensors="pt"), max_new_tokens=MAX_LENGTH + 1, num_beams=1, do_sample=False
+            )
         texts.append(tok.decode(out[0, 1 : MAX_LENGTH + 1], skip_special_tokens=True))
     return texts
 
 
 async def test_translate_greedy_matches_transformers_and_beams_run(folder, converted, start_server):
     server = await start_server(converted)
-    greedy = await server.translation.Translate(pb.TranslateRequest(inputs=SOURCES, model=NAME, beam_size=1,
-                                                                    max_length=MAX_LENGTH))
+    greedy = await server.translation.Translate(
+        pb.TranslateRequest(inputs=SOURCES, model=NAME, beam_size=1, max_length=MAX_LENGTH)
+    )
     expected = transformers_translations(folder, SOURCES)
     assert [t.text for t in greedy.translations] == expected
     assert len(set(expected)) > len(expected) // 2  # outputs depend on the source
-    beams = await server.translation.Translate(pb.TranslateRequest(inputs=SOURCES, model=NAME, beam_size=4,
-                                                                   max_length=MAX_LENGTH))
+    beams = await server.translation.Translate(
+        pb.TranslateRequest(inputs=SOURCES, model=NAME, beam_size=4, max_length=MAX_LENGTH)
+    )
     assert len(beams.translations) == len(SOURCES) and all(t.text for t in beams.translations)
 
 
@@ -158,16 +195,19 @@ def copy_with(folder: Path, dst: Path, file: str, **changes) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("file, changes, field", [
-    ("config.json", {"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
-    ("config.json", {"activation_function": "mish"}, "activation_function"),
-    ("config.json", {"normalize_before": True}, "normalize_before"),
-    ("config.json", {"static_position_embeddings": False}, "static_position_embeddings"),
-    ("config.json", {"add_bias_logits": True}, "add_bias_logits"),
-    ("config.json", {"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
-    ("tokenizer_config.json", {"separate_vocabs": True}, "separate_vocabs"),
-    ("generation_config.json", {"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
-])
+@pytest.mark.parametrize(
+    "file, changes, field",
+    [
+        ("config.json", {"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
+        ("config.json", {"activation_function": "mish"}, "activation_function"),
+        ("config.json", {"normalize_before": True}, "normalize_before"),
+        ("config.json", {"static_position_embeddings": False}, "static_position_embeddings"),
+        ("config.json", {"add_bias_logits": True}, "add_bias_logits"),
+        ("config.json", {"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
+        ("tokenizer_config.json", {"separate_vocabs": True}, "separate_vocabs"),
+        ("generation_config.json", {"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
+    ],
+)
 def test_unsupported_folders_are_refused_naming_the_field(file, changes, field, folder, tmp_path):
     copy = copy_with(folder, tmp_path / NAME, file, **changes)
     with pytest.raises(ConversionError, match=field):

@@ -32,12 +32,15 @@ SOURCES = [f"How are you today, my friend number {i}?" for i in range(96)]
 NEW_GRPC_CALLS = {  # one call of every kind, as a client that connects during the drain sends it
     "Embed": lambda ch: pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(inputs=["a new call"]), timeout=10),
     "Generate": lambda ch: pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(prompt="Hi"), timeout=10),
-    "Translate": lambda ch: pb_grpc.TranslationServiceStub(ch).Translate(pb.TranslateRequest(inputs=["Hi"]),
-                                                                         timeout=10),
-    "FillMask": lambda ch: pb_grpc.FillMaskServiceStub(ch).FillMask(pb.FillMaskRequest(inputs=["a [MASK]"]),
-                                                                      timeout=10),
+    "Translate": lambda ch: pb_grpc.TranslationServiceStub(ch).Translate(
+        pb.TranslateRequest(inputs=["Hi"]), timeout=10
+    ),
+    "FillMask": lambda ch: pb_grpc.FillMaskServiceStub(ch).FillMask(
+        pb.FillMaskRequest(inputs=["a [MASK]"]), timeout=10
+    ),
     "Attention": lambda ch: pb_grpc.InspectionServiceStub(ch).Attention(
-        pb.AttentionRequest(model="tiny-embed", text="a b"), timeout=10),
+        pb.AttentionRequest(model="tiny-embed", text="a b"), timeout=10
+    ),
     "ListModels": lambda ch: pb_grpc.ModelServiceStub(ch).ListModels(pb.ListModelsRequest(), timeout=10),
     "ModelInfer": lambda ch: oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(_infer_request(), timeout=10),
 }
@@ -62,15 +65,17 @@ def queued_sources(service: ServiceProcess) -> float:
 
 @pytest.mark.slow
 def test_sigterm_drains_every_door_and_exits_0(tiny_models_root):
-    service = ServiceProcess(tiny_models_root, "--grace-seconds", "60", "--compute-workers", "1",
-                             "--translate-max-batch", "1")
+    service = ServiceProcess(
+        tiny_models_root, "--grace-seconds", "60", "--compute-workers", "1", "--translate-max-batch", "1"
+    )
     pool = concurrent.futures.ThreadPoolExecutor(2)
     try:
         channel = grpc.insecure_channel(service.address)
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
         assert next(watch).status == SERVING
         in_flight_grpc = pb_grpc.TranslationServiceStub(channel).Translate.future(
-            pb.TranslateRequest(inputs=SOURCES, beam_size=1), timeout=120)
+            pb.TranslateRequest(inputs=SOURCES, beam_size=1), timeout=120
+        )
         with httpx.Client(base_url=service.http_url, timeout=120) as http:
             in_flight_http = pool.submit(http.post, "/v1/translate", json={"inputs": SOURCES, "beam_size": 1})
             while queued_sources(service) < len(SOURCES) * 3 / 2:  # both calls wait in the queue

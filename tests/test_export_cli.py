@@ -9,17 +9,25 @@ from export.checkpoint import save_checkpoint
 from export.tiny import byte_tokenizer, tiny_model
 from service.manifest import load_model_dir
 
-SPECIALS = {"generation": {"bos": 0, "eos": 0, "pad": 0},
-            "translation": {"pad": 0, "bos": 1, "eos": 2, "unk": 3, "decoder_start": 1}}
+SPECIALS = {
+    "generation": {"bos": 0, "eos": 0, "pad": 0},
+    "translation": {"pad": 0, "bos": 1, "eos": 2, "unk": 3, "decoder_start": 1},
+}
 
 
 @pytest.mark.parametrize("kind,max_length", [("generation", 96), ("translation", 40)])
 def test_checkpoint_command_exports_through_the_gate(tmp_path, kind, max_length):
     tok = byte_tokenizer(kind)
     tok.save(str(tmp_path / "tok.json"))
-    ckpt = save_checkpoint(tiny_model(kind, tok.get_vocab_size()), tmp_path / "ckpt", name=f"ckpt-{kind}",
-                           tokenizer_path=tmp_path / "tok.json", special_tokens=SPECIALS[kind],
-                           max_length=max_length, training={"steps": 0})  # fp16 storage, as shipped
+    ckpt = save_checkpoint(
+        tiny_model(kind, tok.get_vocab_size()),
+        tmp_path / "ckpt",
+        name=f"ckpt-{kind}",
+        tokenizer_path=tmp_path / "tok.json",
+        special_tokens=SPECIALS[kind],
+        max_length=max_length,
+        training={"steps": 0},
+    )  # fp16 storage, as shipped
     out = tmp_path / "models" / f"ckpt-{kind}"
     assert main(["checkpoint", str(ckpt), "--out", str(out), "--variants", ""]) == 0
     m = load_model_dir(out).manifest

@@ -30,8 +30,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 def _models():
     dec = DecoderConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_positions=32)
     enc = EncoderConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_positions=32, max_length=16)
-    s2s = Seq2SeqConfig(vocab_size=64, d_model=16, n_encoder_layers=1, n_decoder_layers=1, n_heads=2, d_ff=32,
-                        max_positions=32)
+    s2s = Seq2SeqConfig(
+        vocab_size=64, d_model=16, n_encoder_layers=1, n_decoder_layers=1, n_heads=2, d_ff=32, max_positions=32
+    )
     return GPTDecoder(dec), SentenceEncoder(enc), Translator(s2s)
 
 
@@ -62,8 +63,14 @@ def test_models_run_forward_on_the_meta_device():
     assert encoder(ids, torch.ones_like(ids)).shape == (B, 16)
     cross = translator.encode(ids, torch.ones_like(ids))
     assert translator(ids, torch.ones_like(ids), ids, torch.ones_like(ids)).device == META
-    logits, _ = translator.decode(ids[:, :1], torch.ones(B, 1, dtype=torch.long, device=META),
-                                  torch.zeros(B, 1, dtype=torch.long, device=META), None, cross, torch.ones_like(ids))
+    logits, _ = translator.decode(
+        ids[:, :1],
+        torch.ones(B, 1, dtype=torch.long, device=META),
+        torch.zeros(B, 1, dtype=torch.long, device=META),
+        None,
+        cross,
+        torch.ones_like(ids),
+    )
     assert logits.shape == (B, 1, 64)
 
 

@@ -20,8 +20,13 @@ from export.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[5, 9, 14, 3, 22], [7, 8], [30, 31, 32]]
-TOKEN_FIGURES = {"prefill_max_abs_diff", "decode_max_abs_diff", "greedy_prefix_agreement",
-                 "greedy_prefix_agreement_vs_fp32", "device"}
+TOKEN_FIGURES = {
+    "prefill_max_abs_diff",
+    "decode_max_abs_diff",
+    "greedy_prefix_agreement",
+    "greedy_prefix_agreement_vs_fp32",
+    "device",
+}
 
 
 def _fp16(tmp_path: Path, export, name: str, keep_io_types: bool = False) -> dict[str, Path]:
@@ -45,24 +50,32 @@ def test_decoder_figures_on_the_cpu(tmp_path):
     exact = gpu_gate.decoder_figures(model, tmp_path / "decoder.onnx", PROMPTS, fp32_reference, n_new=8, device="cpu")
     assert exact["greedy_prefix_agreement_vs_fp32"] == 1.0
     never = [[model.config.vocab_size] * 8 for _ in PROMPTS]
-    assert gpu_gate.decoder_figures(model, graph, PROMPTS, never, n_new=8, device="cpu")[
-        "greedy_prefix_agreement_vs_fp32"] == 0.0
+    assert (
+        gpu_gate.decoder_figures(model, graph, PROMPTS, never, n_new=8, device="cpu")["greedy_prefix_agreement_vs_fp32"]
+        == 0.0
+    )
 
 
 def test_translator_figures_on_the_cpu(tmp_path):
     model = tiny_model("translation", 64)
     graphs = _fp16(tmp_path, lambda e, d: ox.export_translator(model, e, d), "encoder,decoder")
     fp32_reference = parity.reference_translations(model, PROMPTS, 8)
-    figures = gpu_gate.translator_figures(model, graphs["encoder"], graphs["decoder"], PROMPTS, fp32_reference,
-                                          n_new=8, device="cpu")
+    figures = gpu_gate.translator_figures(
+        model, graphs["encoder"], graphs["decoder"], PROMPTS, fp32_reference, n_new=8, device="cpu"
+    )
     assert figures.keys() >= TOKEN_FIGURES and figures["greedy_sequences"] == len(PROMPTS)
     assert figures["prefill_max_abs_diff"] < 0.5
-    exact = gpu_gate.translator_figures(model, tmp_path / "encoder.onnx", tmp_path / "decoder.onnx", PROMPTS,
-                                        fp32_reference, n_new=8, device="cpu")
+    exact = gpu_gate.translator_figures(
+        model, tmp_path / "encoder.onnx", tmp_path / "decoder.onnx", PROMPTS, fp32_reference, n_new=8, device="cpu"
+    )
     assert exact["greedy_prefix_agreement_vs_fp32"] == 1.0  # the fp32 graphs make PyTorch fp32's tokens
     never = [[model.config.vocab_size] * 8 for _ in PROMPTS]
-    assert gpu_gate.translator_figures(model, graphs["encoder"], graphs["decoder"], PROMPTS, never, n_new=8,
-                                       device="cpu")["greedy_prefix_agreement_vs_fp32"] == 0.0
+    assert (
+        gpu_gate.translator_figures(model, graphs["encoder"], graphs["decoder"], PROMPTS, never, n_new=8, device="cpu")[
+            "greedy_prefix_agreement_vs_fp32"
+        ]
+        == 0.0
+    )
 
 
 def test_encoder_figures_hold_the_fp16_cosine_limit_on_the_cpu(tmp_path):
@@ -75,8 +88,24 @@ def test_encoder_figures_hold_the_fp16_cosine_limit_on_the_cpu(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="PyTorch sees a GPU here")
 def test_device_resolves_to_the_cpu_and_cuda_fails_plainly_without_a_gpu(tmp_path):
     assert gpu_gate.resolve_device("auto") == "cpu" and gpu_gate.resolve_device("cpu") == "cpu"
-    proc = subprocess.run([sys.executable, "-m", "export", "tiny", "--kind", "embedding", "--device", "cuda",
-                           "--out", str(tmp_path / "m")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "tiny",
+            "--kind",
+            "embedding",
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path / "m"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "PyTorch sees no CUDA GPU" in proc.stderr
     assert not (tmp_path / "m").exists()
 
@@ -84,9 +113,26 @@ def test_device_resolves_to_the_cpu_and_cuda_fails_plainly_without_a_gpu(tmp_pat
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU for PyTorch")
 def test_a_cuda_build_records_the_fp16_graphs_figures_on_the_gpu(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "export", "tiny", "--kind", "generation", "--device", "cuda",
-                           "--variants", "fp16", "--out", str(tmp_path / "m")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "tiny",
+            "--kind",
+            "generation",
+            "--device",
+            "cuda",
+            "--variants",
+            "fp16",
+            "--out",
+            str(tmp_path / "m"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     graphs = json.loads((tmp_path / "m" / "model.json").read_text())["graphs"]
     cuda = next(g for g in graphs if g["variant"] == "fp16")["parity"]["cuda"]

@@ -92,8 +92,14 @@ def test_is_current_tracks_the_source_hash(tmp_path):
     tok = byte_tokenizer("embedding")
     ids = {t: tok.token_to_id(t) for t in SPECIALS["embedding"]}
     special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
-    build_embedding(tiny_model("embedding", tok.get_vocab_size()), tok, out, name="tiny-embed",
-                    special_tokens=special, extra={"source_sha256": digest})
+    build_embedding(
+        tiny_model("embedding", tok.get_vocab_size()),
+        tok,
+        out,
+        name="tiny-embed",
+        special_tokens=special,
+        extra={"source_sha256": digest},
+    )
     assert is_current(out, digest)
     assert not is_current(out, source_hash(salt="other"))
     (out / "tokenizer.json").write_text("{}")

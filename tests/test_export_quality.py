@@ -85,9 +85,11 @@ def test_int8_translator_is_judged_on_test_pairs(tmp_path):
         assert q["perplexity_ratio"] <= limits["perplexity_ratio_max"]
         assert q["top1_agreement"] >= limits["top1_agreement_min"]
         assert figures["quality_ok"] == (q["batch_max_abs_diff"] <= limits["batch_max_abs_diff"])
-        within.append(q["perplexity_ratio"] <= DOCUMENTED_LIMITS["perplexity_ratio_max"]
-                      and q["top1_agreement"] >= DOCUMENTED_LIMITS["top1_agreement_min"]
-                      and q["batch_max_abs_diff"] <= DOCUMENTED_LIMITS["batch_max_abs_diff"])
+        within.append(
+            q["perplexity_ratio"] <= DOCUMENTED_LIMITS["perplexity_ratio_max"]
+            and q["top1_agreement"] >= DOCUMENTED_LIMITS["top1_agreement_min"]
+            and q["batch_max_abs_diff"] <= DOCUMENTED_LIMITS["batch_max_abs_diff"]
+        )
     runtime = Runtime(Settings.from_env(env={}, device="cpu"))
     try:  # int8 exactly when its figures are within the documented limits, the batch check included
         assert runtime.choose_variant(m, "decoder") == ("int8" if within[1] else "optimized")
@@ -143,6 +145,7 @@ def test_embedding_int8_is_rowwise_batch_invariant_and_judged(tiny_models_root, 
     torch.manual_seed(0)
     model = tiny_model("embedding", byte_tokenizer("embedding").get_vocab_size()).eval()
     from export import onnx_export
+
     onnx_export.export_encoder(model, tmp_path / "fp32.onnx")
     quantize_dynamic(str(tmp_path / "fp32.onnx"), str(tmp_path / "dyn.onnx"), weight_type=QuantType.QInt8)
     texts = [" ".join(["word"] * n) for n in range(1, 10)]  # byte tokens: at most 44, the limit is 48

@@ -22,14 +22,21 @@ def _graph(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
     u = relu(x) @ W1 (a weight used twice)."""
     w1 = rng.normal(scale=0.2, size=(K, N1)).astype(np.float32)
     w2 = rng.normal(scale=0.05, size=(K, N2)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y1"]), helper.make_node("MatMul", ["x", "w2"], ["y2"]),
-             helper.make_node("Transpose", ["y1"], ["y1t"], perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["y1", "y1t"], ["z"]),
-             helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "w1"], ["u"])]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["y1"]),
+        helper.make_node("MatMul", ["x", "w2"], ["y2"]),
+        helper.make_node("Transpose", ["y1"], ["y1t"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["y1", "y1t"], ["z"]),
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("MatMul", ["r", "w1"], ["u"]),
+    ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", K])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", K])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2", "z", "u")],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     return {"w1": w1, "w2": w2}
 
@@ -49,8 +56,10 @@ def graphs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rowq")
     weights = _graph(tmp / "fp32.onnx", np.random.default_rng(0))
     rewritten = quantize_rowwise(tmp / "fp32.onnx", tmp / "int8.onnx")
-    sessions = {name: ort.InferenceSession(str(tmp / f"{name}.onnx"), providers=["CPUExecutionProvider"])
-                for name in ("fp32", "int8")}
+    sessions = {
+        name: ort.InferenceSession(str(tmp / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+        for name in ("fp32", "int8")
+    }
     return sessions, weights, rewritten, onnx.load(str(tmp / "int8.onnx"))
 
 
@@ -86,6 +95,6 @@ def test_a_row_gives_the_same_bits_alone_and_in_any_batch(graphs):
     crowd = rng.normal(size=(8, 1, K)).astype(np.float32) * rng.uniform(0.01, 10, size=(8, 1, 1)).astype(np.float32)
     together = sessions["int8"].run(["y1", "y2"], {"x": crowd})
     for i in range(8):
-        alone = sessions["int8"].run(["y1", "y2"], {"x": crowd[i: i + 1]})
+        alone = sessions["int8"].run(["y1", "y2"], {"x": crowd[i : i + 1]})
         for a, t in zip(alone, together, strict=True):
             assert np.array_equal(a[0], t[i])

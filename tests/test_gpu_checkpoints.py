@@ -29,13 +29,23 @@ from tests.fixtures.models import cached_build
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(900),  # the first run exports both checkpoints through the gate (cached after)
-    pytest.mark.skipif(CUDA not in ort.get_available_providers() or not torch.cuda.is_available(),
-                       reason="needs onnxruntime-gpu and a CUDA GPU for PyTorch"),
+    pytest.mark.skipif(
+        CUDA not in ort.get_available_providers() or not torch.cuda.is_available(),
+        reason="needs onnxruntime-gpu and a CUDA GPU for PyTorch",
+    ),
 ]
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 GPT, TRANSLATOR = "tinystories-gpt", "tatoeba-en-fr"
-PROMPTS = ["Once upon a time", "One day, a little girl named Lily", "Tom had a big red ball.", "The sun was hot and",
-           "There was a cat", "Sam and his mom went to the park", "A bird sat on a tree", "Mia wanted a cookie"]
+PROMPTS = [
+    "Once upon a time",
+    "One day, a little girl named Lily",
+    "Tom had a big red ball.",
+    "The sun was hot and",
+    "There was a cat",
+    "Sam and his mom went to the park",
+    "A bird sat on a tree",
+    "Mia wanted a cookie",
+]
 SOURCES = ["I like green apples.", "Where is the station?", "Tom is reading a book in the garden.", "Thank you!"]
 VARIANTS = ("optimized", "fp16")
 
@@ -72,7 +82,7 @@ def pytorch_greedy(root: Path, dtype: torch.dtype, new_tokens: int) -> list[list
     out = []
     for prompt in PROMPTS:
         ids = tok.encode(prompt).ids  # with the leading <|endoftext|>, as the service tokenizes
-        tokens = model.generate(torch.tensor([ids], device="cuda"), new_tokens)[0, len(ids):].tolist()
+        tokens = model.generate(torch.tensor([ids], device="cuda"), new_tokens)[0, len(ids) :].tolist()
         out.append(_trim(tokens, model.config.eos_token_id))
     return out
 
@@ -94,8 +104,9 @@ async def _on_cuda(start_server, root: Path, **settings):
     return server
 
 
-@pytest.mark.parametrize(("variant", "dtype", "new_tokens"), [("optimized", torch.float32, 96),
-                                                              ("fp16", torch.float16, 32)])
+@pytest.mark.parametrize(
+    ("variant", "dtype", "new_tokens"), [("optimized", torch.float32, 96), ("fp16", torch.float16, 32)]
+)
 async def test_service_greedy_tokens_equal_pytorch_on_the_same_gpu(start_server, root, variant, dtype, new_tokens):
     server = await _on_cuda(start_server, root, variant=variant)
     eos = Tokenizer.from_file(str(root / GPT / "tokenizer.json")).token_to_id("<|endoftext|>")

@@ -136,8 +136,7 @@ async def test_cuda_graph_setting_falls_back_on_cpu(tiny_models_root, caplog):
         await model.stop()
         rt.close()
     assert tokens[True] == tokens[False] and len(tokens[True]) == 24
-    assert any("CUDA graphs off" in r.getMessage() and "CPUExecutionProvider" in r.getMessage()
-               for r in caplog.records)
+    assert any("CUDA graphs off" in r.getMessage() and "CPUExecutionProvider" in r.getMessage() for r in caplog.records)
 
 
 @pytest.fixture(scope="session")
@@ -153,8 +152,9 @@ def _cuda_cache(model_dir: ModelDir, variant: str, graphs: bool) -> tuple[Runtim
     m = model_dir.manifest
     path = model_dir.file(m.graph("decoder", variant).file)
     session = rt.create_session(path)
-    cache = SlotCache(session, GraphIO.inspect(session, m.architecture), 8, int(m.architecture["max_positions"]),
-                      device="cuda")
+    cache = SlotCache(
+        session, GraphIO.inspect(session, m.architecture), 8, int(m.architecture["max_positions"]), device="cuda"
+    )
     if graphs:
         graph_session, reason = rt.create_graph_session(path)
         if graph_session is None:

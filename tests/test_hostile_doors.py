@@ -64,14 +64,18 @@ class HealthPoller(threading.Thread):
 
     def __init__(self, server):
         super().__init__(daemon=True)
-        self.url, self.stub = server.http_url + "/health", health_pb2_grpc.HealthStub(
-            grpc.insecure_channel(server.address))
+        self.url, self.stub = (
+            server.http_url + "/health",
+            health_pb2_grpc.HealthStub(grpc.insecure_channel(server.address)),
+        )
         self.worst, self.calls, self.stopping = 0.0, 0, False
 
     def run(self) -> None:
         while not self.stopping:
-            for check in (lambda: urllib.request.urlopen(self.url, timeout=120).read(),
-                          lambda: self.stub.Check(health_pb2.HealthCheckRequest(), timeout=120)):
+            for check in (
+                lambda: urllib.request.urlopen(self.url, timeout=120).read(),
+                lambda: self.stub.Check(health_pb2.HealthCheckRequest(), timeout=120),
+            ):
                 start = time.perf_counter()
                 check()
                 self.worst = max(self.worst, time.perf_counter() - start)
@@ -86,9 +90,11 @@ async def test_a_15_mb_input_is_refused_before_tokenizing_and_health_stays_quick
         async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as http:
             reply = await http.post("/v1/completions", json={"prompt": BIG, "max_tokens": 4})
         assert reply.status_code == 400 and "characters, more than 48 tokens can hold" in reply.text
-        calls = [server.generation.Generate(pb.GenerateRequest(prompt=BIG, max_new_tokens=4)),
-                 server.translation.Translate(pb.TranslateRequest(inputs=[BIG])),
-                 server.embedding.Embed(pb.EmbedRequest(inputs=[BIG], truncate=False))]
+        calls = [
+            server.generation.Generate(pb.GenerateRequest(prompt=BIG, max_new_tokens=4)),
+            server.translation.Translate(pb.TranslateRequest(inputs=[BIG])),
+            server.embedding.Embed(pb.EmbedRequest(inputs=[BIG], truncate=False)),
+        ]
         for call in calls:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call
@@ -121,8 +127,9 @@ async def test_memory_goes_back_after_large_requests(embed_models_root):
         try:
             await until(lambda: rss_mb(server.proc.pid) < before + 64, timeout=60)  # the trimmer looks every 5 s
         except TimeoutError:
-            raise AssertionError(f"RSS {before:.0f} MiB before, {peak:.0f} at the peak, "
-                                 f"{rss_mb(server.proc.pid):.0f} now") from None
+            raise AssertionError(
+                f"RSS {before:.0f} MiB before, {peak:.0f} at the peak, {rss_mb(server.proc.pid):.0f} now"
+            ) from None
         assert peak > before + 200, (before, peak)  # there was something to give back
     finally:
         await asyncio.to_thread(server.stop)
@@ -133,8 +140,10 @@ async def test_a_body_cut_short_is_cancelled_without_a_traceback(server, caplog)
     internal = requests_total("INTERNAL", "EmbeddingService", "Embed", "http")
     port = server.server.http.port
     _, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 b"content-length: 1000\r\n\r\n{\"input\"")
+    writer.write(
+        b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b'content-length: 1000\r\n\r\n{"input"'
+    )
     await writer.drain()
     writer.close()
     await until(lambda: requests_total("CANCELLED", "EmbeddingService", "Embed", "http") == cancelled + 1)
@@ -171,7 +180,7 @@ async def test_slow_headers_and_bodies_are_cut_off(start_server, embed_models_ro
     writer.close()
     slow = requests_total("DEADLINE_EXCEEDED", "EmbeddingService", "Embed", "http")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"input\"")
+    writer.write(b'POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{"input"')
     reply = await asyncio.wait_for(reader.read(), 15)  # then the server closes the connection
     assert reply.startswith(b"HTTP/1.1 408") and b"http_body_timeout_s" in reply
     assert requests_total("DEADLINE_EXCEEDED", "EmbeddingService", "Embed", "http") == slow + 1
@@ -197,9 +206,11 @@ async def test_connections_beyond_the_cap_get_503(start_server, embed_models_roo
 async def test_undecodable_protobuf_is_invalid_argument_naming_no_class(server, caplog):
     before = requests_total("INVALID_ARGUMENT", "EmbeddingService", "Embed", "grpc")
     raw = bytes.fromhex("0a046162fffe")  # inputs[0] = 2 bytes, then stray bytes: invalid UTF-8, no field
-    calls = [server.channel.unary_unary("/inference.v1.EmbeddingService/Embed"),
-             server.channel.unary_stream("/inference.v1.GenerationService/GenerateStream"),
-             server.channel.unary_unary("/grpc.health.v1.Health/Check")]
+    calls = [
+        server.channel.unary_unary("/inference.v1.EmbeddingService/Embed"),
+        server.channel.unary_stream("/inference.v1.GenerationService/GenerateStream"),
+        server.channel.unary_unary("/grpc.health.v1.Health/Check"),
+    ]
     for call in calls:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             reply = call(raw)
@@ -209,6 +220,7 @@ async def test_undecodable_protobuf_is_invalid_argument_naming_no_class(server, 
                 await reply
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
         assert "is not a valid" in caught.value.details() and "Error" not in caught.value.details()
+
     def embed_stream() -> grpc.RpcError:  # grpc's synchronous API: grpc.aio's client can misreport (grpc#36066)
         with grpc.insecure_channel(server.address) as channel:
             stream = channel.stream_stream("/inference.v1.EmbeddingService/EmbedStream")
@@ -224,8 +236,13 @@ async def test_undecodable_protobuf_is_invalid_argument_naming_no_class(server, 
     no_errors_logged(caplog)
 
 
-TINY = [("temperature", 1e-50), ("repetition_penalty", 1e-300), ("top_p", 1e-50), ("temperature", 1e-5),
-        ("repetition_penalty", 5e-4)]
+TINY = [
+    ("temperature", 1e-50),
+    ("repetition_penalty", 1e-300),
+    ("top_p", 1e-50),
+    ("temperature", 1e-5),
+    ("repetition_penalty", 5e-4),
+]
 
 
 async def test_values_in_0_to_0_001_are_refused_not_rounded_to_0(server):
@@ -270,8 +287,11 @@ async def test_every_manifest_path_stays_inside_its_directory(start_server, tiny
 
 
 async def test_load_errors_name_the_file(start_server, tiny_models_root, tmp_path):
-    cases = {"*.onnx": b"\x80\x81 not a graph" * 100, "tokenizer.json": b"\xff\xfe not json",
-             "model.json": b"\x80 not utf-8"}
+    cases = {
+        "*.onnx": b"\x80\x81 not a graph" * 100,
+        "tokenizer.json": b"\xff\xfe not json",
+        "model.json": b"\x80 not utf-8",
+    }
     for pattern, garbage in cases.items():
         root = tmp_path / pattern.replace("*", "graphs")
         model_dir = copy_model_dir(tiny_models_root / "tiny-gpt", root)
@@ -289,13 +309,15 @@ async def test_two_authorization_headers_are_refused_on_both_doors(start_server,
     good, bad = f"Bearer {TOKEN}", "Bearer wrong"
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as http:
         for pair in ((good, bad), (bad, good), (good, good)):
-            reply = await http.post("/v1/embeddings", json={"input": "hi"},
-                                    headers=[("authorization", pair[0]), ("authorization", pair[1])])
+            reply = await http.post(
+                "/v1/embeddings", json={"input": "hi"}, headers=[("authorization", pair[0]), ("authorization", pair[1])]
+            )
             assert reply.status_code == 401 and "malformed" in reply.json()["error"]["message"]
         ok = await http.post("/v1/embeddings", json={"input": "hi"}, headers={"authorization": good})
         assert ok.status_code == 200
     assert metric("ts_auth_failures_total", {"protocol": "http", "reason": "malformed"}) == malformed + 3
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await server.embedding.Embed(pb.EmbedRequest(inputs=["hi"]), metadata=(("authorization", good),
-                                                                             ("authorization", good)))
+        await server.embedding.Embed(
+            pb.EmbedRequest(inputs=["hi"]), metadata=(("authorization", good), ("authorization", good))
+        )
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED

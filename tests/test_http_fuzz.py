@@ -19,8 +19,22 @@ from service.errors import MESSAGE_BYTES
 
 FIELDS = {
     "/v1/embeddings": ["input", "model", "encoding_format", "dimensions", "user"],
-    "/v1/completions": ["prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
-                        "n", "echo", "logprobs", "best_of", "repetition_penalty"],
+    "/v1/completions": [
+        "prompt",
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop",
+        "seed",
+        "stream",
+        "n",
+        "echo",
+        "logprobs",
+        "best_of",
+        "repetition_penalty",
+    ],
     "/v1/chat/completions": ["model", "messages"],
     "/tokenize": ["prompt", "model", "add_special_tokens", "return_token_strs", "messages"],
     "/detokenize": ["tokens", "model"],
@@ -30,12 +44,23 @@ FIELDS = {
 DOCUMENTED = {200, 400, 404, 429}
 NO_USAGE = {"/tokenize", "/detokenize"}  # vLLM's shapes: no token accounting
 EXAMPLES = 150
-SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.integers(0, 40)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20) | st.just("\ud800")
-           | st.sampled_from(["tiny-embed", "tiny-gpt", "tiny-translate", "tiny-fill-mask", "float", "base64", "",
-                             "a [MASK] b"]))
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
-                                                                                          max_size=3), max_leaves=8)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.integers(0, 40)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | st.just("\ud800")
+    | st.sampled_from(
+        ["tiny-embed", "tiny-gpt", "tiny-translate", "tiny-fill-mask", "float", "base64", "", "a [MASK] b"]
+    )
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -47,8 +72,13 @@ def calls(draw):
 
 def run_property(url: str) -> None:
     @seed(7)
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(call=calls())
     def ends_with_a_documented_status(call) -> None:
         path, body = call

@@ -47,19 +47,25 @@ async def test_embeddings_float_and_base64_equal_grpc_embed(server):
 
 
 async def test_embeddings_dimensions(server):
-    short = await sdk(server).embeddings.create(model="tiny-embed", input="hello", dimensions=4,
-                                                encoding_format="float")
+    short = await sdk(server).embeddings.create(
+        model="tiny-embed", input="hello", dimensions=4, encoding_format="float"
+    )
     grpc_reply = await server.embedding.Embed(embed_request(["hello"], dimensions=4))
     assert np.array_equal(np.array(short.data[0].embedding, dtype=np.float32), packing.array(grpc_reply)[0])
 
 
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 5}], ids=["greedy", "seeded"])
 async def test_completion_stream_equals_generate_stream(server, params):
-    grpc_chunks = [c async for c in server.generation.GenerateStream(
-        generate_request("Once upon a time", max_new_tokens=24, **params))]
+    grpc_chunks = [
+        c
+        async for c in server.generation.GenerateStream(
+            generate_request("Once upon a time", max_new_tokens=24, **params)
+        )
+    ]
     expected = "".join(c.text for c in grpc_chunks)
-    stream = await sdk(server).completions.create(model="tiny-gpt", prompt="Once upon a time", max_tokens=24,
-                                                  stream=True, **params)
+    stream = await sdk(server).completions.create(
+        model="tiny-gpt", prompt="Once upon a time", max_tokens=24, stream=True, **params
+    )
     chunks = [chunk async for chunk in stream]
     assert "".join(c.choices[0].text for c in chunks) == expected
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
@@ -72,8 +78,7 @@ async def test_completion_stream_equals_generate_stream(server, params):
 async def test_completion_unary_with_stop(server):
     full = await server.generation.Generate(generate_request("Once upon a time", max_new_tokens=30))
     stop = full.text[6:9]
-    reply = await sdk(server).completions.create(model="tiny-gpt", prompt="Once upon a time", max_tokens=30,
-                                                 stop=stop)
+    reply = await sdk(server).completions.create(model="tiny-gpt", prompt="Once upon a time", max_tokens=30, stop=stop)
     assert reply.choices[0].text == full.text[: full.text.find(stop)]
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
@@ -119,8 +124,9 @@ async def test_deadline_is_504(srv):
 async def test_stream_deadline_after_the_200_is_an_error_event(start_server):
     running = await start_server(compute_workers=1)
     async with BlockedExecutor(running.server.runtime):
-        stream = await sdk(running).completions.create(model="tiny-gpt", prompt="Once", max_tokens=8, stream=True,
-                                                       extra_headers={"X-Request-Timeout": "0.3"})
+        stream = await sdk(running).completions.create(
+            model="tiny-gpt", prompt="Once", max_tokens=8, stream=True, extra_headers={"X-Request-Timeout": "0.3"}
+        )
         with pytest.raises(openai.APIError, match="deadline") as err:
             [chunk async for chunk in stream]
     assert err.value.code == "DEADLINE_EXCEEDED"
@@ -140,18 +146,21 @@ async def test_translate_json_mirrors_translate_request(server):
         assert too_wide.status_code == 400 and too_wide.json()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("path, body, words", [
-    ("/v1/embeddings", b"{not json", "not JSON"),
-    ("/v1/embeddings", b"[1, 2]", "JSON object"),
-    ("/v1/embeddings", b'{"input": [1, 2, 3]}', "array of strings"),
-    ("/v1/embeddings", b'{"input": ""}', "inputs[0] is empty"),
-    ("/v1/embeddings", b'{"input": "x", "encoding_format": "int8"}', "encoding_format"),
-    ("/v1/embeddings", b'{"input": "x", "dimensions": -1}', "dimensions=-1"),
-    ("/v1/completions", b'{"prompt": "x", "max_tokens": "many"}', "max_tokens must be an integer"),
-    ("/v1/completions", b'{"prompt": "x", "temperature": true}', "temperature must be a number"),
-    ("/v1/completions", b'{"prompt": "x", "n": 17}', "n=17 is out of range"),
-    ("/v1/completions", b'{"prompt": ["a", 5]}', "prompt must be a string, an array of strings"),
-])
+@pytest.mark.parametrize(
+    "path, body, words",
+    [
+        ("/v1/embeddings", b"{not json", "not JSON"),
+        ("/v1/embeddings", b"[1, 2]", "JSON object"),
+        ("/v1/embeddings", b'{"input": [1, 2, 3]}', "array of strings"),
+        ("/v1/embeddings", b'{"input": ""}', "inputs[0] is empty"),
+        ("/v1/embeddings", b'{"input": "x", "encoding_format": "int8"}', "encoding_format"),
+        ("/v1/embeddings", b'{"input": "x", "dimensions": -1}', "dimensions=-1"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": "many"}', "max_tokens must be an integer"),
+        ("/v1/completions", b'{"prompt": "x", "temperature": true}', "temperature must be a number"),
+        ("/v1/completions", b'{"prompt": "x", "n": 17}', "n=17 is out of range"),
+        ("/v1/completions", b'{"prompt": ["a", 5]}', "prompt must be a string, an array of strings"),
+    ],
+)
 async def test_bad_input_is_400_never_500(server, path, body, words):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         reply = await http.post(path, content=body, headers={"content-type": "application/json"})
@@ -177,14 +186,21 @@ async def test_unknown_route_and_method_keep_the_error_shape(server):
 
 async def test_calls_are_counted_with_their_protocol(server):
     labels = {"service": "EmbeddingService", "method": "Embed", "model": "tiny-embed", "code": "OK"}
-    http_before, grpc_before = metric("ts_requests_total", {**labels, "protocol": "http"}), \
-        metric("ts_requests_total", {**labels, "protocol": "grpc"})
+    http_before, grpc_before = (
+        metric("ts_requests_total", {**labels, "protocol": "http"}),
+        metric("ts_requests_total", {**labels, "protocol": "grpc"}),
+    )
     await sdk(server).embeddings.create(model="tiny-embed", input="count me")
     await server.embedding.Embed(embed_request(["count me"]))
     assert metric("ts_requests_total", {**labels, "protocol": "http"}) == http_before + 1
     assert metric("ts_requests_total", {**labels, "protocol": "grpc"}) == grpc_before + 1
-    stream = {"service": "GenerationService", "method": "GenerateStream", "model": "-", "code": "NOT_FOUND",
-              "protocol": "http"}
+    stream = {
+        "service": "GenerationService",
+        "method": "GenerateStream",
+        "model": "-",
+        "code": "NOT_FOUND",
+        "protocol": "http",
+    }
     before = metric("ts_requests_total", stream)
     with pytest.raises(openai.NotFoundError):
         await sdk(server).completions.create(model="missing", prompt="hi", stream=True)
@@ -239,8 +255,13 @@ async def test_accepted_connections_have_tcp_nodelay(server):
 
 async def test_a_stream_whose_client_leaves_is_cancelled_and_freed(start_server):
     running = await start_server(compute_workers=1)
-    labels = {"service": "GenerationService", "method": "GenerateStream", "model": "tiny-gpt", "code": "CANCELLED",
-              "protocol": "http"}
+    labels = {
+        "service": "GenerationService",
+        "method": "GenerateStream",
+        "model": "tiny-gpt",
+        "code": "CANCELLED",
+        "protocol": "http",
+    }
     cancelled = metric("ts_requests_total", labels)
     body = {"prompt": "Once upon a time", "max_tokens": 60, "stream": True}
     # BlockedExecutor: no token can be computed meanwhile
@@ -253,10 +274,17 @@ async def test_a_stream_whose_client_leaves_is_cancelled_and_freed(start_server)
 
 
 async def test_an_embed_whose_client_leaves_is_dropped_before_compute(srv):
-    labels = {"service": "EmbeddingService", "method": "Embed", "model": "tiny-embed", "code": "CANCELLED",
-              "protocol": "http"}
-    cancelled, dropped = metric("ts_requests_total", labels), metric("ts_dropped_items_total",
-                                                                     {**MODEL, "reason": "cancelled"})
+    labels = {
+        "service": "EmbeddingService",
+        "method": "Embed",
+        "model": "tiny-embed",
+        "code": "CANCELLED",
+        "protocol": "http",
+    }
+    cancelled, dropped = (
+        metric("ts_requests_total", labels),
+        metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"}),
+    )
     queued, batches = metric("ts_queue_duration_seconds_count", MODEL), metric("ts_batch_size_count", MODEL)
     async with httpx.AsyncClient(base_url=srv.http_url) as http:
         async with BlockedExecutor(srv.server.runtime):

@@ -66,8 +66,9 @@ async def test_echo_scores_a_sentence_as_onnxruntime_does(server, as_ids, client
     ids = await tokenize(server, SENTENCE)
     assert ids[0] == 0 and len(ids) > 10  # the start token the tokenizer prepends, then the sentence
     ref = reference(server, ids)  # (T-1, V)
-    reply = await client.completions.create(model=MODEL, prompt=ids if as_ids else SENTENCE, max_tokens=0,
-                                                 echo=True, logprobs=3, temperature=0)
+    reply = await client.completions.create(
+        model=MODEL, prompt=ids if as_ids else SENTENCE, max_tokens=0, echo=True, logprobs=3, temperature=0
+    )
     choice = reply.choices[0]
     lp = choice.logprobs
     assert choice.text == SENTENCE and choice.finish_reason == "length"
@@ -89,8 +90,9 @@ async def test_echo_scores_a_sentence_as_onnxruntime_does(server, as_ids, client
 
 async def test_echo_with_new_tokens_scores_prompt_and_continuation(server, client):
     ids = await tokenize(server, SENTENCE)
-    reply = await client.completions.create(model=MODEL, prompt=SENTENCE, max_tokens=6, echo=True, logprobs=1,
-                                                 temperature=0)
+    reply = await client.completions.create(
+        model=MODEL, prompt=SENTENCE, max_tokens=6, echo=True, logprobs=1, temperature=0
+    )
     choice = reply.choices[0]
     lp = choice.logprobs
     new = len(lp.tokens) - len(ids)
@@ -113,27 +115,28 @@ async def grpc_ids(server, prompt: str, **params) -> list[int]:
 
 async def test_generated_tokens_logprobs_are_raw_and_offsets_follow_the_prompt(server, client):
     ids = await tokenize(server, SENTENCE)
-    reply = await client.completions.create(model=MODEL, prompt=SENTENCE, max_tokens=8, logprobs=2,
-                                                 temperature=0.8, seed=3)
+    reply = await client.completions.create(
+        model=MODEL, prompt=SENTENCE, max_tokens=8, logprobs=2, temperature=0.8, seed=3
+    )
     lp = reply.choices[0].logprobs
     generated = await grpc_ids(server, SENTENCE, max_new_tokens=8, temperature=0.8, seed=3)
     assert len(generated) == reply.usage.completion_tokens == len(lp.token_logprobs)
     whole = ids + generated
-    ref = reference(server, whole)[len(ids) - 1:]  # raw log-softmax at the positions that chose them
+    ref = reference(server, whole)[len(ids) - 1 :]  # raw log-softmax at the positions that chose them
     assert np.allclose(lp.token_logprobs, ref[np.arange(len(generated)), generated], atol=1e-4, rtol=0)
     assert lp.text_offset[0] == len(SENTENCE)  # offsets into prompt + completion, as OpenAI counts
     check_offsets(SENTENCE + reply.choices[0].text, lp)
 
 
 async def test_n_choices_are_their_own_seed_streams(server, client):
-    many = await client.completions.create(model=MODEL, prompt=["Once upon", "The dog"], n=3, max_tokens=10,
-                                           temperature=1.0, seed=11)
+    many = await client.completions.create(
+        model=MODEL, prompt=["Once upon", "The dog"], n=3, max_tokens=10, temperature=1.0, seed=11
+    )
     assert [c.index for c in many.choices] == list(range(6))
     completion_tokens = 0
     for c in many.choices:
         prompt, j = ["Once upon", "The dog"][c.index // 3], c.index % 3
-        alone = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=1.0,
-                                                seed=11 + j)
+        alone = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=1.0, seed=11 + j)
         assert c.text == alone.choices[0].text and c.finish_reason == alone.choices[0].finish_reason
         completion_tokens += alone.usage.completion_tokens
     prompts = len(await tokenize(server, "Once upon")) + len(await tokenize(server, "The dog"))
@@ -157,8 +160,18 @@ async def test_lm_eval_reads_the_scores_as_it_expects(server):
     context, continuation = await tokenize(server, "Once upon a time,"), await tokenize(server, " a cat", special=False)
     whole = context + continuation
     async with httpx.AsyncClient(base_url=server.http_url) as http:
-        reply = await http.post("/v1/completions", json={"model": MODEL, "prompt": [whole], "max_tokens": 1,
-                                                         "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234})
+        reply = await http.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": [whole],
+                "max_tokens": 1,
+                "logprobs": 1,
+                "echo": True,
+                "temperature": 0,
+                "seed": 1234,
+            },
+        )
     assert reply.status_code == 200, reply.text
     ((total, greedy),) = lm_eval.LocalCompletionsAPI.parse_logprobs(reply.json(), [whole], [len(context)])
     ref = reference(server, whole)
@@ -170,8 +183,11 @@ async def test_lm_eval_reads_the_scores_as_it_expects(server):
 
 async def test_tokenize_detokenize_round_trip_and_tokenizer_info(server):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
-        plain = (await http.post("/tokenize", json={"prompt": SENTENCE, "add_special_tokens": False,
-                                                    "return_token_strs": True})).json()
+        plain = (
+            await http.post(
+                "/tokenize", json={"prompt": SENTENCE, "add_special_tokens": False, "return_token_strs": True}
+            )
+        ).json()
         special = (await http.post("/tokenize", json={"prompt": SENTENCE})).json()
         assert special["tokens"] == [0, *plain["tokens"]] and special["count"] == len(special["tokens"])
         assert special["token_strs"] is None and len(plain["token_strs"]) == plain["count"]
@@ -203,17 +219,21 @@ async def test_chat_completions_says_the_model_has_no_chat_template(server, clie
     assert err.value.status_code == 400 and "plain language model" in err.value.message
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"prompt": "hi", "logprobs": 6}, "logprobs"),
-    ({"prompt": "hi", "n": 0}, "n"),
-    ({"prompt": [0, 5, 300]}, "prompt[2]=300"),
-    ({"prompt": [[0, 5], [7, -1]]}, "prompt[1][1]=-1"),
-    ({"prompt": [[0, 5], []]}, "prompt[1]"),
-    ({"prompt": ["a", 5]}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": "hi", "n": 2, "stream": True}, "stream"),
-    ({"prompt": "hi", "best_of": 3}, "best_of"),
-], ids=["logprobs-6", "n-0", "id-out-of-vocab", "negative-id", "empty-ids", "mixed", "empty", "stream-n", "best-of"])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": "hi", "logprobs": 6}, "logprobs"),
+        ({"prompt": "hi", "n": 0}, "n"),
+        ({"prompt": [0, 5, 300]}, "prompt[2]=300"),
+        ({"prompt": [[0, 5], [7, -1]]}, "prompt[1][1]=-1"),
+        ({"prompt": [[0, 5], []]}, "prompt[1]"),
+        ({"prompt": ["a", 5]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": "hi", "n": 2, "stream": True}, "stream"),
+        ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ],
+    ids=["logprobs-6", "n-0", "id-out-of-vocab", "negative-id", "empty-ids", "mixed", "empty", "stream-n", "best-of"],
+)
 async def test_bad_values_are_400_naming_the_field(server, body, field):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         reply = await http.post("/v1/completions", json={"model": MODEL, "max_tokens": 2, **body})
@@ -258,17 +278,22 @@ async def test_scoring_takes_places_in_the_generation_queue(start_server):
 async def test_echo_with_n_choices_shares_the_prompt_scores(server, client):
     ids = await tokenize(server, SENTENCE)
     prompt_part = len(ids)
-    many = await client.completions.create(model=MODEL, prompt=SENTENCE, n=3, max_tokens=4, echo=True, logprobs=1,
-                                           temperature=1.0, seed=21)
+    many = await client.completions.create(
+        model=MODEL, prompt=SENTENCE, n=3, max_tokens=4, echo=True, logprobs=1, temperature=1.0, seed=21
+    )
     first = many.choices[0].logprobs
     for j, choice in enumerate(many.choices):
-        alone = (await client.completions.create(model=MODEL, prompt=SENTENCE, max_tokens=4, echo=True, logprobs=1,
-                                                 temperature=1.0, seed=21 + j)).choices[0]
+        alone = (
+            await client.completions.create(
+                model=MODEL, prompt=SENTENCE, max_tokens=4, echo=True, logprobs=1, temperature=1.0, seed=21 + j
+            )
+        ).choices[0]
         assert choice.text == alone.text and choice.logprobs.tokens == alone.logprobs.tokens
         assert choice.logprobs.token_logprobs[:prompt_part] == first.token_logprobs[:prompt_part]
         assert np.allclose(choice.logprobs.token_logprobs[1:], alone.logprobs.token_logprobs[1:], atol=1e-5, rtol=0)
-    scored = await client.completions.create(model=MODEL, prompt=[ids, ids[:5]], n=2, max_tokens=0, echo=True,
-                                             logprobs=0)
+    scored = await client.completions.create(
+        model=MODEL, prompt=[ids, ids[:5]], n=2, max_tokens=0, echo=True, logprobs=0
+    )
     assert [c.index for c in scored.choices] == [0, 1, 2, 3] and scored.usage.completion_tokens == 0
     assert scored.choices[0].logprobs == scored.choices[1].logprobs and scored.choices[2].text == scored.choices[3].text
     assert scored.usage.prompt_tokens == len(ids) + 5

@@ -42,9 +42,13 @@ async def test_tokens_guard_every_route_but_health(start_server, embed_models_ro
 
 
 async def test_tls_and_mtls(start_server, embed_models_root, certs):  # noqa: F811 - the fixture
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"), tls_client_ca=str(certs / "ca.pem"),
-                                 auth_tokens=TOKEN)
+    running = await start_server(
+        embed_models_root,
+        tls_cert=str(certs / "server.pem"),
+        tls_key=str(certs / "server.key"),
+        tls_client_ca=str(certs / "ca.pem"),
+        auth_tokens=TOKEN,
+    )
     url = f"https://127.0.0.1:{running.server.http.port}"
     trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
     with_cert = ssl.create_default_context(cafile=str(certs / "ca.pem"))

@@ -26,8 +26,12 @@ from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 from tests.fixtures.server import metric
 
 TEXTS = ["Once upon a time", "The cat sat", "é ü and more"]
-OUTPUTS = {"tiny-embed": ["embedding"], "tiny-gpt": ["text_output"], "tiny-translate": ["translation", "score"],
-           "tiny-fill-mask": ["token", "token_id", "score"]}
+OUTPUTS = {
+    "tiny-embed": ["embedding"],
+    "tiny-gpt": ["text_output"],
+    "tiny-translate": ["translation", "score"],
+    "tiny-fill-mask": ["token", "token_id", "score"],
+}
 
 
 @pytest.fixture
@@ -76,13 +80,19 @@ async def test_health_and_metadata(server, client):
     index = await call(client.get_model_repository_index)  # Triton's extension: how a client walks the models
     assert [(m.name, m.version, m.state) for m in index.models] == [(name, "1", "READY") for name in sorted(OUTPUTS)]
     health = await health_pb2_grpc.HealthStub(server.channel).Check(
-        health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"))
+        health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
+    )
     assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_embedding_equals_embed(server, client):
-    labels = {"service": "GRPCInferenceService", "method": "ModelInfer", "model": "tiny-embed", "code": "OK",
-                  "protocol": "grpc"}
+    labels = {
+        "service": "GRPCInferenceService",
+        "method": "ModelInfer",
+        "model": "tiny-embed",
+        "code": "OK",
+        "protocol": "grpc",
+    }
     before = metric("ts_requests_total", labels)
     result = await call(client.infer, "tiny-embed", [text_input(TEXTS)], parameters={"dimensions": 8})
     reference = await server.embedding.Embed(pb.EmbedRequest(inputs=TEXTS, dimensions=8))
@@ -95,12 +105,17 @@ async def test_embedding_equals_embed(server, client):
 
 async def test_generation_equals_generate(server, client):
     greedy = await call(client.infer, "tiny-gpt", [text_input(TEXTS)], parameters={"max_new_tokens": 12})
-    sampled = await call(client.infer, "tiny-gpt", [text_input(TEXTS[:1])],
-                         parameters={"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.8, "seed": 5})
+    sampled = await call(
+        client.infer,
+        "tiny-gpt",
+        [text_input(TEXTS[:1])],
+        parameters={"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.8, "seed": 5},
+    )
     references = [await server.generation.Generate(generate_request(t, max_new_tokens=12)) for t in TEXTS]
     assert decoded(greedy, "text_output") == [r.text for r in references]
     reference = await server.generation.Generate(
-        generate_request(TEXTS[0], max_new_tokens=12, temperature=0.9, top_p=0.8, seed=5))
+        generate_request(TEXTS[0], max_new_tokens=12, temperature=0.9, top_p=0.8, seed=5)
+    )
     assert decoded(sampled, "text_output") == [reference.text]
 
 
@@ -111,8 +126,13 @@ async def test_translation_equals_translate(server, client):
     assert decoded(result, "translation") == [t.text for t in reference.translations]
     assert np.allclose(result.as_numpy("score"), [t.score for t in reference.translations], atol=1e-6)
     assert result.get_response().id == "r1" and result.get_response().model_name == "tiny-translate"
-    only_score = await call(client.infer, "tiny-translate", [text_input(TEXTS)], parameters=params,
-                            outputs=[triton.InferRequestedOutput("score")])
+    only_score = await call(
+        client.infer,
+        "tiny-translate",
+        [text_input(TEXTS)],
+        parameters=params,
+        outputs=[triton.InferRequestedOutput("score")],
+    )
     assert only_score.as_numpy("translation") is None and only_score.as_numpy("score").shape == (3,)
 
 
@@ -193,9 +213,11 @@ async def test_raw_contents_must_match_the_shape(server, shape, raw, message):
 
 async def test_reflection_describes_the_service(server):
     stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
-    asks = [reflection_pb2.ServerReflectionRequest(list_services=""),
-            reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService"),
-            reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.v1.EmbeddingService")]
+    asks = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService"),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.v1.EmbeddingService"),
+    ]
     listed, kserve_file, v1_file = [r async for r in stub.ServerReflectionInfo(iter(asks))]
     assert "inference.GRPCInferenceService" in {s.name for s in listed.list_services_response.service}
     assert kserve_file.file_descriptor_response.file_descriptor_proto

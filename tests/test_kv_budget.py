@@ -55,8 +55,7 @@ async def test_a_short_budget_serves_fewer_rows(start_server, gpt_root, caplog):
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "tiny-gpt" in r.getMessage()]
     assert warned and "serving 3 rows instead" in warned[0].getMessage()
     assert "gen_kv_cache_bytes" in warned[0].getMessage()
-    calls = [server.generation.Generate(generate_request(f"Once upon a time {i}", max_new_tokens=12))
-             for i in range(7)]
+    calls = [server.generation.Generate(generate_request(f"Once upon a time {i}", max_new_tokens=12)) for i in range(7)]
     replies = await asyncio.gather(*calls)
     assert all(r.token_ids and r.finish_reason != pb.FINISH_REASON_UNSPECIFIED for r in replies)
 
@@ -65,8 +64,15 @@ async def test_a_budget_under_one_row_refuses_the_model(start_server, gpt_root):
     with pytest.raises(ModelLoadError) as caught:
         await start_server(gpt_root, gen_kv_cache_bytes=ROW - 1)
     message = str(caught.value)
-    for part in ("'tiny-gpt'", f"{ROW} bytes", f"{ROW - 1} bytes", "160 positions", "gen_kv_cache_bytes",
-                 "gen_max_context", "at most 159 positions fits"):
+    for part in (
+        "'tiny-gpt'",
+        f"{ROW} bytes",
+        f"{ROW - 1} bytes",
+        "160 positions",
+        "gen_kv_cache_bytes",
+        "gen_max_context",
+        "at most 159 positions fits",
+    ):
         assert part in message, (part, message)
     server = await start_server(gpt_root, gen_kv_cache_bytes=ROW - 1, gen_max_context=159)  # what it says fits
     assert (await info(server)).manifest["serving.kv_rows"] == "1"

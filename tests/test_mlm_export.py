@@ -20,7 +20,9 @@ def test_manifest_follows_the_contract(tiny_models_root):
     assert m.kind == KIND and set(m.variants("encoder")) >= {"fp32", "optimized"}
     g = m.graph("encoder")
     assert [(t.name, t.dtype, t.shape) for t in g.inputs] == [
-        ("input_ids", "int64", ["batch", "sequence"]), ("attention_mask", "int64", ["batch", "sequence"])]
+        ("input_ids", "int64", ["batch", "sequence"]),
+        ("attention_mask", "int64", ["batch", "sequence"]),
+    ]
     vocab = byte_tokenizer(KIND).get_vocab_size()
     assert [(t.name, t.dtype, t.shape) for t in g.outputs] == [("logits", "float32", ["batch", "sequence", vocab])]
     assert {"cls", "sep", "pad", "unk", "mask"} <= set(m.special_tokens) and m.max_input_tokens > 0

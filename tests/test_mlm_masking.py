@@ -22,8 +22,15 @@ def _sample(seed: int = 0):
 
 
 def _mask(ids, special, seed=1, word_starts=None):
-    return mask_tokens(ids, special, mask_id=MASK, vocab_size=V, first_normal_id=FIRST,
-                       gen=torch.Generator().manual_seed(seed), word_starts=word_starts)
+    return mask_tokens(
+        ids,
+        special,
+        mask_id=MASK,
+        vocab_size=V,
+        first_normal_id=FIRST,
+        gen=torch.Generator().manual_seed(seed),
+        word_starts=word_starts,
+    )
 
 
 @pytest.mark.parametrize("whole_word", [False, True])

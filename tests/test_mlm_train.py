@@ -17,8 +17,28 @@ from service.manifest import load_model_dir
 
 SAMPLES = Path(__file__).parent / "data" / "train" / "mlm"
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "mlm-encoder"
-TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64", "--vocab-size", "400",
-        "--max-tokens", "512", "--max-len", "64", "--warmup", "2", "--lr", "3e-3", "--threads", "1"]
+TINY = [
+    "--d-model",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--d-ff",
+    "64",
+    "--vocab-size",
+    "400",
+    "--max-tokens",
+    "512",
+    "--max-len",
+    "64",
+    "--warmup",
+    "2",
+    "--lr",
+    "3e-3",
+    "--threads",
+    "1",
+]
 
 
 def run_cli(tmp: Path, *extra: str, name: str = "run") -> tuple[Path, Path]:
@@ -98,8 +118,10 @@ def test_shipped_checkpoint_beats_the_unigram_baseline_on_heldout_masked_tokens(
 def test_neighbour_baseline_uses_both_neighbours_then_the_left_one_then_the_unigram_top():
     train_ids = [[5, 6, 7], [5, 6, 7], [5, 8, 9], [10, 11, 12]]
     m = SPECIAL["mask"]
-    rows = {"input_ids": torch.tensor([[5, m, 7], [5, m, 13], [14, m, 7], [5, 6, 7]]),
-            "labels": torch.tensor([[-100, 6, -100], [-100, 6, -100], [-100, 11, -100], [-100, -100, -100]])}
+    rows = {
+        "input_ids": torch.tensor([[5, m, 7], [5, m, 13], [14, m, 7], [5, 6, 7]]),
+        "labels": torch.tensor([[-100, 6, -100], [-100, 6, -100], [-100, 11, -100], [-100, -100, -100]]),
+    }
     # (5, 7) -> 6 from both neighbours; (5, 13) unseen -> 6, the commonest after 5; 14 unseen -> 11
     lookup = mlm_eval.NeighbourLookup(train_ids)
     assert lookup.accuracy(rows, unigram_best=11) == 1.0

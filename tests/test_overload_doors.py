@@ -40,8 +40,9 @@ def generate(max_new_tokens: int = 64) -> pb.GenerateRequest:
 
 
 def translate(n: int) -> pb.TranslateRequest:
-    return pb.TranslateRequest(inputs=[f"How are you today, my friend number {i}?" for i in range(n)],
-                               model=TRANSLATOR, beam_size=1)
+    return pb.TranslateRequest(
+        inputs=[f"How are you today, my friend number {i}?" for i in range(n)], model=TRANSLATOR, beam_size=1
+    )
 
 
 def fill_mask(n: int) -> pb.FillMaskRequest:
@@ -85,8 +86,9 @@ async def door(request):
 
     async def call(srv: RunningServer, method: str, message, timeout: float | None = None) -> Outcome:
         if not clients:
-            clients.append(httpx.AsyncClient(base_url=srv.http_url, timeout=60,
-                                             limits=httpx.Limits(max_connections=100)))
+            clients.append(
+                httpx.AsyncClient(base_url=srv.http_url, timeout=60, limits=httpx.Limits(max_connections=100))
+            )
         return await over_http(clients[0], method, message, timeout)
 
     yield call, "http"
@@ -96,8 +98,10 @@ async def door(request):
 
 def requests(method: str, model: str, code: str, protocol: str) -> float:
     """The server's count of `method` calls that ended with `code` (HTTP streams count as the RPC)."""
-    return metric("ts_requests_total", {"service": SERVICES[method], "method": method, "model": model, "code": code,
-                                        "protocol": protocol})
+    return metric(
+        "ts_requests_total",
+        {"service": SERVICES[method], "method": method, "model": model, "code": code, "protocol": protocol},
+    )
 
 
 def tokens(model: str, direction: str) -> float:
@@ -143,8 +147,9 @@ async def test_fill_mask_full_queue_is_resource_exhausted(start_server, fill_mod
     """Room for 256 queued inputs, one input per forward pass: of two 256-input calls sent together,
     the second finds the queue full while the first is still computed."""
     call, protocol = door
-    srv = await start_server(fill_models_root, compute_workers=1, embed_max_batch_size=1, embed_max_wait_ms=0.0,
-                             embed_max_queue=256)
+    srv = await start_server(
+        fill_models_root, compute_workers=1, embed_max_batch_size=1, embed_max_wait_ms=0.0, embed_max_queue=256
+    )
     refused_before = requests("FillMask", FILLER, "RESOURCE_EXHAUSTED", protocol)
     outcomes = await asyncio.gather(call(srv, "FillMask", fill_mask(256)), call(srv, "FillMask", fill_mask(256)))
     assert sorted(o.code for o in outcomes) == ["OK", "RESOURCE_EXHAUSTED"], outcomes
@@ -157,8 +162,9 @@ async def test_fill_mask_full_queue_is_resource_exhausted(start_server, fill_mod
 # --- a deadline that passes in the queue -------------------------------------------------------
 
 
-async def expires_behind(srv: RunningServer, call, method: str, model: str, protocol: str, ahead: list, late,
-                         queued: int) -> list[Outcome]:
+async def expires_behind(
+    srv: RunningServer, call, method: str, model: str, protocol: str, ahead: list, late, queued: int
+) -> list[Outcome]:
     """Sends the `ahead` calls, waits until `queued` items wait in the model's queue, then sends `late`
     with a 0.1 s deadline; checks it expired and was dropped; returns the outcomes of those ahead."""
     expired_before = requests(method, model, "DEADLINE_EXCEEDED", protocol)
@@ -167,8 +173,10 @@ async def expires_behind(srv: RunningServer, call, method: str, model: str, prot
     await until(lambda: metric("ts_queue_depth", {"model": model}) >= queued, what=f"{queued} queued items")
     late_outcome = await call(srv, method, late, timeout=0.1)
     assert late_outcome.code == "DEADLINE_EXCEEDED", late_outcome
-    await until(lambda: requests(method, model, "DEADLINE_EXCEEDED", protocol) == expired_before + 1,
-                what="the server counting the expired call")
+    await until(
+        lambda: requests(method, model, "DEADLINE_EXCEEDED", protocol) == expired_before + 1,
+        what="the server counting the expired call",
+    )
     outcomes = await asyncio.gather(*first)
     assert {o.code for o in outcomes} == {"OK"}, outcomes
     assert dropped(model, "expired") > dropped_before  # dropped as expired, not computed
@@ -187,8 +195,7 @@ async def test_translate_deadline_in_the_queue(start_server, door):
     call, protocol = door
     srv = await start_server(compute_workers=1, translate_max_batch=1)
     translated = tokens(TRANSLATOR, "output")
-    ahead = await expires_behind(srv, call, "Translate", TRANSLATOR, protocol, [translate(48)], translate(1),
-                                 queued=40)
+    ahead = await expires_behind(srv, call, "Translate", TRANSLATOR, protocol, [translate(48)], translate(1), queued=40)
     assert tokens(TRANSLATOR, "output") - translated == sum(o.output_tokens for o in ahead)
 
 
@@ -196,6 +203,7 @@ async def test_fill_mask_deadline_in_the_queue(start_server, fill_models_root, d
     call, protocol = door
     srv = await start_server(fill_models_root, compute_workers=1, embed_max_batch_size=1, embed_max_wait_ms=0.0)
     read = tokens(FILLER, "input")
-    ahead = await expires_behind(srv, call, "FillMask", FILLER, protocol, [fill_mask(256)] * 4, fill_mask(1),
-                                 queued=600)
+    ahead = await expires_behind(
+        srv, call, "FillMask", FILLER, protocol, [fill_mask(256)] * 4, fill_mask(1), queued=600
+    )
     assert tokens(FILLER, "input") - read == sum(o.input_tokens for o in ahead)  # the late input never ran

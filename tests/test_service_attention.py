@@ -61,7 +61,8 @@ async def test_embedding_default_model_self_attention_equals_pytorch(server):
     assert response.source_tokens[0] == "[CLS]" and response.source_tokens[-1] == "[SEP]"
     assert len(response.source_tokens) == len(ids) and not response.target_tokens
     assert len(response.maps) == 2 * 4 and {(m.layer, m.head) for m in response.maps} == {
-        (layer, h) for layer in range(2) for h in range(4)}
+        (layer, h) for layer in range(2) for h in range(4)
+    }
     _check_maps(response, _reference("embedding", ids), [pb.SELF] * 2)
     assert response.usage.input_tokens == len(ids) and response.timings.total_ms > 0
 
@@ -88,8 +89,7 @@ async def test_generator_causal_maps_equal_pytorch(server):
 
 async def test_translator_with_a_target_is_teacher_forced(server):
     tok = byte_tokenizer("translation")
-    response = await _stub(server).Attention(pb.AttentionRequest(model="tiny-translate", text=TEXT,
-                                                                 target="Le chat."))
+    response = await _stub(server).Attention(pb.AttentionRequest(model="tiny-translate", text=TEXT, target="Le chat."))
     source = tok.encode(TEXT).ids
     decoder = [tok.token_to_id("<s>"), *tok.encode("Le chat.").ids[:-1]]  # without the final </s>
     assert response.target_tokens[0] == "<s>" and len(response.target_tokens) == len(decoder)
@@ -107,16 +107,30 @@ async def test_translator_without_a_target_translates_greedily_first(server):
     assert len(response.target_tokens) >= 1 and len(response.maps) == 6  # 3 kinds x 2 layers x 1 head
 
 
-@pytest.mark.parametrize("request_, code, words", [
-    (pb.AttentionRequest(text=TEXT, layers=[2]), grpc.StatusCode.INVALID_ARGUMENT, "layer 2 does not exist"),
-    (pb.AttentionRequest(text=TEXT, heads=[0, 4]), grpc.StatusCode.INVALID_ARGUMENT, "head 4 does not exist"),
-    (pb.AttentionRequest(text="x" * 60), grpc.StatusCode.INVALID_ARGUMENT, f"limit of {MAX_INPUT_TOKENS['embedding']}"),
-    (pb.AttentionRequest(model="tiny-translate", text=TEXT, target="y" * 80), grpc.StatusCode.INVALID_ARGUMENT,
-     "target is"),
-    (pb.AttentionRequest(text=" "), grpc.StatusCode.INVALID_ARGUMENT, "text is empty"),
-    (pb.AttentionRequest(text=TEXT, target="Le chat."), grpc.StatusCode.INVALID_ARGUMENT, "translation models only"),
-    (pb.AttentionRequest(model="nope", text=TEXT), grpc.StatusCode.NOT_FOUND, "unknown model"),
-])
+@pytest.mark.parametrize(
+    "request_, code, words",
+    [
+        (pb.AttentionRequest(text=TEXT, layers=[2]), grpc.StatusCode.INVALID_ARGUMENT, "layer 2 does not exist"),
+        (pb.AttentionRequest(text=TEXT, heads=[0, 4]), grpc.StatusCode.INVALID_ARGUMENT, "head 4 does not exist"),
+        (
+            pb.AttentionRequest(text="x" * 60),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"limit of {MAX_INPUT_TOKENS['embedding']}",
+        ),
+        (
+            pb.AttentionRequest(model="tiny-translate", text=TEXT, target="y" * 80),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "target is",
+        ),
+        (pb.AttentionRequest(text=" "), grpc.StatusCode.INVALID_ARGUMENT, "text is empty"),
+        (
+            pb.AttentionRequest(text=TEXT, target="Le chat."),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "translation models only",
+        ),
+        (pb.AttentionRequest(model="nope", text=TEXT), grpc.StatusCode.NOT_FOUND, "unknown model"),
+    ],
+)
 async def test_bad_requests_are_refused_with_the_reason(server, request_, code, words):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await _stub(server).Attention(request_)
@@ -124,8 +138,9 @@ async def test_bad_requests_are_refused_with_the_reason(server, request_, code, 
 
 
 @pytest.mark.parametrize("refused_by_gate, words", [(False, "make models"), (True, "left it out")])
-async def test_a_directory_without_the_graph_answers_failed_precondition(start_server, tiny_models_root, tmp_path,
-                                                                          refused_by_gate, words):
+async def test_a_directory_without_the_graph_answers_failed_precondition(
+    start_server, tiny_models_root, tmp_path, refused_by_gate, words
+):
     model_dir = copy_model_dir(tiny_models_root / "tiny-embed", tmp_path)
     manifest = json.loads((model_dir / "model.json").read_text())
     (model_dir / "attention.onnx").unlink()

@@ -22,8 +22,9 @@ async def test_json_prints_the_response(server):
 
 async def test_html_page_is_self_contained_with_every_panel(server, tmp_path):
     page = tmp_path / "attention.html"
-    rc, _, err = await cli(server.address, "attention", TEXT, "--model", "tiny-translate", "--target", "Le chat.",
-                           "--out", str(page))
+    rc, _, err = await cli(
+        server.address, "attention", TEXT, "--model", "tiny-translate", "--target", "Le chat.", "--out", str(page)
+    )
     assert rc == 0, err
     text = page.read_text()
     assert len(re.findall(r'<figure class="panel"', text)) == 3 * 2 * 4  # (self, causal, cross) x layers x heads
@@ -48,7 +49,9 @@ async def test_errors_and_a_missing_output_are_reported(server, tmp_path):
 
 
 def test_the_serving_path_imports_neither_matplotlib_nor_torch():
-    code = ("import sys, service.server, service.inspection.grpc, client; "
-            "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, service.server, service.inspection.grpc, client; "
+        "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -49,8 +49,12 @@ async def run_calls(calls: list[list[int]], limits: BatchLimits) -> tuple[list[n
 
 
 @settings(max_examples=40, deadline=None)
-@given(calls=st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=8),
-       budget=st.integers(40, 200), rows=st.integers(1, 8), workers=st.integers(1, 3))
+@given(
+    calls=st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=8),
+    budget=st.integers(40, 200),
+    rows=st.integers(1, 8),
+    workers=st.integers(1, 3),
+)
 def test_rows_merge_back_in_order_within_budget(calls, budget, rows, workers):
     limits = BatchLimits(max_batch_tokens=budget, max_batch_size=rows, max_wait_s=0.0, max_queue=1000, workers=workers)
     results, shapes = asyncio.run(run_calls(calls, limits))

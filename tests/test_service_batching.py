@@ -63,15 +63,29 @@ async def test_cancelled_call_is_dropped_before_compute(srv):
     tokens = metric("ts_tokens_total", {**MODEL, "direction": "input"})
     dropped = metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"})
     queued = metric("ts_queue_duration_seconds_count", MODEL)
-    cancelled = metric("ts_requests_total", {"service": "EmbeddingService", "method": "Embed", "code": "CANCELLED",
-                                             "protocol": "grpc", **MODEL})
+    cancelled = metric(
+        "ts_requests_total",
+        {"service": "EmbeddingService", "method": "Embed", "code": "CANCELLED", "protocol": "grpc", **MODEL},
+    )
     async with BlockedExecutor(srv.server.runtime):
         call = srv.embedding.Embed(embed_request(["never computed"]))
         await until(lambda: metric("ts_queue_duration_seconds_count", MODEL) == queued + 1)  # batch formed
         call.cancel()
-        await until(lambda: metric("ts_requests_total", {"service": "EmbeddingService", "method": "Embed",
-                                                         "code": "CANCELLED", "protocol": "grpc",
-                                                         **MODEL}) == cancelled + 1)
+        await until(
+            lambda: (
+                metric(
+                    "ts_requests_total",
+                    {
+                        "service": "EmbeddingService",
+                        "method": "Embed",
+                        "code": "CANCELLED",
+                        "protocol": "grpc",
+                        **MODEL,
+                    },
+                )
+                == cancelled + 1
+            )
+        )
     await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"}) == dropped + 1)
     assert metric("ts_batch_size_count", MODEL) == batches
     assert metric("ts_tokens_total", {**MODEL, "direction": "input"}) == tokens

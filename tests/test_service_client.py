@@ -17,8 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 async def cli(address: str, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "client", "--address", address, *args, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "client",
+        "--address",
+        address,
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     return proc.returncode, out.decode(), err.decode()
 

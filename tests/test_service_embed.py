@@ -103,13 +103,16 @@ async def test_models_and_get_model(server, tiny_models_root):
 
 def within_documented_limits(quality: dict) -> bool:
     """An encoder's int8 figures against docs/model-directory.md's limits (not the gate's verdict)."""
-    return (quality["cos_min"] >= 0.98 and quality["cos_mean"] >= 0.995 and quality["similarity_spearman"] >= 0.99
-            and quality["batch_max_abs_diff"] <= 1e-4)
+    return (
+        quality["cos_min"] >= 0.98
+        and quality["cos_mean"] >= 0.995
+        and quality["similarity_spearman"] >= 0.99
+        and quality["batch_max_abs_diff"] <= 1e-4
+    )
 
 
 @pytest.mark.parametrize("admitted", [True, False], ids=["admitted", "refused"])
-async def test_auto_serves_int8_exactly_where_the_gate_admitted_it(start_server, tiny_models_root, tmp_path,
-                                                                   admitted):
+async def test_auto_serves_int8_exactly_where_the_gate_admitted_it(start_server, tiny_models_root, tmp_path, admitted):
     model_dir = copy_model_dir(tiny_models_root / "tiny-embed", tmp_path)
     manifest = json.loads((model_dir / "model.json").read_text())
     for graph in manifest["graphs"]:
@@ -149,8 +152,11 @@ BAD_REQUESTS = [
     (embed_request(["ok", ""]), grpc.StatusCode.INVALID_ARGUMENT, "inputs[1] is empty"),
     (embed_request(["x"] * 9), grpc.StatusCode.INVALID_ARGUMENT, "the limit is 8"),
     (embed_request(["word " * 40], truncate=False), grpc.StatusCode.INVALID_ARGUMENT, "inputs[0] is 202 tokens"),
-    (embed_request(["word " * 100], truncate=False), grpc.StatusCode.INVALID_ARGUMENT,
-     "inputs[0] is 500 characters, more than 48 tokens can hold"),  # refused before tokenizing
+    (
+        embed_request(["word " * 100], truncate=False),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "inputs[0] is 500 characters, more than 48 tokens can hold",
+    ),  # refused before tokenizing
     (embed_request(["a"], dimensions=33), grpc.StatusCode.INVALID_ARGUMENT, "dimensions=33"),
     (embed_request(["a"], model="nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
     (embed_request(["a"], model="tiny-gpt"), grpc.StatusCode.INVALID_ARGUMENT, "is a generation model"),

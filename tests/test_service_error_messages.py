@@ -47,32 +47,67 @@ async def expect(call, code: grpc.StatusCode, *fragments: str) -> str:
 @pytest.mark.parametrize("name", HUGE, ids=["ascii", "emoji"])
 async def test_huge_model_names_get_not_found_with_the_length(server, name):
     length = f"({len(name)} characters)"
-    await expect(server.models.GetModel(pb.GetModelRequest(name=name)), grpc.StatusCode.NOT_FOUND,
-                 "unknown model", length, "available models")
-    await expect(server.embedding.Embed(pb.EmbedRequest(inputs=["hi"], model=name)), grpc.StatusCode.NOT_FOUND,
-                 length, "tiny-embed")
-    await expect(server.generation.Generate(pb.GenerateRequest(prompt="hi", model=name)),
-                 grpc.StatusCode.NOT_FOUND, length, "tiny-gpt")
-    await expect(server.translation.Translate(pb.TranslateRequest(inputs=["hi"], model=name)),
-                 grpc.StatusCode.NOT_FOUND, length, "tiny-translate")
+    await expect(
+        server.models.GetModel(pb.GetModelRequest(name=name)),
+        grpc.StatusCode.NOT_FOUND,
+        "unknown model",
+        length,
+        "available models",
+    )
+    await expect(
+        server.embedding.Embed(pb.EmbedRequest(inputs=["hi"], model=name)),
+        grpc.StatusCode.NOT_FOUND,
+        length,
+        "tiny-embed",
+    )
+    await expect(
+        server.generation.Generate(pb.GenerateRequest(prompt="hi", model=name)),
+        grpc.StatusCode.NOT_FOUND,
+        length,
+        "tiny-gpt",
+    )
+    await expect(
+        server.translation.Translate(pb.TranslateRequest(inputs=["hi"], model=name)),
+        grpc.StatusCode.NOT_FOUND,
+        length,
+        "tiny-translate",
+    )
     stream = server.generation.GenerateStream(pb.GenerateRequest(prompt="hi", model=name))
     await expect(stream.read(), grpc.StatusCode.NOT_FOUND, length)
 
 
 async def test_huge_bad_values_get_invalid_argument(server):
     huge_stop = "s" * 100_000
-    await expect(server.generation.Generate(pb.GenerateRequest(prompt="hi", stop=[huge_stop])),
-                 grpc.StatusCode.INVALID_ARGUMENT, "stop[0] is 100000 characters")
-    await expect(server.generation.Generate(pb.GenerateRequest(prompt="hi", stop=["a"] * 10_000)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "stop sequences")
-    await expect(server.embedding.Embed(pb.EmbedRequest(inputs=["x"] * 100_000)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "100000 inputs")
-    await expect(server.embedding.Embed(pb.EmbedRequest(inputs=["hi"], dimensions=2**32 - 1)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "dimensions")
-    await expect(server.translation.Translate(pb.TranslateRequest(inputs=["hi"], beam_size=2**32 - 1)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "beam_size")
+    await expect(
+        server.generation.Generate(pb.GenerateRequest(prompt="hi", stop=[huge_stop])),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "stop[0] is 100000 characters",
+    )
+    await expect(
+        server.generation.Generate(pb.GenerateRequest(prompt="hi", stop=["a"] * 10_000)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "stop sequences",
+    )
+    await expect(
+        server.embedding.Embed(pb.EmbedRequest(inputs=["x"] * 100_000)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "100000 inputs",
+    )
+    await expect(
+        server.embedding.Embed(pb.EmbedRequest(inputs=["hi"], dimensions=2**32 - 1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "dimensions",
+    )
+    await expect(
+        server.translation.Translate(pb.TranslateRequest(inputs=["hi"], beam_size=2**32 - 1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "beam_size",
+    )
 
 
 async def test_model_of_another_kind_is_quoted(server):
-    await expect(server.embedding.Embed(pb.EmbedRequest(inputs=["hi"], model="tiny-gpt")),
-                 grpc.StatusCode.INVALID_ARGUMENT, "'tiny-gpt' is a generation model")
+    await expect(
+        server.embedding.Embed(pb.EmbedRequest(inputs=["hi"], model="tiny-gpt")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "'tiny-gpt' is a generation model",
+    )

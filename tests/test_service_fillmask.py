@@ -29,8 +29,14 @@ from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.server import metric, status_of
 
 MODEL = "tiny-fill-mask"
-TEXTS = ["The cat sat on the [MASK].", "[MASK]", "a [MASK] b [MASK] c", "é ü [MASK] ß — unicode", "[MASK][MASK]",
-         "x" * 36 + " [MASK] y"]  # the last one: 46 tokens of the tiny model's 48
+TEXTS = [
+    "The cat sat on the [MASK].",
+    "[MASK]",
+    "a [MASK] b [MASK] c",
+    "é ü [MASK] ß — unicode",
+    "[MASK][MASK]",
+    "x" * 36 + " [MASK] y",
+]  # the last one: 46 tokens of the tiny model's 48
 
 
 def reference(model_dir: Path, text: str, top_k: int) -> list[list[tuple[int, float, str, str]]]:
@@ -56,8 +62,9 @@ def reference(model_dir: Path, text: str, top_k: int) -> list[list[tuple[int, fl
             if len(positions) == 1:
                 sequence = tok.decode(filled, skip_special_tokens=True)
             else:
-                sequence = tok.decode([t for q, t in enumerate(filled) if q in positions or t not in framing],
-                                      skip_special_tokens=False)
+                sequence = tok.decode(
+                    [t for q, t in enumerate(filled) if q in positions or t not in framing], skip_special_tokens=False
+                )
             candidates.append((c, float(probs[c]), tok.decode([c], skip_special_tokens=False), sequence))
         out.append(candidates)
     return out
@@ -70,8 +77,9 @@ def flat(result: pb.FilledInput) -> list[list[tuple[int, float, str, str]]]:
 def assert_same(got: list, expected: list) -> None:
     assert [[c[0] for c in mask] for mask in got] == [[c[0] for c in mask] for mask in expected]
     assert [[c[2:] for c in mask] for mask in got] == [[c[2:] for c in mask] for mask in expected]
-    np.testing.assert_allclose([c[1] for mask in got for c in mask], [c[1] for mask in expected for c in mask],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        [c[1] for mask in got for c in mask], [c[1] for mask in expected for c in mask], atol=1e-5
+    )
 
 
 async def test_fill_mask_matches_reference(start_server, fill_models_root, tiny_models_root):
@@ -153,8 +161,10 @@ async def test_a_bad_call_fails_alone(start_server, fill_models_root):
     srv = await start_server(fill_models_root, embed_max_wait_ms=20.0)
     stub = pb_grpc.FillMaskServiceStub(srv.channel)
     good = [stub.FillMask(fill_mask_request([f"good {i} [MASK]"])) for i in range(6)]
-    bad = [stub.FillMask(fill_mask_request(["good [MASK]", "bad"])),
-           stub.FillMask(fill_mask_request(["x" * 80 + "[MASK]"]))]
+    bad = [
+        stub.FillMask(fill_mask_request(["good [MASK]", "bad"])),
+        stub.FillMask(fill_mask_request(["x" * 80 + "[MASK]"])),
+    ]
     statuses = await asyncio.gather(*(status_of(c) for c in good + bad))
     assert [code for code, _ in statuses] == [grpc.StatusCode.OK] * 6 + [grpc.StatusCode.INVALID_ARGUMENT] * 2
 
@@ -193,8 +203,9 @@ async def test_health_reflection_models_and_metrics(start_server, fill_models_ro
     check = await health.Check(health_pb2.HealthCheckRequest(service="inference.v1.FillMaskService"))
     assert check.status == health_pb2.HealthCheckResponse.SERVING
     reflect = reflection_pb2_grpc.ServerReflectionStub(srv.channel)
-    listed = [r async for r in reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-        list_services="")]))]
+    listed = [
+        r async for r in reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    ]
     assert "inference.v1.FillMaskService" in {s.name for s in listed[0].list_services_response.service}
     info = await srv.models.GetModel(pb.GetModelRequest(name=MODEL))
     assert info.kind == "fill-mask" and info.is_default and info.vocab_size > MAX_TOP_K
@@ -205,14 +216,27 @@ async def test_health_reflection_models_and_metrics(start_server, fill_models_ro
     await pb_grpc.FillMaskServiceStub(srv.channel).FillMask(fill_mask_request(["a [MASK]"]))
     assert metric("ts_requests_total", ok) == calls + 1
     assert metric("ts_batch_size_count", {"model": MODEL}) == batches + 1
-    assert metric("ts_model_info", {"model": MODEL, "kind": "fill-mask", "provider": "CPUExecutionProvider",
-                                    "variant": info.variant, "requested_provider": "CPUExecutionProvider"}) == 1
+    assert (
+        metric(
+            "ts_model_info",
+            {
+                "model": MODEL,
+                "kind": "fill-mask",
+                "provider": "CPUExecutionProvider",
+                "variant": info.variant,
+                "requested_provider": "CPUExecutionProvider",
+            },
+        )
+        == 1
+    )
     embed_only = await start_server(embed_models_root)
     check = await health_pb2_grpc.HealthStub(embed_only.channel).Check(
-        health_pb2.HealthCheckRequest(service="inference.v1.FillMaskService"))
+        health_pb2.HealthCheckRequest(service="inference.v1.FillMaskService")
+    )
     assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
-    code, details = await status_of(pb_grpc.FillMaskServiceStub(embed_only.channel).FillMask(
-        fill_mask_request(["a [MASK]"])))
+    code, details = await status_of(
+        pb_grpc.FillMaskServiceStub(embed_only.channel).FillMask(fill_mask_request(["a [MASK]"]))
+    )
     assert code == grpc.StatusCode.NOT_FOUND and "no fill-mask model" in details
 
 

@@ -38,11 +38,15 @@ async def test_kserve_door_serves_fill_mask(start_server, fill_models_root):
     assert (await stub.ModelReady(oip.ModelReadyRequest(name=MODEL))).ready
     meta = await stub.ModelMetadata(oip.ModelMetadataRequest(name=MODEL))
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
-        ("token", "BYTES", [-1, -1, -1]), ("token_id", "INT64", [-1, -1, -1]), ("score", "FP32", [-1, -1, -1])]
+        ("token", "BYTES", [-1, -1, -1]),
+        ("token_id", "INT64", [-1, -1, -1]),
+        ("score", "FP32", [-1, -1, -1]),
+    ]
     texts = ["The cat sat on the [MASK].", "a [MASK] b [MASK]"]
     request = oip.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="text", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
-        [t.encode() for t in texts])
+        [t.encode() for t in texts]
+    )
     request.parameters["top_k"].int64_param = 2
     response = await stub.ModelInfer(request)
     reference = await pb_grpc.FillMaskServiceStub(srv.channel).FillMask(fill_mask_request(texts, top_k=2))
@@ -59,7 +63,8 @@ async def test_kserve_door_serves_fill_mask(start_server, fill_models_root):
 async def test_attention_of_the_fill_mask_model(start_server, fill_models_root):
     srv = await start_server(fill_models_root)
     response = await pb_grpc.InspectionServiceStub(srv.channel).Attention(
-        pb.AttentionRequest(model=MODEL, text="a [MASK] b"))
+        pb.AttentionRequest(model=MODEL, text="a [MASK] b")
+    )
     assert response.kind == "fill-mask" and response.maps and all(m.kind == pb.SELF for m in response.maps)
 
 
@@ -87,8 +92,10 @@ async def test_http_door_mirrors_the_rpc(start_server, fill_models_root):
     assert reply.status_code == 200
     body = reply.json()
     assert body["model"] == MODEL and "usage" in body
-    got = [[[(c["token_id"], c["token"], c["sequence"]) for c in m["candidates"]] for m in r["masks"]]
-           for r in body["results"]]
+    got = [
+        [[(c["token_id"], c["token"], c["sequence"]) for c in m["candidates"]] for m in r["masks"]]
+        for r in body["results"]
+    ]
     assert got == [[[(c.token_id, c.token, c.sequence) for c in m.candidates] for m in r.masks] for r in rpc.results]
     assert bad.status_code == 400 and "inputs[0]" in bad.json()["error"]["message"]
 
@@ -112,8 +119,11 @@ def shipped_root() -> Path:
 
 async def test_the_shipped_model_fills_easy_masks(start_server, shipped_root):
     srv = await start_server(shipped_root)
-    response = await pb_grpc.FillMaskServiceStub(srv.channel).FillMask(fill_mask_request(
-        ["Once upon a [MASK], there was a little girl named Lily.", "[MASK] upon a time, there was a boy."]))
+    response = await pb_grpc.FillMaskServiceStub(srv.channel).FillMask(
+        fill_mask_request(
+            ["Once upon a [MASK], there was a little girl named Lily.", "[MASK] upon a time, there was a boy."]
+        )
+    )
     assert response.model == SHIPPED.name
     best = [r.masks[0].candidates[0] for r in response.results]
     assert [c.token for c in best] == ["time", "once"], response

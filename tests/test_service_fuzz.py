@@ -21,8 +21,12 @@ from service.errors import MESSAGE_BYTES
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
-DOCUMENTED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-              grpc.StatusCode.RESOURCE_EXHAUSTED}  # nothing cancels or drains during the run
+DOCUMENTED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}  # nothing cancels or drains during the run
 CALL_TIMEOUT_S = 60.0  # generous for a loaded CI machine: reaching it means the call hung
 EXAMPLES = 300
 SEED = 15
@@ -49,9 +53,16 @@ def test_every_rpc_has_a_request_that_must_get_through():
 
 def test_every_rpc_of_the_proto_is_fuzzed():
     names = {r.name for r in rpcs()}
-    assert {"EmbeddingService/Embed", "EmbeddingService/EmbedStream", "GenerationService/Generate",
-            "GenerationService/GenerateStream", "TranslationService/Translate", "ModelService/GetModel",
-            "ModelService/ListModels", "FillMaskService/FillMask"} <= names
+    assert {
+        "EmbeddingService/Embed",
+        "EmbeddingService/EmbedStream",
+        "GenerationService/Generate",
+        "GenerationService/GenerateStream",
+        "TranslationService/Translate",
+        "ModelService/GetModel",
+        "ModelService/ListModels",
+        "FillMaskService/FillMask",
+    } <= names
 
 
 async def served_names(channel: grpc.aio.Channel) -> list[str]:
@@ -63,10 +74,13 @@ def run_property(names: list[str], client: Client, loop: asyncio.AbstractEventLo
     """The hypothesis run; in a worker thread, each call sent on the server's event loop."""
 
     @seed(SEED)  # the same examples on every run, whatever is edited in this function
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
-              phases=[Phase.explicit, Phase.generate],  # no shrinking: each step would be a server call
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.large_base_example])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: each step would be a server call
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
     @given(call=calls(names))
     @_explicit_examples
     def ends_with_a_documented_status(call) -> None:
@@ -89,8 +103,9 @@ def _explicit_examples(test):
 async def test_fuzzed_requests_end_with_documented_statuses(server):
     client, seen = Client(server.address), Counter()
     try:
-        await asyncio.to_thread(run_property, await served_names(server.channel), client,
-                                asyncio.get_running_loop(), seen)
+        await asyncio.to_thread(
+            run_property, await served_names(server.channel), client, asyncio.get_running_loop(), seen
+        )
     finally:
         await client.close()
     assert {rpc for rpc, code in seen if code == "OK"} == {r.name for r in rpcs()}, seen  # each got through

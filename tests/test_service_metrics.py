@@ -17,8 +17,11 @@ def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     """{(sample name, labels): value} of one /metrics scrape."""
     with urllib.request.urlopen(url, timeout=10) as reply:
         text = reply.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels: str) -> float:
@@ -33,16 +36,27 @@ async def test_series_move_after_calls(server):
     ok = dict(service="EmbeddingService", method="Embed", model="tiny-embed", code="OK", protocol="grpc")
     assert value(after, "ts_requests_total", **ok) == value(before, "ts_requests_total", **ok) + 3
     latency = dict(service="EmbeddingService", method="Embed", model="tiny-embed", protocol="grpc")
-    assert value(after, "ts_request_duration_seconds_count", **latency) == \
-        value(before, "ts_request_duration_seconds_count", **latency) + 3
-    for name in ("ts_batch_size_count", "ts_batch_tokens_count", "ts_queue_duration_seconds_count",
-                 "ts_inference_duration_seconds_count"):
+    assert (
+        value(after, "ts_request_duration_seconds_count", **latency)
+        == value(before, "ts_request_duration_seconds_count", **latency) + 3
+    )
+    for name in (
+        "ts_batch_size_count",
+        "ts_batch_tokens_count",
+        "ts_queue_duration_seconds_count",
+        "ts_inference_duration_seconds_count",
+    ):
         assert value(after, name, model="tiny-embed") > value(before, name, model="tiny-embed"), name
     tokens = dict(model="tiny-embed", direction="input")
     assert value(after, "ts_tokens_total", **tokens) > value(before, "ts_tokens_total", **tokens)
     served = await server.models.GetModel(pb.GetModelRequest(name="tiny-embed"))
-    info = dict(model="tiny-embed", kind="embedding", provider="CPUExecutionProvider", variant=served.variant,
-                requested_provider="CPUExecutionProvider")
+    info = dict(
+        model="tiny-embed",
+        kind="embedding",
+        provider="CPUExecutionProvider",
+        variant=served.variant,
+        requested_provider="CPUExecutionProvider",
+    )
     assert value(after, "ts_model_info", **info) == 1
     assert value(after, "ts_queue_capacity", model="tiny-embed") == server.server.settings.embed_max_queue
     assert ("ts_queue_depth", frozenset({("model", "tiny-embed")})) in after

@@ -22,8 +22,15 @@ from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.server import metric
 
-TEXTS = ["a", "short one", "a somewhat longer sentence to embed, with punctuation and numbers 12,345!",
-         "ünïcödé ✓ 東京", "x " * 200, "two words", "The cat sat on the mat while the dog slept by the fire."]
+TEXTS = [
+    "a",
+    "short one",
+    "a somewhat longer sentence to embed, with punctuation and numbers 12,345!",
+    "ünïcödé ✓ 東京",
+    "x " * 200,
+    "two words",
+    "The cat sat on the mat while the dog slept by the fire.",
+]
 
 
 def test_pack_places_every_input_once_within_its_row():
@@ -73,8 +80,9 @@ async def test_fill_mask_packed_equals_padded(fill_models_root, start_server):
         reply = await stub.FillMask(pb.FillMaskRequest(model="tiny-fill-mask", inputs=texts, top_k=5))
         alone = [await stub.FillMask(pb.FillMaskRequest(model="tiny-fill-mask", inputs=[t], top_k=5)) for t in texts]
         rows = [[(c.token_id, round(c.score, 5)) for m in r.masks for c in m.candidates] for r in reply.results]
-        assert rows == [[(c.token_id, round(c.score, 5)) for m in a.results[0].masks for c in m.candidates]
-                        for a in alone]
+        assert rows == [
+            [(c.token_id, round(c.score, 5)) for m in a.results[0].masks for c in m.candidates] for a in alone
+        ]
         results.append(rows)
     assert [[t for t, _ in r] for r in results[0]] == [[t for t, _ in r] for r in results[1]]
     assert np.allclose([s for r in results[0] for _, s in r], [s for r in results[1] for _, s in r], atol=1e-4)
@@ -126,7 +134,8 @@ def test_an_int8_graph_packed_among_others_computes_what_it_computes_alone(embed
     texts = [" ".join(rng.choice(words, size=rng.integers(3, 20))) for _ in range(256)]
     seqs = [e.ids for e in tok.encode_batch(texts)]
     sess = ort.InferenceSession(str(d / "packed.int8.onnx"), providers=["CPUExecutionProvider"])
-    together = np.concatenate([packed.embed(sess, seqs[i : i + 32], 0, "mean", 128, alignment("int8"))
-                               for i in range(0, len(seqs), 32)])
+    together = np.concatenate(
+        [packed.embed(sess, seqs[i : i + 32], 0, "mean", 128, alignment("int8")) for i in range(0, len(seqs), 32)]
+    )
     alone = np.concatenate([packed.embed(sess, [s], 0, "mean", 128, alignment("int8")) for s in seqs])
     assert np.abs(together - alone).max() == 0.0

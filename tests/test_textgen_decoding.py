@@ -21,8 +21,11 @@ from service.generation.decoding import (
     next_token,
 )
 
-CORPUS = ["Once upon a time there was a little cat.", "Le chat est très mignon, n'est-ce pas ?",
-          "日本語のテキスト 🐱🐶"]
+CORPUS = [
+    "Once upon a time there was a little cat.",
+    "Le chat est très mignon, n'est-ce pas ?",
+    "日本語のテキスト 🐱🐶",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,9 @@ def byte_bpe() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 3, trainer=trainer)
@@ -164,8 +169,11 @@ def test_stop_prefix_released_when_it_does_not_match():
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(alphabet="abAB \n", max_size=40), cuts=st.lists(st.integers(0, 40), max_size=6),
-       stop=st.text(alphabet="abAB \n", min_size=1, max_size=4))
+@given(
+    text=st.text(alphabet="abAB \n", max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+    stop=st.text(alphabet="abAB \n", min_size=1, max_size=4),
+)
 def test_stop_matcher_equals_cutting_the_whole_text(text, cuts, stop):
     bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
     m = StopMatcher((stop,))

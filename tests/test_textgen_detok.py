@@ -27,8 +27,12 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from service.generation.decoding import REPLACEMENT_CHAR, IncrementalDetokenizer
 
-CORPUS = ["Hello world, the cat sat on the mat.", "Once upon a time there was a tiny model.",
-          "café naïve résumé über straße déjà vu", "Ask me: what is 2 + 2? Four!"] * 8
+CORPUS = [
+    "Hello world, the cat sat on the mat.",
+    "Once upon a time there was a tiny model.",
+    "café naïve résumé über straße déjà vu",
+    "Ask me: what is 2 + 2? Four!",
+] * 8
 ALPHABET = "abcdefghij XYZ.,!?\n" + "éèüñçßà" + "日本語中文字の" + "😀🎉👍🏽🐱€"
 TEXT = st.text(alphabet=ALPHABET, max_size=24)
 NAMES = ("byte-bpe", "llama2", "metaspace")
@@ -40,20 +44,28 @@ def tokenizer(name: str) -> Tokenizer:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-            vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False))
+        tok.train_from_iterator(
+            CORPUS,
+            trainers.BpeTrainer(
+                vocab_size=320,
+                special_tokens=["<|endoftext|>"],
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                show_progress=False,
+            ),
+        )
         return tok
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     if name == "llama2":
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
     else:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
         tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace("▁", prepend_scheme="first")])
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"],
-                                                        show_progress=False))
+    tok.train_from_iterator(
+        CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    )
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
     for byte in range(256):  # what SentencePiece's byte_fallback vocabularies hold
@@ -71,7 +83,7 @@ def reference(tok: Tokenizer, prompt: list[int], generated: list[int]) -> str:
     before = tok.decode(prompt)
     full = tok.decode(prompt + generated)
     assert full.startswith(before), (before, full)
-    return full[len(before):]
+    return full[len(before) :]
 
 
 def test_tokenizers_fall_back_to_bytes():

@@ -63,7 +63,7 @@ async def test_greedy_matches_pytorch(runtime, tiny_models_root):
     ref = tiny_model("generation", model.io.vocab_size)
     for prompt in PROMPTS[:3]:
         ids = model.tokenizer.encode(prompt).ids
-        expected = ref.generate(torch.tensor([ids]), 20)[0, len(ids):].tolist()
+        expected = ref.generate(torch.tensor([ids]), 20)[0, len(ids) :].tolist()
         assert await generate(model, prompt, max_new_tokens=20) == expected
     await model.stop()
 
@@ -220,8 +220,9 @@ def test_in_flight_counts_each_row_out_once_whatever_the_delivery_order(runtime,
     from prometheus_client import REGISTRY
 
     model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
-    model = GenerationModel(model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings,
-                            runtime, "fp32")  # not started
+    model = GenerationModel(
+        model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings, runtime, "fp32"
+    )  # not started
     sched = model.scheduler
     in_flight = lambda: REGISTRY.get_sample_value("ts_generations_in_flight", {"model": model.name})  # noqa: E731
     a = model.submit("Once upon a time", SamplingParams(max_new_tokens=50))
@@ -279,8 +280,9 @@ async def test_cuda_io_binding_matches_cpu(tiny_models_root):
     """On a GPU the KV cache stays on the device (IO binding); greedy tokens equal the CPU numpy path."""
     outputs = {}
     for device in ("cpu", "cuda"):
-        rt = Runtime(Settings.from_env(env={}, models=str(tiny_models_root), variant="fp32", device=device,
-                                       strict_provider=True))
+        rt = Runtime(
+            Settings.from_env(env={}, models=str(tiny_models_root), variant="fp32", device=device, strict_provider=True)
+        )
         model = await load(GenerationModel, rt, tiny_models_root, "tiny-gpt")
         assert (model.scheduler.cache.device == "cuda") == (device == "cuda")
         outputs[device] = await asyncio.gather(*(generate(model, p, max_new_tokens=20) for p in PROMPTS))

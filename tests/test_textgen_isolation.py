@@ -70,14 +70,18 @@ async def failure_of(handle) -> ServiceError:
 
 async def test_a_row_whose_text_or_sampling_fails_fails_alone(model):
     alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
-    text_fails = submit_sequence(model, "Once upon a time", FailingTokenizer(model.tokenizer, after=7),
-                                 max_new_tokens=30)
+    text_fails = submit_sequence(
+        model, "Once upon a time", FailingTokenizer(model.tokenizer, after=7), max_new_tokens=30
+    )
     sampling_fails = submit_sequence(model, "The cat", max_new_tokens=30, temperature=0.8)
     sampling_fails.sequence.sampling.rng = FailingGenerator()
-    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)),
-                                 failure_of(text_fails), failure_of(sampling_fails))
+    crowd = await asyncio.gather(
+        *(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)),
+        failure_of(text_fails),
+        failure_of(sampling_fails),
+    )
     assert list(crowd[: len(PROMPTS)]) == alone
-    text_error, sampling_error = crowd[len(PROMPTS):]
+    text_error, sampling_error = crowd[len(PROMPTS) :]
     assert text_error.code == grpc.StatusCode.INTERNAL and "other requests were not affected" in text_error.message
     assert sampling_error.code == grpc.StatusCode.INVALID_ARGUMENT and "temperature=0.8" in sampling_error.message
     await asyncio.sleep(0.05)  # the failed rows are counted out at the next delivery
@@ -106,8 +110,9 @@ async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_a
         return real_step(tokens)
 
     cache.prefill, cache.step = prefill, step
-    crowd = await asyncio.gather(*(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)),
-                                 failure_of(poison))
+    crowd = await asyncio.gather(
+        *(generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)), failure_of(poison)
+    )
     assert list(crowd[: len(PROMPTS)]) == alone
     assert crowd[-1].code == grpc.StatusCode.INTERNAL and "failed twice" in crowd[-1].message
     assert calls["prefill"] >= 1 + len(PROMPTS) + 1  # then each row of the failed step alone, poison included
@@ -149,8 +154,9 @@ async def test_over_grpc_the_failing_call_gets_its_status_and_the_others_their_t
                 pass
         return info.value
 
-    results = await asyncio.gather(poisoned(), *(stub.Generate(pb.GenerateRequest(prompt=p, max_new_tokens=20))
-                                                  for p in prompts))
+    results = await asyncio.gather(
+        poisoned(), *(stub.Generate(pb.GenerateRequest(prompt=p, max_new_tokens=20)) for p in prompts)
+    )
     error, texts = results[0], [r.text for r in results[1:]]
     assert error.code() == grpc.StatusCode.INTERNAL and "other requests were not affected" in error.details()
     assert texts == alone

@@ -57,8 +57,11 @@ def test_a_row_that_raises_fails_alone():
 
     logits = np.random.default_rng(0).normal(size=(3, 50)).astype(np.float32)
     sampled = SamplingParams(temperature=0.8, seed=1)
-    rows = [Row(sampled, np.zeros(0, np.int64), make_rng(1)), Row(sampled, np.zeros(0, np.int64), Broken()),
-            Row(SamplingParams(), np.zeros(0, np.int64), make_rng(None))]
+    rows = [
+        Row(sampled, np.zeros(0, np.int64), make_rng(1)),
+        Row(sampled, np.zeros(0, np.int64), Broken()),
+        Row(SamplingParams(), np.zeros(0, np.int64), make_rng(None)),
+    ]
     out = choose_tokens(logits, rows)
     assert isinstance(out[1], FloatingPointError)
     assert out[0] == next_token(logits[0], sampled, np.zeros(0, np.int64), make_rng(1))
@@ -67,6 +70,8 @@ def test_a_row_that_raises_fails_alone():
 
 def test_greedy_rows_share_one_argmax_and_keep_the_penalty():
     logits = np.array([[3.0, 2.9, -1.0], [3.0, 2.9, -1.0]], np.float32)
-    rows = [Row(SamplingParams(), np.asarray([0]), make_rng(None)),
-            Row(SamplingParams(repetition_penalty=2.0), np.asarray([0, 0]), make_rng(None))]
+    rows = [
+        Row(SamplingParams(), np.asarray([0]), make_rng(None)),
+        Row(SamplingParams(repetition_penalty=2.0), np.asarray([0, 0]), make_rng(None)),
+    ]
     assert choose_tokens(logits, rows) == [0, 1]

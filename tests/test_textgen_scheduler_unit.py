@@ -21,9 +21,13 @@ def test_observe_many_equals_repeated_observe():
         for _ in range(count):
             one.observe(value)
         observe_many(many, value, count)
+
     def exposed(h: Histogram, name: str) -> dict:
-        return {(s.name.replace(name, "x"), s.labels.get("le")): s.value for s in h.collect()[0].samples
-                if not s.name.endswith("_created")}
+        return {
+            (s.name.replace(name, "x"), s.labels.get("le")): s.value
+            for s in h.collect()[0].samples
+            if not s.name.endswith("_created")
+        }
 
     expected, got = exposed(one, "one"), exposed(many, "many")
     assert got.pop(("x_seconds_sum", None)) == pytest.approx(expected.pop(("x_seconds_sum", None)))
@@ -37,8 +41,9 @@ async def test_steps_while_the_loop_is_busy_go_out_in_one_hand_off_and_join(runt
     alone = [await generate(alone_model, p, max_new_tokens=20) for p in ("Once upon a time", "The cat")]
     await alone_model.stop()
     model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
-    model = GenerationModel(model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings,
-                            runtime, "fp32")  # not started: driven here
+    model = GenerationModel(
+        model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings, runtime, "fp32"
+    )  # not started: driven here
     sched, loop = model.scheduler, asyncio.get_running_loop()
     handles = [model.submit(p, SamplingParams(max_new_tokens=20)) for p in ("Once upon a time", "The cat")]
     sched._deliver(sched._prefill(sched._admit()))
@@ -62,8 +67,9 @@ def test_rows_that_left_before_a_failed_step_are_still_counted_out(runtime, tiny
     from prometheus_client import REGISTRY
 
     model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
-    model = GenerationModel(model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings,
-                            runtime, "fp32")  # not started: driven here
+    model = GenerationModel(
+        model_dir.manifest, *_sessions(GenerationModel, runtime, model_dir), runtime.settings, runtime, "fp32"
+    )  # not started: driven here
     sched = model.scheduler
     a = model.submit("Once upon a time", SamplingParams(max_new_tokens=20))
     model.submit("The cat", SamplingParams(max_new_tokens=20))

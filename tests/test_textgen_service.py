@@ -119,9 +119,13 @@ async def test_translate_beam_one_equals_greedy_and_batches(server):
 
 @pytest.mark.parametrize(
     "kwargs, needle",
-    [(dict(inputs=[]), "inputs is empty"), (dict(inputs=["a"], beam_size=99), "beam_size"),
-     (dict(inputs=["a"], length_penalty=-1.0), "length_penalty"), (dict(inputs=["x" * 500]), "tokens"),
-     (dict(inputs=["a"], beam_size=4, length_penalty=1e9), "length_penalty must be in [0, 10]")],
+    [
+        (dict(inputs=[]), "inputs is empty"),
+        (dict(inputs=["a"], beam_size=99), "beam_size"),
+        (dict(inputs=["a"], length_penalty=-1.0), "length_penalty"),
+        (dict(inputs=["x" * 500]), "tokens"),
+        (dict(inputs=["a"], beam_size=4, length_penalty=1e9), "length_penalty must be in [0, 10]"),
+    ],
 )
 async def test_bad_translate_requests_are_invalid_argument(server, kwargs, needle):
     with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -13,8 +13,12 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from service import tokenizing
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "héllo wörld, ça va? 😀 中文 text",
-          "numbers 12345 and symbols !?#", "aaaaaaaaaaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbbb"] * 20
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "héllo wörld, ça va? 😀 中文 text",
+    "numbers 12345 and symbols !?#",
+    "aaaaaaaaaaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbbb",
+] * 20
 ALPHABET = "abcdefghijklmnopqrstuvwxyz     .,!?\n\t0123456789éüç😀中文\u0301\u0300\u0000Ω"
 
 
@@ -35,14 +39,19 @@ def byte_level() -> Tokenizer:
 
 
 def metaspace_unk() -> Tokenizer:
-    return trained(models.BPE(unk_token="<unk>"), trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]),
-                   pre_tokenizer=pre_tokenizers.Metaspace())
+    return trained(
+        models.BPE(unk_token="<unk>"),
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]),
+        pre_tokenizer=pre_tokenizers.Metaspace(),
+    )
 
 
 def llama_like() -> Tokenizer:
-    tok = trained(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True),
-                  trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"] + [f"<0x{b:02X}>" for b in range(256)]),
-                  normalizer=normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]))
+    tok = trained(
+        models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True),
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"] + [f"<0x{b:02X}>" for b in range(256)]),
+        normalizer=normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]),
+    )
     tok.decoder = decoders.ByteFallback()
     return tok
 
@@ -53,18 +62,29 @@ def nfc_byte_level() -> Tokenizer:
     return tok
 
 
-BOUNDED = {"byte-level BPE": byte_level, "Metaspace BPE with <unk>": metaspace_unk, "byte fallback": llama_like,
-           "NFC": nfc_byte_level}
+BOUNDED = {
+    "byte-level BPE": byte_level,
+    "Metaspace BPE with <unk>": metaspace_unk,
+    "byte fallback": llama_like,
+    "NFC": nfc_byte_level,
+}
 UNBOUNDED = {
-    "WordPiece": lambda: trained(models.WordPiece(unk_token="[UNK]"),
-                                 trainers.WordPieceTrainer(special_tokens=["[UNK]"]),
-                                 normalizers.BertNormalizer(), pre_tokenizers.BertPreTokenizer()),
-    "fuse_unk": lambda: trained(models.BPE(unk_token="<unk>", fuse_unk=True),
-                                trainers.BpeTrainer(special_tokens=["<unk>"])),
+    "WordPiece": lambda: trained(
+        models.WordPiece(unk_token="[UNK]"),
+        trainers.WordPieceTrainer(special_tokens=["[UNK]"]),
+        normalizers.BertNormalizer(),
+        pre_tokenizers.BertPreTokenizer(),
+    ),
+    "fuse_unk": lambda: trained(
+        models.BPE(unk_token="<unk>", fuse_unk=True), trainers.BpeTrainer(special_tokens=["<unk>"])
+    ),
     "Unigram": lambda: trained(models.Unigram(), trainers.UnigramTrainer(unk_token="<unk>", special_tokens=["<unk>"])),
     "Strip": lambda: _with(byte_level(), normalizer=normalizers.Strip()),
-    "Whitespace": lambda: trained(models.BPE(unk_token="<unk>"), trainers.BpeTrainer(special_tokens=["<unk>"]),
-                                  pre_tokenizer=pre_tokenizers.Whitespace()),
+    "Whitespace": lambda: trained(
+        models.BPE(unk_token="<unk>"),
+        trainers.BpeTrainer(special_tokens=["<unk>"]),
+        pre_tokenizer=pre_tokenizers.Whitespace(),
+    ),
     "BPE dropping unknowns": lambda: trained(models.BPE(), trainers.BpeTrainer()),
 }
 

@@ -29,11 +29,56 @@ FRENCH = [
     "«\u00a0Bonjour\u00a0», dit-il.",
     "Il  a deux espaces.",
 ]
-TINY_TRANSLATOR = ["--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64", "--vocab-size", "300",
-                   "--max-tokens", "400", "--warmup", "2", "--lr", "3e-3", "--split-test", "40", "--split-dev", "20",
-                   "--dev-sentences", "8", "--max-len", "32", "--threads", "1"]
-TINY_GENERATOR = ["--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64", "--vocab-size", "300",
-                  "--max-tokens", "256", "--context", "32", "--warmup", "2", "--lr", "3e-3", "--threads", "1"]
+TINY_TRANSLATOR = [
+    "--d-model",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--d-ff",
+    "64",
+    "--vocab-size",
+    "300",
+    "--max-tokens",
+    "400",
+    "--warmup",
+    "2",
+    "--lr",
+    "3e-3",
+    "--split-test",
+    "40",
+    "--split-dev",
+    "20",
+    "--dev-sentences",
+    "8",
+    "--max-len",
+    "32",
+    "--threads",
+    "1",
+]
+TINY_GENERATOR = [
+    "--d-model",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--d-ff",
+    "64",
+    "--vocab-size",
+    "300",
+    "--max-tokens",
+    "256",
+    "--context",
+    "32",
+    "--warmup",
+    "2",
+    "--lr",
+    "3e-3",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +134,11 @@ def test_token_batches_respect_budget_and_cover_every_example():
 
 def tiny_translator() -> Translator:
     torch.manual_seed(0)
-    return Translator(Seq2SeqConfig(vocab_size=50, d_model=32, n_encoder_layers=1, n_decoder_layers=2, n_heads=2,
-                                    d_ff=64, dropout=0.0))
+    return Translator(
+        Seq2SeqConfig(
+            vocab_size=50, d_model=32, n_encoder_layers=1, n_decoder_layers=2, n_heads=2, d_ff=64, dropout=0.0
+        )
+    )
 
 
 def test_checkpoint_round_trip_gives_identical_logits(tmp_path, fr_tokenizer):
@@ -100,8 +148,15 @@ def test_checkpoint_round_trip_gives_identical_logits(tmp_path, fr_tokenizer):
     src, mask = torch.randint(4, 50, (2, 7)), torch.ones(2, 7, dtype=torch.long)
     tgt = torch.randint(4, 50, (2, 5))
     for fp16 in (False, True):
-        out = save_checkpoint(model, tmp_path / f"ck{fp16}", name="t", tokenizer_path=tok_path, special_tokens={},
-                              max_length=32, fp16=fp16)
+        out = save_checkpoint(
+            model,
+            tmp_path / f"ck{fp16}",
+            name="t",
+            tokenizer_path=tok_path,
+            special_tokens={},
+            max_length=32,
+            fp16=fp16,
+        )
         loaded, meta = load_checkpoint(out)
         if fp16:  # the loaded model is exactly the original with fp16-rounded weights
             model.load_state_dict({k: v.half().float() for k, v in model.state_dict().items()})

@@ -23,12 +23,14 @@ from service.translation.model import TranslateOptions, TranslationModel
 
 SENTENCES = ["We should leave before it starts raining.", "Yes.", "I think that he is right.", "Where is the station?"]
 # (sentences, options): beam 4 at two length penalties that change some outputs, greedy, short caps
-CALLS = [(SENTENCES, TranslateOptions(beam_size=4, length_penalty=0.2)),
-         (SENTENCES, TranslateOptions(beam_size=4, length_penalty=2.0)),
-         (SENTENCES[:2], TranslateOptions()),
-         (SENTENCES[2:], TranslateOptions(beam_size=2, max_length=4)),
-         (["Tom didn't want to go to school today because he was sick."], TranslateOptions(beam_size=3)),
-         (SENTENCES[1:3], TranslateOptions(max_length=3, length_penalty=0.5))]
+CALLS = [
+    (SENTENCES, TranslateOptions(beam_size=4, length_penalty=0.2)),
+    (SENTENCES, TranslateOptions(beam_size=4, length_penalty=2.0)),
+    (SENTENCES[:2], TranslateOptions()),
+    (SENTENCES[2:], TranslateOptions(beam_size=2, max_length=4)),
+    (["Tom didn't want to go to school today because he was sick."], TranslateOptions(beam_size=3)),
+    (SENTENCES[1:3], TranslateOptions(max_length=3, length_penalty=0.5)),
+]
 
 
 async def load(root: Path, name: str, max_batch: int, **kwargs) -> tuple[TranslationModel, Runtime]:
@@ -36,8 +38,16 @@ async def load(root: Path, name: str, max_batch: int, **kwargs) -> tuple[Transla
     model_dir = load_model_dir(root / name)
     model = TranslationModel.load(model_dir, runtime.settings, runtime)
     if kwargs:
-        model = TranslationModel(model_dir.manifest, model.encoder, model.decoder, model.tokenizer, runtime.settings,
-                                 runtime, "fp32", **kwargs)
+        model = TranslationModel(
+            model_dir.manifest,
+            model.encoder,
+            model.decoder,
+            model.tokenizer,
+            runtime.settings,
+            runtime,
+            "fp32",
+            **kwargs,
+        )
     await model.start()
     return model, runtime
 
@@ -70,8 +80,10 @@ async def alone_then_crowd(model: TranslationModel, calls) -> tuple[list, list]:
 
 
 def same(a: list, b: list) -> bool:
-    return all([t for t, _ in x] == [t for t, _ in y]
-               and [s for _, s in x] == pytest.approx([s for _, s in y], abs=1e-4) for x, y in zip(a, b, strict=True))
+    return all(
+        [t for t, _ in x] == [t for t, _ in y] and [s for _, s in x] == pytest.approx([s for _, s in y], abs=1e-4)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 async def test_each_call_keeps_its_own_options_in_a_crowd(trained):
@@ -86,9 +98,12 @@ async def test_rows_joining_mid_search_equal_alone_on_both_cache_paths(tiny_mode
     """Tiny model: calls run to max_length, so later calls join a batch whose rows are many steps
     ahead (other positions, longer sources); io_binding=True runs the device (OrtValue) path on CPU."""
     texts = ["Hello world.", "The cat sleeps on the mat.", "Yes", "Where is the train station, please?"]
-    calls = [(texts[:2], TranslateOptions(beam_size=3, max_length=30)), (texts[2:], TranslateOptions(max_length=9)),
-             (texts[1:], TranslateOptions(beam_size=2, max_length=17, length_penalty=0.3)),
-             (texts[:1], TranslateOptions(max_length=40))]
+    calls = [
+        (texts[:2], TranslateOptions(beam_size=3, max_length=30)),
+        (texts[2:], TranslateOptions(max_length=9)),
+        (texts[1:], TranslateOptions(beam_size=2, max_length=17, length_penalty=0.3)),
+        (texts[:1], TranslateOptions(max_length=40)),
+    ]
     results = []
     for io_binding in (False, True):
         model, runtime = await load(tiny_models_root, "tiny-translate", max_batch=8, io_binding=io_binding)
@@ -102,8 +117,11 @@ async def test_rows_joining_mid_search_equal_alone_on_both_cache_paths(tiny_mode
 
 
 async def test_a_short_call_overtakes_a_long_beam_search(tiny):
-    long = asyncio.ensure_future(tiny.translate(["Where is the train station, please?", "The cat sleeps."],
-                                                TranslateOptions(beam_size=3, max_length=60)))  # 6 of 8 rows
+    long = asyncio.ensure_future(
+        tiny.translate(
+            ["Where is the train station, please?", "The cat sleeps."], TranslateOptions(beam_size=3, max_length=60)
+        )
+    )  # 6 of 8 rows
     while not tiny.scheduler.members:  # the long search is running
         await asyncio.sleep(0.001)
     short = await tiny.translate(["Yes"], TranslateOptions(max_length=3))
@@ -113,11 +131,13 @@ async def test_a_short_call_overtakes_a_long_beam_search(tiny):
 
 def poison(max_length: int, original):
     """Wraps a method of SourceSearch / Seq2SeqBatch to fail whenever the poison source takes part."""
+
     def wrapped(self, *args):
         sources = self.sources if isinstance(self, Seq2SeqBatch) else [self]
         if any(s.max_length == max_length for s in sources):
             raise RuntimeError("poisoned")
         return original(self, *args)
+
     return wrapped
 
 
@@ -132,9 +152,12 @@ async def test_a_failing_source_fails_its_call_alone(trained, monkeypatch, where
     else:
         monkeypatch.setattr(Seq2SeqBatch, "step", poison(13, Seq2SeqBatch.step))
     bad = TranslateOptions(beam_size=2, max_length=13)
-    crowd = await asyncio.gather(*(trained.translate(t, o) for t, o in CALLS[:2]),
-                                 trained.translate(SENTENCES[1:], bad), trained.translate(*CALLS[2]),
-                                 return_exceptions=True)
+    crowd = await asyncio.gather(
+        *(trained.translate(t, o) for t, o in CALLS[:2]),
+        trained.translate(SENTENCES[1:], bad),
+        trained.translate(*CALLS[2]),
+        return_exceptions=True,
+    )
     assert isinstance(crowd[2], ServiceError) and "inputs[0]" in crowd[2].message
     assert crowd[2].code.name == "INTERNAL"
     assert same([outputs(r) for r in crowd[:2] + crowd[3:]], alone)
@@ -165,8 +188,11 @@ async def test_a_failing_detokenisation_or_encoding_fails_its_own_call(tiny):
 
     tok, poison_id = tiny.tokenizer, tiny.tokenizer.encode("Z").ids[0]
     tiny.tokenizer, tiny.scheduler.encoder = Tokenizer(), Encoder()
-    calls = [tiny.translate(["Hello world."], TranslateOptions(max_length=8)),
-             tiny.translate(["Yes"], TranslateOptions(max_length=5)), tiny.translate(["Z Z"], TranslateOptions())]
+    calls = [
+        tiny.translate(["Hello world."], TranslateOptions(max_length=8)),
+        tiny.translate(["Yes"], TranslateOptions(max_length=5)),
+        tiny.translate(["Z Z"], TranslateOptions()),
+    ]
     good, undecodable, unencodable = await asyncio.gather(*calls, return_exceptions=True)
     assert outputs(good) == alone
     assert isinstance(undecodable, ServiceError) and "inputs[0]" in undecodable.message

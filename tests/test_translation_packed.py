@@ -30,8 +30,13 @@ from tests.fixtures.server import metric
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SOURCES = ["Yes", "Where is the station?", "We should leave before it rains, Tom.", "a",
-           "He paid 12,500 € at the café in Zürich."]
+SOURCES = [
+    "Yes",
+    "Where is the station?",
+    "We should leave before it rains, Tom.",
+    "a",
+    "He paid 12,500 € at the café in Zürich.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +57,9 @@ def at_the_limit(model_dir: Path) -> str:
 
 
 async def translate(server, inputs: list[str], **options) -> list[tuple[str, float]]:
-    reply = await server.translation.Translate(pb.TranslateRequest(model="tiny-translate", inputs=inputs,
-                                                                   max_length=24, **options))
+    reply = await server.translation.Translate(
+        pb.TranslateRequest(model="tiny-translate", inputs=inputs, max_length=24, **options)
+    )
     return [(t.text, round(t.score, 4)) for t in reply.translations]
 
 
@@ -65,7 +71,7 @@ def test_unpack_gathers_each_source_in_order():
     for i, s in enumerate(seqs):
         assert p.input_ids.reshape(-1)[index[i, : len(s)]].tolist() == s
         assert mask[i].tolist() == [1] * len(s) + [0] * (9 - len(s))
-        assert (index[i, len(s):] == index[i, 0]).all()  # masked slots read the source's own first token
+        assert (index[i, len(s) :] == index[i, 0]).all()  # masked slots read the source's own first token
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -107,8 +113,9 @@ async def test_the_trained_translator_packed_equals_padded(trained_translator_di
     english = lines[::2]
     results = []
     for row_tokens in (128, 0):
-        runtime = Runtime(Settings.from_env(env={}, models=str(trained_translator_dir.parent),
-                                            embed_pack_row_tokens=row_tokens))
+        runtime = Runtime(
+            Settings.from_env(env={}, models=str(trained_translator_dir.parent), embed_pack_row_tokens=row_tokens)
+        )
         model = TranslationModel.load(load_model_dir(trained_translator_dir), runtime.settings, runtime)
         await model.start()
         try:

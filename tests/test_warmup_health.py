@@ -61,8 +61,11 @@ async def warming_up(models_root, caplog, monkeypatch):
 
 
 async def test_not_serving_until_the_warm_up_succeeds(embed_models_root, caplog, monkeypatch):
-    async with (warming_up(embed_models_root, caplog, monkeypatch) as (address, http_url, release, starting),
-                grpc.aio.insecure_channel(address) as channel, httpx.AsyncClient(base_url=http_url) as http):
+    async with (
+        warming_up(embed_models_root, caplog, monkeypatch) as (address, http_url, release, starting),
+        grpc.aio.insecure_channel(address) as channel,
+        httpx.AsyncClient(base_url=http_url) as http,
+    ):
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "inference.v1.EmbeddingService", "inference.v1.ModelService"):
             assert (await health.Check(health_pb2.HealthCheckRequest(service=service))).status == NOT_SERVING
@@ -80,8 +83,11 @@ async def test_not_serving_until_the_warm_up_succeeds(embed_models_root, caplog,
 
 
 async def test_kserve_not_ready_until_the_warm_up_succeeds(embed_models_root, caplog, monkeypatch):
-    async with (warming_up(embed_models_root, caplog, monkeypatch) as (address, http_url, release, starting),
-                grpc.aio.insecure_channel(address) as channel, httpx.AsyncClient(base_url=http_url) as http):
+    async with (
+        warming_up(embed_models_root, caplog, monkeypatch) as (address, http_url, release, starting),
+        grpc.aio.insecure_channel(address) as channel,
+        httpx.AsyncClient(base_url=http_url) as http,
+    ):
         kserve = oip_grpc.GRPCInferenceServiceStub(channel)
         assert (await kserve.ServerLive(oip.ServerLiveRequest())).live
         assert not (await kserve.ServerReady(oip.ServerReadyRequest())).ready
@@ -105,15 +111,28 @@ def poison(model_dir) -> None:
         if not weights:  # fp16 graphs: never served on a CPU
             continue
         target = max(weights, key=lambda w: int(np.prod(w.dims)))
-        target.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(target).shape, np.nan, np.float32),
-                                                target.name))
+        target.CopyFrom(
+            numpy_helper.from_array(np.full(numpy_helper.to_array(target).shape, np.nan, np.float32), target.name)
+        )
         onnx.save(graph, str(path))
 
 
 def test_a_failed_warm_up_never_serves_and_exits_1(tiny_models_root, tmp_path):
     poison(copy_model_dir(tiny_models_root / "tiny-embed", tmp_path))
-    cmd = [sys.executable, "-m", "service", "--models", str(tmp_path), "--port", "0", "--metrics-port", "-1",
-           "--http-port", "0", "--no-verify-hashes"]  # the graphs changed after the export on purpose
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--models",
+        str(tmp_path),
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+        "--http-port",
+        "0",
+        "--no-verify-hashes",
+    ]  # the graphs changed after the export on purpose
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "gRPC listening on" in result.stderr  # it was up, NOT_SERVING, while the warm-up ran

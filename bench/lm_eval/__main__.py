@@ -33,11 +33,28 @@ PERPLEXITY_DATA = Path(__file__).resolve().parent / "tasks" / "data" / "perplexi
 
 
 def lm_eval_command(url: str, model: str, out: Path, args) -> list[str]:
-    model_args = (f"model={model},base_url={url}/v1/completions,tokenizer_backend=remote,max_length={args.max_length},"
-                  f"num_concurrent={args.concurrent}")
-    cmd = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", model_args,
-           "--batch_size", str(args.batch_size), "--tasks", TASKS, "--include_path", "bench/lm_eval/tasks",
-           "--output_path", str(out)]
+    model_args = (
+        f"model={model},base_url={url}/v1/completions,tokenizer_backend=remote,max_length={args.max_length},"
+        f"num_concurrent={args.concurrent}"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        "local-completions",
+        "--model_args",
+        model_args,
+        "--batch_size",
+        str(args.batch_size),
+        "--tasks",
+        TASKS,
+        "--include_path",
+        "bench/lm_eval/tasks",
+        "--output_path",
+        str(out),
+    ]
     return cmd + (["--limit", str(args.limit)] if args.limit else [])
 
 
@@ -66,23 +83,30 @@ def reference_perplexity(model_dir: Path, variant: str, max_length: int, limit: 
     md = load_model_dir(model_dir)
     m = md.manifest
     tok = Tokenizer.from_file(str(md.file(m.tokenizer["file"])))
-    step = onnx_step(session(md.file(m.graph("decoder", variant).file)),
-                     max_length=int(m.architecture["max_positions"]))
+    step = onnx_step(
+        session(md.file(m.graph("decoder", variant).file)), max_length=int(m.architecture["max_positions"])
+    )
     prefix = tok.encode("<|endoftext|>", add_special_tokens=False).ids[0]  # what the remote tokenizer gives
     docs = [json.loads(line)["text"] for line in PERPLEXITY_DATA.read_text(encoding="utf-8").splitlines()]
     loglikelihood, words, chars = 0.0, 0, 0
     for doc in docs[:limit] if limit else docs:
         ids = tok.encode(doc, add_special_tokens=False).ids
-        for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
-                token_list=ids, prefix_token=prefix, max_seq_len=max_length - 2, context_len=1)):
-            window = (context + continuation)[-(max_length - 1):]
+        for context, continuation in map(
+            make_disjoint_window,
+            get_rolling_token_windows(token_list=ids, prefix_token=prefix, max_seq_len=max_length - 2, context_len=1),
+        ):
+            window = (context + continuation)[-(max_length - 1) :]
             lp = log_softmax(forced_logits(step, window))  # (T-1, V), predicting window[1:]
             rows = np.arange(len(window) - 1 - len(continuation), len(window) - 1)
             loglikelihood += float(lp[rows, continuation].sum())
         words += len(re.split(r"\s+", doc))
         chars += len(doc.encode("utf-8"))
-    return {"variant": variant, "word_perplexity": math.exp(-loglikelihood / words),
-            "byte_perplexity": math.exp(-loglikelihood / chars), "bits_per_byte": -loglikelihood / chars / math.log(2)}
+    return {
+        "variant": variant,
+        "word_perplexity": math.exp(-loglikelihood / words),
+        "byte_perplexity": math.exp(-loglikelihood / chars),
+        "bits_per_byte": -loglikelihood / chars / math.log(2),
+    }
 
 
 def main() -> None:
@@ -106,11 +130,17 @@ def main() -> None:
         server.stop()
     reference = reference_perplexity(args.models / args.model, args.variant, args.max_length, args.limit or None)
     served = results["tinystories_perplexity"]
-    emit({"model": args.model, "lm_eval": results, "lm_eval_seconds": round(seconds, 1),
-          "reference_perplexity": reference,
-          "word_perplexity_rel_diff": abs(served["word_perplexity,none"] / reference["word_perplexity"] - 1),
-          "command": " ".join(["lm_eval", *cmd[3:]]).replace(server.http_url, "http://127.0.0.1:8080"),
-          "conditions": {"before": before, "after": conditions()}})
+    emit(
+        {
+            "model": args.model,
+            "lm_eval": results,
+            "lm_eval_seconds": round(seconds, 1),
+            "reference_perplexity": reference,
+            "word_perplexity_rel_diff": abs(served["word_perplexity,none"] / reference["word_perplexity"] - 1),
+            "command": " ".join(["lm_eval", *cmd[3:]]).replace(server.http_url, "http://127.0.0.1:8080"),
+            "conditions": {"before": before, "after": conditions()},
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STORIES = ROOT / "checkpoints" / "tinystories-gpt" / "heldout.jsonl"
 DATA = Path(__file__).resolve().parent / "tasks" / "data"
 QUOTES = "\"'\u201c\u201d\u2018\u2019"  # straight and curly
-SENTENCE = re.compile("[^.!?]+[.!?]+[\"\u201d\u2019]?")  # a sentence with its closing punctuation and quote
+SENTENCE = re.compile('[^.!?]+[.!?]+["\u201d\u2019]?')  # a sentence with its closing punctuation and quote
 ITEMS_PER_STORY = 3
 DISTRACTORS = 3
 
@@ -43,7 +43,7 @@ def cut_points(text: str) -> list[tuple[str, str]]:
         parts = sentences(paragraph)
         for i in range(1, len(parts)):
             head = paragraph[: paragraph.index(parts[i])].rstrip()
-            if paragraph[len(head):].startswith(" " + parts[i]):
+            if paragraph[len(head) :].startswith(" " + parts[i]):
                 out.append((text[:end] + head, parts[i]))
     return [(c, s) for c, s in out if len(c) >= 80 and plain(s)]  # some story to go on
 
@@ -58,8 +58,9 @@ def _paragraphs(text: str) -> list[tuple[int, str]]:
 
 
 def next_sentence_items(stories: list[str], rng: random.Random) -> list[dict]:
-    pool = [(i, s) for i, story in enumerate(stories) for line in story.split("\n")
-            for s in sentences(line) if plain(s)]
+    pool = [
+        (i, s) for i, story in enumerate(stories) for line in story.split("\n") for s in sentences(line) if plain(s)
+    ]
     items = []
     for i, story in enumerate(stories):
         cuts = cut_points(story)

@@ -10,6 +10,7 @@ CUDA, an output folder of another job, Ray failures), 2 bad flags.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -147,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        import ray  # noqa: F401  (the optional extra)
-    except ImportError:
+    if importlib.util.find_spec("ray") is None:
         log.error("--engine ray needs Ray Data: pip install 'transformer-serving[ray]' (or '.[ray]' in a checkout)")
         return 1
     try:

@@ -78,8 +78,16 @@ def default_name(path: str | Path) -> str:
     return Path(path).resolve().name.lower().replace("_", "-").replace(" ", "-")
 
 
-def convert(path: str | Path, out: str | Path, *, name: str | None = None, options: Options = Options(),
-            variants=(), device: str = "cpu", extra: dict | None = None):
+def convert(
+    path: str | Path,
+    out: str | Path,
+    *,
+    name: str | None = None,
+    options: Options = Options(),
+    variants=(),
+    device: str = "cpu",
+    extra: dict | None = None,
+):
     """Converts the folder at path into the model directory out (its name: name, else the folder's)."""
     from export.build import build_converted
 

@@ -23,8 +23,11 @@ from export.mlm import MaskedLM
 MODEL_TYPES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}  # model_type -> weight prefix
 POSITION_TYPES = ("absolute",)
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
-ST_MODULES = ("sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
-              "sentence_transformers.models.Normalize")
+ST_MODULES = (
+    "sentence_transformers.models.Transformer",
+    "sentence_transformers.models.Pooling",
+    "sentence_transformers.models.Normalize",
+)
 _ENCODER_RENAMES = [  # (HF name after the prefix, export/encoder.py name)
     (r"^embeddings\.word_embeddings\.", "embeddings.word."),
     (r"^embeddings\.position_embeddings\.", "embeddings.position."),
@@ -96,11 +99,20 @@ def read_config(folder: HFFolder, options, pipeline: dict) -> EncoderConfig:
     if max_length > usable:
         raise ConversionError(f"{where}: max input tokens {max_length} exceed the model's {usable} positions")
     return EncoderConfig(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-        n_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
-        type_vocab_size=hf.get("type_vocab_size", 2), layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-        pooling=options.pooling or pipeline.get("pooling", "mean"), max_length=max_length, pad_token_id=pad,
-        activation=hf.get("hidden_act", "gelu"), position_offset=offset)
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"],
+        d_ff=hf["intermediate_size"],
+        max_positions=hf["max_position_embeddings"],
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        pooling=options.pooling or pipeline.get("pooling", "mean"),
+        max_length=max_length,
+        pad_token_id=pad,
+        activation=hf.get("hidden_act", "gelu"),
+        position_offset=offset,
+    )
 
 
 def map_weights(folder: HFFolder, state: dict[str, torch.Tensor], head: bool) -> dict[str, torch.Tensor]:
@@ -145,13 +157,25 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
         state.update({k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("sop.")})  # unused
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ConversionError(f"{folder.path}: weights do not fit a {folder.architecture} of this config "
-                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+        raise ConversionError(
+            f"{folder.path}: weights do not fit a {folder.architecture} of this config "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
     tokenizer, hf_tok = fast_tokenizer(folder)
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    source = {"architecture": folder.architecture, "model_type": folder.config["model_type"],
-              "pooling": cfg.pooling, "normalizes": bool(pipeline.get("normalizes", False)),
-              "sentence_transformers": folder.modules is not None}
-    return Converted(kind=kind, model=model.eval(), tokenizer=tokenizer, special_tokens=_special_tokens(hf_tok, kind),
-                     max_input_tokens=cfg.max_length, source=source)
+    source = {
+        "architecture": folder.architecture,
+        "model_type": folder.config["model_type"],
+        "pooling": cfg.pooling,
+        "normalizes": bool(pipeline.get("normalizes", False)),
+        "sentence_transformers": folder.modules is not None,
+    }
+    return Converted(
+        kind=kind,
+        model=model.eval(),
+        tokenizer=tokenizer,
+        special_tokens=_special_tokens(hf_tok, kind),
+        max_input_tokens=cfg.max_length,
+        source=source,
+    )

@@ -27,8 +27,9 @@ REFUSED_FIELDS = ("quantization_config",)  # weights stored in forms our fp32 mo
 def refuse_quantized(folder: HFFolder) -> None:
     for name in REFUSED_FIELDS:
         if folder.config.get(name):
-            raise ConversionError(f"{folder.where()}: {name} is set (a quantized checkpoint); convert the "
-                                  "unquantized weights")
+            raise ConversionError(
+                f"{folder.where()}: {name} is set (a quantized checkpoint); convert the unquantized weights"
+            )
 
 
 def served_lengths(folder: HFFolder, limit: int, limit_field: str, options) -> tuple[int, int, int]:
@@ -38,11 +39,15 @@ def served_lengths(folder: HFFolder, limit: int, limit_field: str, options) -> t
     max_in = given_in if given_in is not None else min(half, limit - (given_out or 0))
     max_out = given_out if given_out is not None else min(half, limit - max_in)
     if max_in + max_out > limit:
-        raise ConversionError(f"{folder.where()}: max_input_tokens + max_output_tokens = {max_in + max_out} exceed "
-                              f"the {limit} positions the model takes ({limit_field})")
+        raise ConversionError(
+            f"{folder.where()}: max_input_tokens + max_output_tokens = {max_in + max_out} exceed "
+            f"the {limit} positions the model takes ({limit_field})"
+        )
     if max_in < 1 or max_out < 1:
-        raise ConversionError(f"{folder.where()}: max_input_tokens {max_in} and max_output_tokens {max_out} must "
-                              f"both be at least 1 within the {limit} positions the model takes ({limit_field})")
+        raise ConversionError(
+            f"{folder.where()}: max_input_tokens {max_in} and max_output_tokens {max_out} must "
+            f"both be at least 1 within the {limit} positions the model takes ({limit_field})"
+        )
     return min(limit, max(max_in + max_out, MIN_CONTEXT)), max_in, max_out
 
 
@@ -63,8 +68,10 @@ def special_tokens(folder: HFFolder, hf_tokenizer, vocab_size: int) -> dict[str,
         if ids[name] is None:
             ids[name] = _token_id(getattr(hf_tokenizer, f"{name}_token_id", None))
     if ids["eos"] is None:
-        raise ConversionError(f"{folder.where()}: no eos_token_id (nor an eos token in the tokenizer); "
-                              "generation could only stop at its length limit")
+        raise ConversionError(
+            f"{folder.where()}: no eos_token_id (nor an eos token in the tokenizer); "
+            "generation could only stop at its length limit"
+        )
     if ids["pad"] is None:
         ids["pad"] = ids["eos"]
     out = {name: i for name, i in ids.items() if i is not None}
@@ -74,8 +81,9 @@ def special_tokens(folder: HFFolder, hf_tokenizer, vocab_size: int) -> dict[str,
     return out
 
 
-def renamed(folder: HFFolder, state: dict[str, torch.Tensor], table: list[tuple[str, str]],
-            unused: str) -> dict[str, torch.Tensor]:
+def renamed(
+    folder: HFFolder, state: dict[str, torch.Tensor], table: list[tuple[str, str]], unused: str
+) -> dict[str, torch.Tensor]:
     """The state dict renamed by a table of (regular expression, replacement); names matching
     `unused` are dropped; any other name is refused (a weight we would silently lose)."""
     out = {}
@@ -96,17 +104,30 @@ def decoder(folder: HFFolder, cfg: DecoderConfig, state: dict[str, torch.Tensor]
     model = GPTDecoder(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ConversionError(f"{folder.path}: weights do not fit a {folder.architecture} of this config "
-                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+        raise ConversionError(
+            f"{folder.path}: weights do not fit a {folder.architecture} of this config "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
     return model.eval()
 
 
-def converted(folder: HFFolder, model: GPTDecoder, tokenizer, special: dict[str, int],
-              lengths: tuple[int, int, int], **source) -> Converted:
+def converted(
+    folder: HFFolder, model: GPTDecoder, tokenizer, special: dict[str, int], lengths: tuple[int, int, int], **source
+) -> Converted:
     context, max_in, max_out = lengths  # served_lengths()
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    return Converted(kind="generation", model=model, tokenizer=tokenizer, special_tokens=special,
-                     max_input_tokens=max_in, max_output_tokens=max_out,
-                     source={"architecture": folder.architecture, "model_type": folder.config.get("model_type"),
-                             "context": context, **source})
+    return Converted(
+        kind="generation",
+        model=model,
+        tokenizer=tokenizer,
+        special_tokens=special,
+        max_input_tokens=max_in,
+        max_output_tokens=max_out,
+        source={
+            "architecture": folder.architecture,
+            "model_type": folder.config.get("model_type"),
+            "context": context,
+            **source,
+        },
+    )

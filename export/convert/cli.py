@@ -19,19 +19,27 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m export convert",
         description="Convert a local Hugging Face folder (BERT, RoBERTa, XLM-R, GPT-2, Llama, Mistral, Qwen2, "
-                    "Marian) into a model directory, through the parity gate. Never downloads.")
+        "Marian) into a model directory, through the parity gate. Never downloads.",
+    )
     p.add_argument("command", choices=["convert"], help=argparse.SUPPRESS)
     p.add_argument("path", type=Path, help="the folder: config.json, weights, tokenizer files")
     p.add_argument("--out", required=True, type=Path, help="the models folder; the model is written to OUT/NAME")
     p.add_argument("--name", help="the model's name (default: the folder's name, lower case)")
     p.add_argument("--kind", choices=KINDS, help="default: from config.json's architectures and modules.json")
-    p.add_argument("--pooling", choices=["mean", "cls", "max"],
-                   help="embedding pooling (default: 1_Pooling/config.json, else mean)")
+    p.add_argument(
+        "--pooling",
+        choices=["mean", "cls", "max"],
+        help="embedding pooling (default: 1_Pooling/config.json, else mean)",
+    )
     p.add_argument("--max-input-tokens", type=int, help="longest input accepted (default: from the folder)")
     p.add_argument("--max-output-tokens", type=int, help="generation/translation: most new tokens (default: context)")
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="auto: CUDA when PyTorch sees a GPU; there the fp16 graphs are also gated on it")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: CUDA when PyTorch sees a GPU; there the fp16 graphs are also gated on it",
+    )
     return p
 
 
@@ -43,11 +51,21 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("export").setLevel(logging.INFO)
     name = args.name or default_name(args.path)
-    options = Options(kind=args.kind, pooling=args.pooling, max_input_tokens=args.max_input_tokens,
-                      max_output_tokens=args.max_output_tokens)
+    options = Options(
+        kind=args.kind,
+        pooling=args.pooling,
+        max_input_tokens=args.max_input_tokens,
+        max_output_tokens=args.max_output_tokens,
+    )
     try:
-        convert(args.path, args.out / name, name=name, options=options, variants=_variant_list(args.variants),
-                device=gpu_gate.resolve_device(args.device))
+        convert(
+            args.path,
+            args.out / name,
+            name=name,
+            options=options,
+            variants=_variant_list(args.variants),
+            device=gpu_gate.resolve_device(args.device),
+        )
     except ConversionError as e:
         log.error("cannot convert: %s", e)
         return 2

@@ -16,8 +16,10 @@ class ConversionError(ValueError):
 
 def refuse(where: str, field_name: str, value: Any, supported) -> ConversionError:
     """-> ConversionError '<where>: <field> = <value> is not supported (supported: ...)'."""
-    return ConversionError(f"{where}: {field_name} = {value!r} is not supported "
-                           f"(supported: {', '.join(map(repr, supported)) if supported else 'none'})")
+    return ConversionError(
+        f"{where}: {field_name} = {value!r} is not supported "
+        f"(supported: {', '.join(map(repr, supported)) if supported else 'none'})"
+    )
 
 
 @dataclass

@@ -25,8 +25,9 @@ class HFFolder:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_dir():
-            raise ConversionError(f"{self.path}: not a folder (convert reads a local Hugging Face folder; "
-                                  "it never downloads)")
+            raise ConversionError(
+                f"{self.path}: not a folder (convert reads a local Hugging Face folder; it never downloads)"
+            )
         if not (self.path / "config.json").is_file():
             raise ConversionError(f"{self.path}: no config.json (not a Hugging Face model folder)")
 

@@ -22,8 +22,12 @@ from export.decoder import DecoderConfig
 from export.layers import ACTIVATIONS
 
 # config field -> the one value converted (its transformers default)
-ATTENTION_FIELDS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                    "reorder_and_upcast_attn": False, "add_cross_attention": False}
+ATTENTION_FIELDS = {
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "add_cross_attention": False,
+}
 _CONV1D = re.compile(r"\.(c_attn|c_proj|c_fc)\.weight$")
 _RENAMES = [  # (GPT-2 name, without transformer. and with c_attn split, export/decoder.py name)
     (r"^(wte|wpe|ln_f)\.", r"\1."),
@@ -50,11 +54,19 @@ def read_config(folder: HFFolder, options, vocab_tokens: dict) -> tuple[DecoderC
     lengths = causal_lm.served_lengths(folder, int(hf.get("n_positions", 1024)), "n_positions", options)
     d_model = int(hf["n_embd"])
     cfg = DecoderConfig(
-        vocab_size=int(hf["vocab_size"]), d_model=d_model, n_layers=int(hf["n_layer"]), n_heads=int(hf["n_head"]),
-        d_ff=int(hf.get("n_inner") or 4 * d_model), max_positions=lengths[0],
-        layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), activation=activation,
-        bos_token_id=vocab_tokens.get("bos", vocab_tokens["eos"]), eos_token_id=vocab_tokens["eos"],
-        pad_token_id=vocab_tokens["pad"], tied_head=bool(hf.get("tie_word_embeddings", True)))
+        vocab_size=int(hf["vocab_size"]),
+        d_model=d_model,
+        n_layers=int(hf["n_layer"]),
+        n_heads=int(hf["n_head"]),
+        d_ff=int(hf.get("n_inner") or 4 * d_model),
+        max_positions=lengths[0],
+        layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        activation=activation,
+        bos_token_id=vocab_tokens.get("bos", vocab_tokens["eos"]),
+        eos_token_id=vocab_tokens["eos"],
+        pad_token_id=vocab_tokens["pad"],
+        tied_head=bool(hf.get("tie_word_embeddings", True)),
+    )
     return cfg, lengths
 
 
@@ -87,5 +99,6 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
     if "wpe.weight" in state:
         state["wpe.weight"] = state["wpe.weight"][: cfg.max_positions]  # (context, C): the positions served
     model = causal_lm.decoder(folder, cfg, state)
-    return causal_lm.converted(folder, model, tokenizer, special, lengths, activation=cfg.activation,
-                               tied_head=cfg.tied_head)
+    return causal_lm.converted(
+        folder, model, tokenizer, special, lengths, activation=cfg.activation, tied_head=cfg.tied_head
+    )

@@ -100,14 +100,29 @@ def read_config(folder: HFFolder, options, special: dict) -> tuple[DecoderConfig
     lengths = causal_lm.served_lengths(folder, limit, limit_field, options)
     d_model, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     cfg = DecoderConfig(
-        vocab_size=int(hf["vocab_size"]), d_model=d_model, n_layers=int(hf["num_hidden_layers"]), n_heads=n_heads,
-        d_ff=int(hf["intermediate_size"]), max_positions=lengths[0], layer_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        bos_token_id=special.get("bos", special["eos"]), eos_token_id=special["eos"], pad_token_id=special["pad"],
-        norm="rmsnorm", activation=activation, gated_mlp=True, mlp_bias=_flag(hf, family.mlp_bias),
-        qkv_bias=_flag(hf, family.qkv_bias), out_bias=_flag(hf, family.out_bias),
-        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads), head_dim=int(hf.get("head_dim") or d_model // n_heads),
-        positions="rotary", rope_theta=theta, rope_scaling=scaling,
-        tied_head=bool(hf.get("tie_word_embeddings", False)))
+        vocab_size=int(hf["vocab_size"]),
+        d_model=d_model,
+        n_layers=int(hf["num_hidden_layers"]),
+        n_heads=n_heads,
+        d_ff=int(hf["intermediate_size"]),
+        max_positions=lengths[0],
+        layer_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        bos_token_id=special.get("bos", special["eos"]),
+        eos_token_id=special["eos"],
+        pad_token_id=special["pad"],
+        norm="rmsnorm",
+        activation=activation,
+        gated_mlp=True,
+        mlp_bias=_flag(hf, family.mlp_bias),
+        qkv_bias=_flag(hf, family.qkv_bias),
+        out_bias=_flag(hf, family.out_bias),
+        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+        head_dim=int(hf.get("head_dim") or d_model // n_heads),
+        positions="rotary",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tied_head=bool(hf.get("tie_word_embeddings", False)),
+    )
     return cfg, lengths
 
 
@@ -121,6 +136,14 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
     if cfg.tied_head:
         state.pop("lm_head.weight", None)  # the embedding, when saved twice
     model = causal_lm.decoder(folder, cfg, causal_lm.renamed(folder, state, _RENAMES, _UNUSED))
-    return causal_lm.converted(folder, model, tokenizer, special, lengths, kv_heads=cfg.kv_heads,
-                               tied_head=cfg.tied_head, sliding_window=window(folder, FAMILIES[folder.architecture]),
-                               rope_type=(cfg.rope_scaling or {}).get("rope_type", "default"))
+    return causal_lm.converted(
+        folder,
+        model,
+        tokenizer,
+        special,
+        lengths,
+        kv_heads=cfg.kv_heads,
+        tied_head=cfg.tied_head,
+        sliding_window=window(folder, FAMILIES[folder.architecture]),
+        rope_type=(cfg.rope_scaling or {}).get("rope_type", "default"),
+    )

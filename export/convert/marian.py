@@ -26,14 +26,28 @@ from export.seq2seq import Seq2SeqConfig, Translator
 
 BANNED_LOGIT = -100.0
 # config.json field -> the one value converted (the value transformers computes with, also when absent)
-FIXED_FIELDS = {"share_encoder_decoder_embeddings": True, "normalize_before": False, "normalize_embedding": False,
-                "add_final_layer_norm": False, "add_bias_logits": False, "static_position_embeddings": True}
+FIXED_FIELDS = {
+    "share_encoder_decoder_embeddings": True,
+    "normalize_before": False,
+    "normalize_embedding": False,
+    "add_final_layer_norm": False,
+    "add_bias_logits": False,
+    "static_position_embeddings": True,
+}
 # encoder field, decoder field: our Translator has one of each
 SYMMETRIC = [("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")]
 # generation setting -> its neutral value (unset or this: converted; the service does not apply them)
-NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0,
-           "min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
-           "forced_bos_token_id": None, "sequence_bias": None}
+NEUTRAL = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "sequence_bias": None,
+}
 EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 POSITIONS = re.compile(r"^model\.(encoder|decoder)\.embed_positions\.weight$")
 _RENAMES = [  # (transformers name, export/seq2seq.py name)
@@ -45,11 +59,24 @@ _RENAMES = [  # (transformers name, export/seq2seq.py name)
     (r"^model\.decoder\.layers\.(\d+)\.encoder_attn_layer_norm\.", r"decoder_layers.\1.ln_cross."),
     (r"^model\.decoder\.layers\.(\d+)\.", r"decoder_layers.\1."),
 ]
-_PARTS = [(r"\.q_proj\.", ".query."), (r"\.k_proj\.", ".key."), (r"\.v_proj\.", ".value."),
-          (r"\.out_proj\.", ".out."), (r"\.fc1\.", ".ffn.fc_in."), (r"\.fc2\.", ".ffn.fc_out."),
-          (r"\.final_layer_norm\.", ".ln_ffn.")]  # (within a layer, ours)
-REQUIRED = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
-            "pad_token_id")
+_PARTS = [
+    (r"\.q_proj\.", ".query."),
+    (r"\.k_proj\.", ".key."),
+    (r"\.v_proj\.", ".value."),
+    (r"\.out_proj\.", ".out."),
+    (r"\.fc1\.", ".ffn.fc_in."),
+    (r"\.fc2\.", ".ffn.fc_out."),
+    (r"\.final_layer_norm\.", ".ln_ffn."),
+]  # (within a layer, ours)
+REQUIRED = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "encoder_ffn_dim",
+    "pad_token_id",
+)
 
 
 def _rename(key: str) -> str | None:
@@ -107,18 +134,34 @@ def read_config(folder: HFFolder, gen: dict, options) -> Seq2SeqConfig:
         raise refuse(folder.where(), "eos_token_id", eos, ["one id"])
     start = int(gen.get("decoder_start_token_id", hf.get("decoder_start_token_id", pad)))
     positions = int(hf.get("max_position_embeddings", 1024))
-    for name, value, limit in (("max_input_tokens", options.max_input_tokens, positions),
-                               ("max_output_tokens", options.max_output_tokens, positions - 1)):
+    for name, value, limit in (
+        ("max_input_tokens", options.max_input_tokens, positions),
+        ("max_output_tokens", options.max_output_tokens, positions - 1),
+    ):
         if value is not None and not 1 <= value <= limit:
-            raise ConversionError(f"{folder.where()}: {name} {value} is outside 1 .. {limit} "
-                                  f"(max_position_embeddings {positions})")
+            raise ConversionError(
+                f"{folder.where()}: {name} {value} is outside 1 .. {limit} (max_position_embeddings {positions})"
+            )
     return Seq2SeqConfig(
-        vocab_size=int(hf["vocab_size"]), d_model=int(hf["d_model"]), n_encoder_layers=int(hf["encoder_layers"]),
-        n_decoder_layers=int(hf["decoder_layers"]), n_heads=int(hf["encoder_attention_heads"]),
-        d_ff=int(hf["encoder_ffn_dim"]), max_positions=positions, dropout=0.0, pad_token_id=pad,
-        bos_token_id=start, eos_token_id=eos, norm_position="post", final_norms=False,
-        activation=hf.get("activation_function", "gelu"), positions="marian",
-        scale_embedding=bool(hf.get("scale_embedding", False)), final_logits_bias=True, decoder_start_token_id=start)
+        vocab_size=int(hf["vocab_size"]),
+        d_model=int(hf["d_model"]),
+        n_encoder_layers=int(hf["encoder_layers"]),
+        n_decoder_layers=int(hf["decoder_layers"]),
+        n_heads=int(hf["encoder_attention_heads"]),
+        d_ff=int(hf["encoder_ffn_dim"]),
+        max_positions=positions,
+        dropout=0.0,
+        pad_token_id=pad,
+        bos_token_id=start,
+        eos_token_id=eos,
+        norm_position="post",
+        final_norms=False,
+        activation=hf.get("activation_function", "gelu"),
+        positions="marian",
+        scale_embedding=bool(hf.get("scale_embedding", False)),
+        final_logits_bias=True,
+        decoder_start_token_id=start,
+    )
 
 
 def _embedding(folder: HFFolder, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -130,8 +173,10 @@ def _embedding(folder: HFFolder, state: dict[str, torch.Tensor]) -> torch.Tensor
     for key in copies[1:]:
         if not torch.equal(state[key], weight):
             field = "tie_word_embeddings" if key == "lm_head.weight" else "share_encoder_decoder_embeddings"
-            raise ConversionError(f"{folder.path}: {key} differs from {copies[0]}: an untied head or separate "
-                                  f"embeddings ({field}) are not supported")
+            raise ConversionError(
+                f"{folder.path}: {key} differs from {copies[0]}: an untied head or separate "
+                f"embeddings ({field}) are not supported"
+            )
     if not folder.config.get("tie_word_embeddings", True) and "lm_head.weight" not in state:
         raise refuse(folder.where(), "tie_word_embeddings", False, [True])
     return weight
@@ -150,8 +195,10 @@ def mapped_state(folder: HFFolder, cfg: Seq2SeqConfig, banned: list[int]) -> dic
             continue
         if POSITIONS.match(key):
             if value.shape != ours.shape or float((value - ours).abs().max()) > 1e-5:
-                raise ConversionError(f"{folder.path}: {key} is not the sinusoidal table transformers computes "
-                                      "(learned positions are not supported)")
+                raise ConversionError(
+                    f"{folder.path}: {key} is not the sinusoidal table transformers computes "
+                    "(learned positions are not supported)"
+                )
             continue
         name = _rename(key)
         if name is None:
@@ -169,20 +216,39 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
     reference_tokenizer = hf_tokenizer(folder)
     tokenizer, tokenizer_figures = marian_tokenizer(folder, reference_tokenizer)
     if tokenizer.get_vocab_size() != cfg.vocab_size:
-        raise ConversionError(f"{folder.where()}: vocab_size {cfg.vocab_size} but vocab.json holds "
-                              f"{tokenizer.get_vocab_size()} pieces")
+        raise ConversionError(
+            f"{folder.where()}: vocab_size {cfg.vocab_size} but vocab.json holds {tokenizer.get_vocab_size()} pieces"
+        )
     if reference_tokenizer.eos_token_id != cfg.eos_token_id:
-        raise ConversionError(f"{folder.where()}: eos_token_id {cfg.eos_token_id} is not the tokenizer's "
-                              f"{reference_tokenizer.eos_token!r} ({reference_tokenizer.eos_token_id})")
+        raise ConversionError(
+            f"{folder.where()}: eos_token_id {cfg.eos_token_id} is not the tokenizer's "
+            f"{reference_tokenizer.eos_token!r} ({reference_tokenizer.eos_token_id})"
+        )
     model = Translator(cfg)
     missing, unexpected = model.load_state_dict(mapped_state(folder, cfg, banned), strict=False)
     if missing or unexpected:
-        raise ConversionError(f"{folder.path}: weights do not fit a {folder.architecture} of this config "
-                              f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-    special = {"pad": cfg.pad_token_id, "eos": cfg.eos_token_id, "unk": reference_tokenizer.unk_token_id,
-               "decoder_start": cfg.decoder_start_token_id}
-    return Converted(kind="translation", model=model.eval(), tokenizer=tokenizer, special_tokens=special,
-                     max_input_tokens=options.max_input_tokens or cfg.max_positions,
-                     max_output_tokens=options.max_output_tokens or cfg.max_positions - 1,
-                     source={"architecture": folder.architecture, "model_type": folder.config.get("model_type"),
-                             "activation": cfg.activation, "banned_tokens": banned, "tokenizer": tokenizer_figures})
+        raise ConversionError(
+            f"{folder.path}: weights do not fit a {folder.architecture} of this config "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+    special = {
+        "pad": cfg.pad_token_id,
+        "eos": cfg.eos_token_id,
+        "unk": reference_tokenizer.unk_token_id,
+        "decoder_start": cfg.decoder_start_token_id,
+    }
+    return Converted(
+        kind="translation",
+        model=model.eval(),
+        tokenizer=tokenizer,
+        special_tokens=special,
+        max_input_tokens=options.max_input_tokens or cfg.max_positions,
+        max_output_tokens=options.max_output_tokens or cfg.max_positions - 1,
+        source={
+            "architecture": folder.architecture,
+            "model_type": folder.config.get("model_type"),
+            "activation": cfg.activation,
+            "banned_tokens": banned,
+            "tokenizer": tokenizer_figures,
+        },
+    )

@@ -24,8 +24,18 @@ RUN = "\ue001"  # private use: stands for a run of two or more characters source
 SPM_MODEL_TYPES = {1: "unigram"}  # source.spm's trainer_spec.model_type -> name (BPE: 2, not converted)
 NORMAL, USER_DEFINED, BYTE = 1, 4, 6  # SentencePiece piece types that segment text
 # transformers' clean_up_tokenization, in its order (when tokenizer_config.json turns it on)
-CLEANUP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
-           (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+CLEANUP = [
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+]
 
 
 def _source_model(folder: HFFolder):
@@ -65,8 +75,12 @@ def _unknown_runs(known: set[str]) -> normalizers.Normalizer:
 
 def _decoder(cleanup: bool) -> decoders.Decoder:
     """MarianTokenizer.decode's text from the kept pieces: "▁" -> space, joined, stripped."""
-    steps = [decoders.Replace(MARK, ""), decoders.Replace("▁", " "), decoders.Fuse(),
-             decoders.Replace(Regex(r"\A\s+|\s+\z"), "")]  # after Fuse: one string, as str.strip()
+    steps = [
+        decoders.Replace(MARK, ""),
+        decoders.Replace("▁", " "),
+        decoders.Fuse(),
+        decoders.Replace(Regex(r"\A\s+|\s+\z"), ""),
+    ]  # after Fuse: one string, as str.strip()
     if cleanup:
         steps += [decoders.Replace(old, new) for old, new in CLEANUP]
     return decoders.Sequence(steps)
@@ -101,8 +115,13 @@ def marian_tokenizer(folder: HFFolder, hf_tokenizer) -> tuple[Tokenizer, dict]:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok.add_tokens([AddedToken(c, special=False, normalized=False) for c in codes])
     eos = hf_tokenizer.eos_token
-    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
-                                                       special_tokens=[(eos, vocab[eos])])
-    figures = {"vocab": len(vocab), "target_only_pieces": sum(p not in scores and p not in kept for p in pieces),
-               "source_pieces_not_in_vocab": sum(p not in vocab for p in scores), "language_codes": len(codes)}
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A $B {eos}", special_tokens=[(eos, vocab[eos])]
+    )
+    figures = {
+        "vocab": len(vocab),
+        "target_only_pieces": sum(p not in scores and p not in kept for p in pieces),
+        "source_pieces_not_in_vocab": sum(p not in vocab for p in scores),
+        "language_codes": len(codes),
+    }
     return tok, figures

@@ -46,10 +46,12 @@ def _tokenizer_figures(folder: HFFolder, converted: Converted) -> dict:
     texts = TEXTS
     mismatched = [t for t in texts if reference(t)["input_ids"] != converted.tokenizer.encode(t).ids]
     if mismatched:
-        raise parity.ParityError(f"tokenizer: the model directory's tokenizer gives other ids than the folder's on "
-                                 f"{len(mismatched)} of {len(texts)} texts, first {mismatched[0]!r}: "
-                                 f"{converted.tokenizer.encode(mismatched[0]).ids} vs "
-                                 f"{reference(mismatched[0])['input_ids']}")
+        raise parity.ParityError(
+            f"tokenizer: the model directory's tokenizer gives other ids than the folder's on "
+            f"{len(mismatched)} of {len(texts)} texts, first {mismatched[0]!r}: "
+            f"{converted.tokenizer.encode(mismatched[0]).ids} vs "
+            f"{reference(mismatched[0])['input_ids']}"
+        )
     return {"texts": len(texts), "same_ids": True}
 
 
@@ -115,12 +117,21 @@ def _generation(folder: HFFolder, c: Converted) -> dict:
             ref = hf(input_ids=ids).logits
             got = c.model(ids)[0]
             figures = _merge(figures, _logits_figures(ref, got, torch.ones_like(ids), "generation"))
-            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GREEDY_TOKENS,
-                                   do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0)
+            expected = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=GREEDY_TOKENS,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             mine = c.model.generate(ids, GREEDY_TOKENS, stop_at_eos=False)
         if expected[0].tolist() != mine[0].tolist():
-            raise parity.ParityError(f"greedy tokens differ from transformers' generate on {text!r}: "
-                                     f"{mine[0, ids.shape[1]:].tolist()} vs {expected[0, ids.shape[1]:].tolist()}")
+            raise parity.ParityError(
+                f"greedy tokens differ from transformers' generate on {text!r}: "
+                f"{mine[0, ids.shape[1] :].tolist()} vs {expected[0, ids.shape[1] :].tolist()}"
+            )
         greedy += GREEDY_TOKENS
     return {**figures, "greedy_tokens_equal": greedy}
 
@@ -136,15 +147,17 @@ def _translation(folder: HFFolder, c: Converted) -> dict:
         ids = torch.tensor([c.tokenizer.encode(text).ids[:32]])
         mask = torch.ones_like(ids)
         with torch.no_grad():  # one token more: a forced_eos_token_id (Marian) replaces the last one with EOS
-            expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS + 1,
-                                   do_sample=False, num_beams=1)[0, 1:].tolist()  # without the decoder start token
+            expected = hf.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS + 1, do_sample=False, num_beams=1
+            )[0, 1:].tolist()  # without the decoder start token
             mine = c.model.greedy_decode(ids, mask, GREEDY_TOKENS)[0]
             target = torch.tensor([[c.model.config.decoder_start_token_id, *mine]])  # teacher-forced logits
             ref = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits[..., keep]
             got = c.model(ids, mask, target, torch.ones_like(target))[..., keep]
         if expected[: len(mine)] != mine:
-            raise parity.ParityError(f"greedy translation differs from transformers' generate on {text!r}: "
-                                     f"{mine} vs {expected}")
+            raise parity.ParityError(
+                f"greedy translation differs from transformers' generate on {text!r}: {mine} vs {expected}"
+            )
         figures = _merge(figures, _logits_figures(ref, got, torch.ones_like(target), "translation"))
         total += len(mine)
     return {**figures, "greedy_tokens_equal": total}
@@ -153,8 +166,11 @@ def _translation(folder: HFFolder, c: Converted) -> dict:
 def _merge(a: dict, b: dict) -> dict:
     if not a:
         return b
-    return {"logits_max_abs_diff": max(a["logits_max_abs_diff"], b["logits_max_abs_diff"]),
-            "top1_agreement": min(a["top1_agreement"], b["top1_agreement"]), "positions": a["positions"] + b["positions"]}
+    return {
+        "logits_max_abs_diff": max(a["logits_max_abs_diff"], b["logits_max_abs_diff"]),
+        "top1_agreement": min(a["top1_agreement"], b["top1_agreement"]),
+        "positions": a["positions"] + b["positions"],
+    }
 
 
 CHECKS = {"embedding": _embedding, "fill-mask": _fill_mask, "generation": _generation, "translation": _translation}
@@ -169,6 +185,7 @@ def check(folder: HFFolder, converted: Converted) -> dict:
 
 
 def rounded(figures: dict) -> dict:
-    return {k: rounded(v) if isinstance(v, dict) else float(f"{v:.4g}") if isinstance(v, float) else v
-            for k, v in figures.items()}
-
+    return {
+        k: rounded(v) if isinstance(v, dict) else float(f"{v:.4g}") if isinstance(v, float) else v
+        for k, v in figures.items()
+    }

@@ -2,4 +2,4 @@
 
 from service.embedding.model import EmbeddingModel, EmbedResult
 
-__all__ = ["EmbeddingModel", "EmbedResult"]
+__all__ = ["EmbedResult", "EmbeddingModel"]

@@ -8,15 +8,20 @@ from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
 from service.proto import inference_pb2 as pb
 
-ENCODINGS = {pb.EMBEDDING_ENCODING_UNSPECIFIED: False, pb.EMBEDDING_ENCODING_FLOAT: False,
-             pb.EMBEDDING_ENCODING_PACKED_FLOAT32: True}  # encoding -> packed
+ENCODINGS = {
+    pb.EMBEDDING_ENCODING_UNSPECIFIED: False,
+    pb.EMBEDDING_ENCODING_FLOAT: False,
+    pb.EMBEDDING_ENCODING_PACKED_FLOAT32: True,
+}  # encoding -> packed
 
 
 def packed(request: pb.EmbedRequest) -> bool:
     """Whether the reply's vectors go as little-endian float32 bytes (EMBEDDING_ENCODING_PACKED_FLOAT32)."""
     if request.encoding not in ENCODINGS:
-        raise InvalidArgument(f"encoding={request.encoding} is not an EmbeddingEncoding; use "
-                              "EMBEDDING_ENCODING_FLOAT or EMBEDDING_ENCODING_PACKED_FLOAT32")
+        raise InvalidArgument(
+            f"encoding={request.encoding} is not an EmbeddingEncoding; use "
+            "EMBEDDING_ENCODING_FLOAT or EMBEDDING_ENCODING_PACKED_FLOAT32"
+        )
     return ENCODINGS[request.encoding]
 
 

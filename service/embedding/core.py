@@ -44,10 +44,18 @@ class EmbeddingCore:
     async def embed(self, query: EmbedQuery, deadline: float | None = None) -> Embeddings:
         """Validates, admits (the model's queue places, before tokenizing) and embeds; raises ServiceError."""
         start = time.perf_counter()
-        check_inputs(query.inputs, self.settings.embed_max_inputs, "text to embed",
-                     "split the call (or use EmbedStream)")
+        check_inputs(
+            query.inputs, self.settings.embed_max_inputs, "text to embed", "split the call (or use EmbedStream)"
+        )
         model = cast("EmbeddingModel", self.registry.get("embedding", query.model))
         label_model(model.name)
         r = await model.embed(query.inputs, query.normalize, query.truncate, query.dimensions, deadline)
-        return Embeddings(model.name, r.embeddings, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s,
-                          time.perf_counter() - start)
+        return Embeddings(
+            model.name,
+            r.embeddings,
+            r.input_tokens,
+            r.tokenize_s,
+            r.queue_s,
+            r.inference_s,
+            time.perf_counter() - start,
+        )

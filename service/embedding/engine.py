@@ -47,8 +47,10 @@ class EmbeddingEngine(EncoderEngine):
         self.input_types = {}
         for node in session.get_inputs():
             if node.name not in _KNOWN_INPUTS or node.type not in _ORT_INT_TYPES:
-                raise ValueError(f"encoder graph input {node.name} ({node.type}) is not one of "
-                                 f"{', '.join(_KNOWN_INPUTS)} as int32/int64")
+                raise ValueError(
+                    f"encoder graph input {node.name} ({node.type}) is not one of "
+                    f"{', '.join(_KNOWN_INPUTS)} as int32/int64"
+                )
             self.input_types[node.name] = _ORT_INT_TYPES[node.type]
         if "input_ids" not in self.input_types:
             raise ValueError("encoder graph has no input_ids input")
@@ -82,8 +84,15 @@ class PackedEmbeddingEngine(EncoderEngine):
     packed = True
     INPUTS = ("input_ids", "position_ids", "segment_ids")
 
-    def __init__(self, session: ort.InferenceSession, pad_id: int, row_tokens: int, pooling: str = "mean",
-                 model: str = "", align: int = 1):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        pad_id: int,
+        row_tokens: int,
+        pooling: str = "mean",
+        model: str = "",
+        align: int = 1,
+    ):
         super().__init__(session, pad_id, model)
         self.row_tokens, self.pooling = row_tokens, pooling
         self.align = align  # packing.alignment(variant)

@@ -31,8 +31,9 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
         return await self._embed(request, deadline_of(context))
 
     @grpc_errors("EmbeddingService")
-    async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.EmbedResponse]:
+    async def EmbedStream(
+        self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.EmbedResponse]:
         """One response per request, in order; up to STREAM_WINDOW requests are computed at once."""
         self.core.registry.admit()  # refused while draining; once open, its messages go on through a drain
         window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
@@ -47,8 +48,9 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
                 if (task := window.get_nowait()) is not None:
                     task.cancel()
 
-    async def _read_stream(self, requests: AsyncIterator[pb.EmbedRequest], window: asyncio.Queue,
-                           deadline: float | None) -> None:
+    async def _read_stream(
+        self, requests: AsyncIterator[pb.EmbedRequest], window: asyncio.Queue, deadline: float | None
+    ) -> None:
         try:
             async for request in requests:
                 await window.put(asyncio.create_task(self._embed(request, deadline)))

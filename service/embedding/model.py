@@ -31,9 +31,14 @@ log = logging.getLogger(__name__)
 def queue_limits(settings: Settings, runtime: Runtime, packed: bool = False) -> BatchLimits:
     """The embedding queue's limits (settings `embed_*`, batch sizes by device): every encoder kind's."""
     max_tokens, max_rows = runtime.embed_batch_limits()
-    return BatchLimits(max_batch_tokens=max_tokens, max_batch_size=max_rows,
-                       max_wait_s=settings.embed_max_wait_ms / 1000.0, max_queue=settings.embed_max_queue,
-                       workers=settings.compute_workers, packed=packed)
+    return BatchLimits(
+        max_batch_tokens=max_tokens,
+        max_batch_size=max_rows,
+        max_wait_s=settings.embed_max_wait_ms / 1000.0,
+        max_queue=settings.embed_max_queue,
+        workers=settings.compute_workers,
+        packed=packed,
+    )
 
 
 def encoder_graph(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, str, object]:
@@ -53,16 +58,22 @@ def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tu
     variant, execution, session = encoder_graph(model_dir, settings, runtime)
     pad = int(m.special_tokens.get("pad", 0))
     if execution == "packed":
-        engine = PackedEmbeddingEngine(session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name,
-                                       alignment(variant))
+        engine = PackedEmbeddingEngine(
+            session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name, alignment(variant)
+        )
     else:
         engine = EmbeddingEngine(session, pad, m.name)
     log.info("embedding model %s: %s %s graph", m.name, variant, execution)
     return variant, engine
 
 
-async def admit_and_encode(batcher: Batcher, tokenizer: EmbeddingTokenizer, texts: list[str], truncate: bool,
-                           check: Callable[[list[Encoded]], None] | None = None) -> tuple[list[Encoded], float]:
+async def admit_and_encode(
+    batcher: Batcher,
+    tokenizer: EmbeddingTokenizer,
+    texts: list[str],
+    truncate: bool,
+    check: Callable[[list[Encoded]], None] | None = None,
+) -> tuple[list[Encoded], float]:
     """Takes the call's queue places (refused at once when full), refuses untruncated inputs too long
     to tokenize, then tokenizes the call (inline when small, else in a thread) and runs `check` on
     the result; gives the places back on any failure. -> (encodings, seconds spent tokenizing)."""
@@ -92,8 +103,15 @@ class EmbedResult:
 class EmbeddingModel:
     kind = "embedding"
 
-    def __init__(self, manifest: Manifest, tokenizer: EmbeddingTokenizer, engine: EncoderEngine,
-                 runtime: Runtime, limits: BatchLimits, variant: str):
+    def __init__(
+        self,
+        manifest: Manifest,
+        tokenizer: EmbeddingTokenizer,
+        engine: EncoderEngine,
+        runtime: Runtime,
+        limits: BatchLimits,
+        variant: str,
+    ):
         self.name, self.manifest, self.variant = manifest.name, manifest, variant
         self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime
         self.provider = engine.provider
@@ -101,7 +119,7 @@ class EmbeddingModel:
         self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gate=runtime.gate)
 
     @classmethod
-    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "EmbeddingModel":
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> EmbeddingModel:
         m = model_dir.manifest
         variant, engine = load_engine(model_dir, settings, runtime)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
@@ -124,12 +142,20 @@ class EmbeddingModel:
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
         return info
 
-    async def embed(self, texts: list[str], normalize: bool = True, truncate: bool = True, dimensions: int = 0,
-                    deadline: float | None = None) -> EmbedResult:
+    async def embed(
+        self,
+        texts: list[str],
+        normalize: bool = True,
+        truncate: bool = True,
+        dimensions: int = 0,
+        deadline: float | None = None,
+    ) -> EmbedResult:
         """Embeds texts; `deadline` is a time.monotonic() instant after which queued work is dropped."""
         if dimensions > self.dimension:
-            raise InvalidArgument(f"dimensions={dimensions} is larger than model {self.name!r}'s "
-                                  f"{self.dimension}; use 0 (full) or 1..{self.dimension}")
+            raise InvalidArgument(
+                f"dimensions={dimensions} is larger than model {self.name!r}'s "
+                f"{self.dimension}; use 0 (full) or 1..{self.dimension}"
+            )
         encoded, tokenize_s = await admit_and_encode(self.batcher, self.tokenizer, texts, truncate)
         outcome = await self.batcher.enqueue(encoded, deadline)
         vectors = postprocess(outcome.outputs, normalize, dimensions)

@@ -86,13 +86,22 @@ class Outcome:
 
 
 class Batcher:
-    def __init__(self, model: str, forward: Forward, run: RunInExecutor, limits: BatchLimits,
-                 gather: Gather = np.stack, kind: str = "embedding", gate: Gate | None = None):
+    def __init__(
+        self,
+        model: str,
+        forward: Forward,
+        run: RunInExecutor,
+        limits: BatchLimits,
+        gather: Gather = np.stack,
+        kind: str = "embedding",
+        gate: Gate | None = None,
+    ):
         self.model, self._forward, self._run, self.limits = model, forward, run, limits
         self._gather = gather
         self._queue: list[Item] = []  # arrival order
-        self.admission = Admission(kind, model, limits.max_queue, "queued inputs", gate=gate,
-                                   waiting=lambda: len(self._queue))
+        self.admission = Admission(
+            kind, model, limits.max_queue, "queued inputs", gate=gate, waiting=lambda: len(self._queue)
+        )
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(limits.workers)
         self._running: set[asyncio.Task] = set()
@@ -174,8 +183,10 @@ class Batcher:
         q = self._queue
         if self.limits.packed:
             count, tokens = 1, q[0].tokens
-            while (count < min(len(q), self.limits.max_batch_size)
-                   and tokens + q[count].tokens <= self.limits.max_batch_tokens):
+            while (
+                count < min(len(q), self.limits.max_batch_size)
+                and tokens + q[count].tokens <= self.limits.max_batch_tokens
+            ):
                 tokens += q[count].tokens
                 count += 1
             self._queue = q[count:]
@@ -211,9 +222,12 @@ class Batcher:
         """True (and counted) when the item's call went away or expired; fails an expired call."""
         request = item.request
         if request.expired(now) and not request.future.done():
-            request.future.set_exception(DeadlineExceeded(
-                f"the call's deadline passed after {now - request.enqueued:.3f}s in the queue of {self.model!r}; "
-                "allow more time or retry"))
+            request.future.set_exception(
+                DeadlineExceeded(
+                    f"the call's deadline passed after {now - request.enqueued:.3f}s in the queue of {self.model!r}; "
+                    "allow more time or retry"
+                )
+            )
         if not (request.abandoned or request.future.done()):
             return False
         reason = "expired" if request.expired(now) else "cancelled" if request.future.cancelled() else "failed"
@@ -228,7 +242,7 @@ class Batcher:
                 it.request.queue_s = max(it.request.queue_s, started - it.request.enqueued)
             try:
                 live, out, seconds = await self._run(self._compute, batch)
-            except Exception as exc:  # noqa: BLE001 - the error goes to every call in the batch
+            except Exception as exc:
                 log.error("model %s: batch of %d failed", self.model, len(batch), exc_info=exc)
                 for request in {it.request for it in batch}:
                     if not request.future.done():

@@ -34,12 +34,13 @@ class GraphIO:
     buffer_kv: bool = False  # GroupQueryAttention over a fixed-length KV buffer (`seqlens_k` input)
 
     @staticmethod
-    def inspect(session: ort.InferenceSession, architecture: dict) -> "GraphIO":
+    def inspect(session: ort.InferenceSession, architecture: dict) -> GraphIO:
         inputs = {i.name: i for i in session.get_inputs()}
         layers = sorted({int(m.group(1)) for n in inputs if (m := _PAST.match(n))})
         if not layers or layers != list(range(len(layers))):
-            raise ValueError("decoder graph has no past_key_values.{i}.key|value inputs "
-                             f"(inputs: {', '.join(inputs)})")
+            raise ValueError(
+                f"decoder graph has no past_key_values.{{i}}.key|value inputs (inputs: {', '.join(inputs)})"
+            )
         past = tuple(f"past_key_values.{i}.{kv}" for i in layers for kv in ("key", "value"))
         present = tuple(f"present.{i}.{kv}" for i in layers for kv in ("key", "value"))
         missing = set(present) - {o.name for o in session.get_outputs()}
@@ -52,8 +53,17 @@ class GraphIO:
             head_dim = int(architecture.get("head_dim") or int(architecture["d_model"]) // int(architecture["n_heads"]))
         logits = next(o for o in session.get_outputs() if o.name == "logits")
         vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else int(architecture["vocab_size"])
-        return GraphIO(past, present, tuple(inputs), len(layers), heads, head_dim,
-                       _ORT_DTYPES.get(spec.type, np.float32), vocab, buffer_kv="seqlens_k" in inputs)
+        return GraphIO(
+            past,
+            present,
+            tuple(inputs),
+            len(layers),
+            heads,
+            head_dim,
+            _ORT_DTYPES.get(spec.type, np.float32),
+            vocab,
+            buffer_kv="seqlens_k" in inputs,
+        )
 
     def empty_past(self, rows: int) -> list[np.ndarray]:
         return [np.zeros((rows, self.n_heads, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]

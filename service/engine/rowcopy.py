@@ -23,10 +23,14 @@ COPY_OPSET = 17
 
 def copy_graph(n_buffers: int) -> bytes:
     """An ONNX model: dst{i} = Identity(src{i}) for i < n_buffers, each a uint8 vector of any length."""
-    vec = lambda name: helper.make_tensor_value_info(name, TensorProto.UINT8, ["bytes"])  # noqa: E731
+
+    def vec(name: str):
+        return helper.make_tensor_value_info(name, TensorProto.UINT8, ["bytes"])
+
     nodes = [helper.make_node("Identity", [f"src{i}"], [f"dst{i}"]) for i in range(n_buffers)]
-    graph = helper.make_graph(nodes, "kv_row_copy", [vec(f"src{i}") for i in range(n_buffers)],
-                              [vec(f"dst{i}") for i in range(n_buffers)])
+    graph = helper.make_graph(
+        nodes, "kv_row_copy", [vec(f"src{i}") for i in range(n_buffers)], [vec(f"dst{i}") for i in range(n_buffers)]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", COPY_OPSET)])
     model.ir_version = 8  # readable by every onnxruntime this project supports (>= 1.17)
     return model.SerializeToString()

@@ -31,8 +31,12 @@ class Encoded:
 
 
 class EmbeddingTokenizer:
-    def __init__(self, path: str | Path, max_tokens: int,
-                 too_long_advice: str = "shorten it or set truncate=true to cut it to the limit"):
+    def __init__(
+        self,
+        path: str | Path,
+        max_tokens: int,
+        too_long_advice: str = "shorten it or set truncate=true to cut it to the limit",
+    ):
         self.max_tokens, self.too_long_advice = max_tokens, too_long_advice
         self._truncating = tokenizing.load(path)
         self._truncating.no_padding()

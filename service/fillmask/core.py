@@ -45,5 +45,6 @@ class FillMaskCore:
         model = cast("FillMaskModel", self.registry.get("fill-mask", query.model))
         label_model(model.name)
         r = await model.fill(query.inputs, query.top_k, deadline)
-        return FilledMasks(model.name, r.results, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s,
-                           time.perf_counter() - start)
+        return FilledMasks(
+            model.name, r.results, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s, time.perf_counter() - start
+        )

@@ -48,7 +48,7 @@ def top_candidates(probs: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray
     return ids, np.take_along_axis(part_scores, order, axis=-1)
 
 
-def mask_rows(logits: np.ndarray, inputs: np.ndarray, count: int, keep: int) -> list["MaskRows"]:
+def mask_rows(logits: np.ndarray, inputs: np.ndarray, count: int, keep: int) -> list[MaskRows]:
     """Logits (M, V) of the masks, `inputs` (M,) saying whose (ascending) -> one MaskRows per input."""
     probs = softmax(np.asarray(logits, dtype=np.float32))  # (M, V)
     ids, scores = top_candidates(probs, keep)  # (M, K), (M, K)
@@ -77,8 +77,16 @@ class PackedFillMaskEngine(PackedEmbeddingEngine):
     """The packed fill-mask graph: + `gather_positions` (M,) -> `logits` (M, V) at the masks only
     (the MLM head runs nowhere else)."""
 
-    def __init__(self, session: ort.InferenceSession, pad_id: int, mask_id: int, keep: int, row_tokens: int,
-                 model: str = "", align: int = 1):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        pad_id: int,
+        mask_id: int,
+        keep: int,
+        row_tokens: int,
+        model: str = "",
+        align: int = 1,
+    ):
         super().__init__(session, pad_id, row_tokens, model=model, align=align)
         if "gather_positions" not in [i.name for i in session.get_inputs()]:
             raise ValueError("packed fill-mask graph has no gather_positions input")

@@ -62,8 +62,16 @@ class FillResult:
 class FillMaskModel:
     kind = "fill-mask"
 
-    def __init__(self, manifest: Manifest, tokenizer: EmbeddingTokenizer, decoder: Tokenizer, engine: FillMaskEngine,
-                 runtime: Runtime, limits: BatchLimits, variant: str):
+    def __init__(
+        self,
+        manifest: Manifest,
+        tokenizer: EmbeddingTokenizer,
+        decoder: Tokenizer,
+        engine: FillMaskEngine,
+        runtime: Runtime,
+        limits: BatchLimits,
+        variant: str,
+    ):
         self.name, self.manifest, self.variant = manifest.name, manifest, variant
         self.tokenizer, self.decoder, self.engine, self.runtime = tokenizer, decoder, engine, runtime
         self.provider = engine.provider
@@ -73,13 +81,16 @@ class FillMaskModel:
         self.max_top_k = engine.keep
         self._token_text: dict[int, str] = {}
         if tokenizer.encode([self.mask_token])[0].ids.count(self.mask_id) != 1:  # else no input could have a mask
-            raise ValueError(f"model {self.name!r}: its tokenizer does not encode the text {self.mask_token!r} to the "
-                             f"mask id {self.mask_id}; re-export the model (docs/model-directory.md)")
-        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gather=list, kind="fill-mask",
-                               gate=runtime.gate)
+            raise ValueError(
+                f"model {self.name!r}: its tokenizer does not encode the text {self.mask_token!r} to the "
+                f"mask id {self.mask_id}; re-export the model (docs/model-directory.md)"
+            )
+        self.batcher = Batcher(
+            self.name, engine.forward, runtime.run, limits, gather=list, kind="fill-mask", gate=runtime.gate
+        )
 
     @classmethod
-    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "FillMaskModel":
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> FillMaskModel:
         m = model_dir.manifest
         variant, execution, session = encoder_graph(model_dir, settings, runtime)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens, TOO_LONG)
@@ -87,8 +98,9 @@ class FillMaskModel:
         keep = min(MAX_TOP_K, tokenizer.vocab_size)
         pad, mask = int(m.special_tokens["pad"]), int(m.special_tokens["mask"])
         if execution == "packed":
-            engine = PackedFillMaskEngine(session, pad, mask, keep, settings.embed_pack_row_tokens, m.name,
-                                          alignment(variant))
+            engine = PackedFillMaskEngine(
+                session, pad, mask, keep, settings.embed_pack_row_tokens, m.name, alignment(variant)
+            )
         else:
             engine = FillMaskEngine(session, pad, mask, keep, m.name)
         log.info("fill-mask model %s: %s %s graph", m.name, variant, execution)
@@ -102,8 +114,10 @@ class FillMaskModel:
         """One real forward pass through the executor; raises if the graph cannot run."""
         (rows,) = await self.runtime.run(self.engine.forward, self.tokenizer.encode([f"warm {self.mask_token} up"]))
         if rows.token_ids.shape != (1, self.max_top_k) or not np.isfinite(rows.scores).all():
-            raise RuntimeError(f"model {self.name!r}: warm-up gave predictions of shape {rows.token_ids.shape}, "
-                               f"expected (1, {self.max_top_k})")
+            raise RuntimeError(
+                f"model {self.name!r}: warm-up gave predictions of shape {rows.token_ids.shape}, "
+                f"expected (1, {self.max_top_k})"
+            )
 
     async def stop(self) -> None:
         await self.batcher.stop()
@@ -117,10 +131,13 @@ class FillMaskModel:
         """Candidates for every mask of every text; `deadline`: time.monotonic() after which queued work is dropped."""
         top_k = top_k or DEFAULT_TOP_K
         if top_k > self.max_top_k:
-            raise InvalidArgument(f"top_k={top_k} is over the limit of {self.max_top_k} for model {self.name!r}; "
-                                  f"use 1..{self.max_top_k} (0: {DEFAULT_TOP_K})")
-        encoded, tokenize_s = await admit_and_encode(self.batcher, self.tokenizer, texts, truncate=False,
-                                                     check=lambda e: self._check_masks(e, top_k))
+            raise InvalidArgument(
+                f"top_k={top_k} is over the limit of {self.max_top_k} for model {self.name!r}; "
+                f"use 1..{self.max_top_k} (0: {DEFAULT_TOP_K})"
+            )
+        encoded, tokenize_s = await admit_and_encode(
+            self.batcher, self.tokenizer, texts, truncate=False, check=lambda e: self._check_masks(e, top_k)
+        )
         outcome = await self.batcher.enqueue(encoded, deadline)
         candidates = sum(len(rows.token_ids) for rows in outcome.outputs) * top_k
         if candidates <= INLINE_DECODES:
@@ -134,15 +151,20 @@ class FillMaskModel:
         for i, e in enumerate(encoded):
             masks = e.ids.count(self.mask_id)
             if masks == 0:
-                raise InvalidArgument(f"inputs[{i}] has no {self.mask_token}; write {self.mask_token} where a token "
-                                      f"is to be predicted, e.g. 'The cat sat on the {self.mask_token}.'")
+                raise InvalidArgument(
+                    f"inputs[{i}] has no {self.mask_token}; write {self.mask_token} where a token "
+                    f"is to be predicted, e.g. 'The cat sat on the {self.mask_token}.'"
+                )
             if masks > MAX_MASKS:
-                raise InvalidArgument(f"inputs[{i}] has {masks} {self.mask_token} tokens; the limit is {MAX_MASKS} "
-                                      "per input: split it")
+                raise InvalidArgument(
+                    f"inputs[{i}] has {masks} {self.mask_token} tokens; the limit is {MAX_MASKS} per input: split it"
+                )
             total += masks
         if total * top_k > MAX_CANDIDATES:
-            raise InvalidArgument(f"this call asks for {total} masks x top_k {top_k} = {total * top_k} candidates; "
-                                  f"the limit is {MAX_CANDIDATES} per call: lower top_k or split the call")
+            raise InvalidArgument(
+                f"this call asks for {total} masks x top_k {top_k} = {total * top_k} candidates; "
+                f"the limit is {MAX_CANDIDATES} per call: lower top_k or split the call"
+            )
 
     def _candidates(self, encoded: list[Encoded], outputs: list[MaskRows], top_k: int) -> list[list[list[Candidate]]]:
         return [self._fill_one(e, rows, top_k) for e, rows in zip(encoded, outputs, strict=True)]
@@ -153,8 +175,9 @@ class FillMaskModel:
         keep = [p for p, t in enumerate(e.ids) if t not in self.framing or p in positions]  # no [CLS]/[SEP]/pad
         single = len(positions) == 1
         out = []
-        for position, ids, scores in zip(positions, rows.token_ids[:, :top_k].tolist(), rows.scores[:, :top_k].tolist(),
-                                         strict=True):
+        for position, ids, scores in zip(
+            positions, rows.token_ids[:, :top_k].tolist(), rows.scores[:, :top_k].tolist(), strict=True
+        ):
             filled = []
             for token_id in ids:
                 seq = [token_id if p == position else e.ids[p] for p in keep]

@@ -45,15 +45,30 @@ class _StepIO:
     bound once together with the KV rows; `run` refills them in place. total: a fixed
     total_sequence_length (CUDA graphs), or None for the longest row's each step."""
 
-    def __init__(self, session: ort.InferenceSession, cache: "SlotCache", rows: int, total: int | None,
-                 run_options: ort.RunOptions | None):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        cache: SlotCache,
+        rows: int,
+        total: int | None,
+        run_options: ort.RunOptions | None,
+    ):
         self.session, self.rows, self.total, self.run_options = session, rows, total, run_options
-        self.host = {"input_ids": np.zeros((rows, 1), np.int64), "position_ids": np.zeros((rows, 1), np.int64),
-                     "seqlens_k": np.zeros(rows, np.int32), "total_sequence_length": np.zeros((), np.int32)}
-        self.values = {name: ort.OrtValue.ortvalue_from_shape_and_type(
-            a.shape, a.dtype, "cpu" if name in HOST_INPUTS else cache.device, 0) for name, a in self.host.items()}
-        self.logits = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1, cache.io.vocab_size), cache.io.kv_dtype,
-                                                                cache.device, 0)
+        self.host = {
+            "input_ids": np.zeros((rows, 1), np.int64),
+            "position_ids": np.zeros((rows, 1), np.int64),
+            "seqlens_k": np.zeros(rows, np.int32),
+            "total_sequence_length": np.zeros((), np.int32),
+        }
+        self.values = {
+            name: ort.OrtValue.ortvalue_from_shape_and_type(
+                a.shape, a.dtype, "cpu" if name in HOST_INPUTS else cache.device, 0
+            )
+            for name, a in self.host.items()
+        }
+        self.logits = ort.OrtValue.ortvalue_from_shape_and_type(
+            (rows, 1, cache.io.vocab_size), cache.io.kv_dtype, cache.device, 0
+        )
         self.binding = session.io_binding()
         for name, value in self.values.items():
             self.binding.bind_ortvalue_input(name, value)
@@ -81,8 +96,9 @@ class _StepIO:
 
 
 class SlotCache:
-    def __init__(self, session: ort.InferenceSession, io: GraphIO, capacity: int, max_length: int,
-                 device: str | None = "cpu"):
+    def __init__(
+        self, session: ort.InferenceSession, io: GraphIO, capacity: int, max_length: int, device: str | None = "cpu"
+    ):
         """device: "cpu" or "cuda" (OrtValue buffers and steps on that device), or None (no binding:
         `session.run` gets the rows' numpy buffers and its present is copied back; for comparison)."""
         self.session, self.io, self.capacity, self.max_length, self.device = session, io, capacity, max_length, device
@@ -117,7 +133,7 @@ class SlotCache:
     def buckets(self) -> list[int]:
         """Row counts a graph is captured for: powers of two below capacity, and capacity."""
         out = [1 << i for i in range(self.capacity.bit_length()) if 1 << i < self.capacity]
-        return out + [self.capacity]
+        return [*out, self.capacity]
 
     def _buffers(self) -> None:
         """Allocates the zeroed buffers at first use (capacity x context x layers: tens of MB)."""
@@ -127,12 +143,15 @@ class SlotCache:
         if self.device is None:
             self._host = [zeros.copy() for _ in self.io.past_names]
             return
-        self._kv = [ort.OrtValue.ortvalue_from_shape_and_type(self._shape, self.io.kv_dtype, self.device, 0)
-                    for _ in self.io.past_names]
+        self._kv = [
+            ort.OrtValue.ortvalue_from_shape_and_type(self._shape, self.io.kv_dtype, self.device, 0)
+            for _ in self.io.past_names
+        ]
         for value in self._kv:
             value.update_inplace(zeros)
-        self._copier = RowCopier(self.session.get_providers(), self.device, [v.data_ptr() for v in self._kv],
-                                 self._row_bytes)
+        self._copier = RowCopier(
+            self.session.get_providers(), self.device, [v.data_ptr() for v in self._kv], self._row_bytes
+        )
 
     def _bind_rows(self, binding: ort.IOBinding, start: int, n: int) -> None:
         """Binds past and present of buffer rows [start, start + n) to the same memory, by address."""
@@ -157,9 +176,13 @@ class SlotCache:
     def _run_plain(self, ids: np.ndarray, positions: np.ndarray, lengths_after: np.ndarray, start: int) -> np.ndarray:
         """One `session.run` over rows [start, start + n) of the numpy buffers (device None)."""
         n = ids.shape[0]
-        feeds = {"input_ids": ids, "position_ids": positions, "seqlens_k": (lengths_after - 1).astype(np.int32),
-                 "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
-                 **{name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host)}}
+        feeds = {
+            "input_ids": ids,
+            "position_ids": positions,
+            "seqlens_k": (lengths_after - 1).astype(np.int32),
+            "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
+            **{name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host)},
+        }
         outputs = self.session.run(["logits", *self.io.present_names], feeds)
         for buf, present in zip(self._host, outputs[1:]):
             buf[start : start + n] = present
@@ -171,8 +194,12 @@ class SlotCache:
         if self.device is None:
             return self._run_plain(ids, positions, lengths, start)
         binding = self.session.io_binding()
-        feeds = {"input_ids": ids, "position_ids": positions, "seqlens_k": (lengths - 1).astype(np.int32),
-                 "total_sequence_length": np.asarray(lengths.max(), np.int32)}
+        feeds = {
+            "input_ids": ids,
+            "position_ids": positions,
+            "seqlens_k": (lengths - 1).astype(np.int32),
+            "total_sequence_length": np.asarray(lengths.max(), np.int32),
+        }
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output("logits", "cpu")

@@ -35,8 +35,13 @@ def generate_query(request: pb.GenerateRequest) -> GenerateQuery:
 
 
 def timings(t: Timings) -> pb.Timings:
-    return pb.Timings(tokenize_ms=t.tokenize_ms, queue_ms=t.queue_ms, inference_ms=t.inference_ms,
-                      total_ms=t.total_ms, time_to_first_token_ms=t.time_to_first_token_ms)
+    return pb.Timings(
+        tokenize_ms=t.tokenize_ms,
+        queue_ms=t.queue_ms,
+        inference_ms=t.inference_ms,
+        total_ms=t.total_ms,
+        time_to_first_token_ms=t.time_to_first_token_ms,
+    )
 
 
 def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
@@ -53,9 +58,16 @@ def join_chunks(chunks: list[Chunk]) -> Chunk:
     if len(chunks) == 1:
         return chunks[0]
     last = chunks[-1]
-    return Chunk("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], last.finish_reason,
-                 last.input_tokens, last.output_tokens, last.timings, scoring.joined([c.logprobs for c in chunks]),
-                 scoring.joined([c.prompt_logprobs for c in chunks]))
+    return Chunk(
+        "".join(c.text for c in chunks),
+        [t for c in chunks for t in c.token_ids],
+        last.finish_reason,
+        last.input_tokens,
+        last.output_tokens,
+        last.timings,
+        scoring.joined([c.logprobs for c in chunks]),
+        scoring.joined([c.prompt_logprobs for c in chunks]),
+    )
 
 
 def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:

@@ -19,8 +19,18 @@ from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHand
 from service.generation.tokens import TokenizerInfo, Tokens
 from service.registry import ModelRegistry
 
-__all__ = ["EOS", "LENGTH", "STOP", "Chunk", "GenerateQuery", "Generation", "GenerationCore", "Timings",
-           "TokenizerInfo", "Tokens"]
+__all__ = [
+    "EOS",
+    "LENGTH",
+    "STOP",
+    "Chunk",
+    "GenerateQuery",
+    "Generation",
+    "GenerationCore",
+    "Timings",
+    "TokenizerInfo",
+    "Tokens",
+]
 
 MAX_STREAM_INTERVAL_MS = 1000
 
@@ -50,8 +60,12 @@ class Generation:
             self._timer = loop.call_at(loop.time() + (deadline - time.monotonic()), self._expired)
 
     def _expired(self) -> None:
-        self._expire(self._handle, DeadlineExceeded("the call's deadline passed before the generation finished; "
-                                                    "allow more time or ask for fewer tokens"))
+        self._expire(
+            self._handle,
+            DeadlineExceeded(
+                "the call's deadline passed before the generation finished; allow more time or ask for fewer tokens"
+            ),
+        )
 
     def __aiter__(self) -> GenerationHandle:
         return self._handle  # chunks straight from the scheduler's handle: nothing added per token
@@ -78,8 +92,10 @@ class GenerationCore:
     async def generate(self, query: GenerateQuery, deadline: float | None = None) -> Generation:
         """Validates and admits (refusals raise here, before any work and before a door answers 200)."""
         if query.stream_interval_ms > MAX_STREAM_INTERVAL_MS:
-            raise InvalidArgument(f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
-                                  f"soon as they are ready), got {query.stream_interval_ms}")
+            raise InvalidArgument(
+                f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
+                f"soon as they are ready), got {query.stream_interval_ms}"
+            )
         model = cast("GenerationModel", self.registry.get("generation", query.model))
         label_model(model.name)
         if isinstance(query.prompt, list):
@@ -94,4 +110,3 @@ class GenerationCore:
         backend = self.registry.get("generation", model)
         label_model(backend.name)
         return Tokens(backend)
-

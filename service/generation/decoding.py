@@ -64,8 +64,9 @@ def check_params(p: SamplingParams) -> None:
     if not math.isfinite(p.top_p) or not 0.0 <= p.top_p <= 1.0:
         raise ParamError(f"top_p must be in [0, 1] (0 or 1 = off), got {p.top_p}")
     if not (p.repetition_penalty == 0 or lo <= p.repetition_penalty <= hi):
-        raise ParamError(f"repetition_penalty must be 0 (off) or in [{lo:g}, {hi:g}] (1 = neutral), "
-                         f"got {p.repetition_penalty}")
+        raise ParamError(
+            f"repetition_penalty must be 0 (off) or in [{lo:g}, {hi:g}] (1 = neutral), got {p.repetition_penalty}"
+        )
     if p.max_new_tokens < 0:
         raise ParamError(f"max_new_tokens must be >= 0 (0 = server default), got {p.max_new_tokens}")
     for name in ("logprobs", "prompt_logprobs"):

@@ -38,8 +38,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return converters.generate_response(chunks, generation.model)
 
     @grpc_errors("GenerationService")
-    async def GenerateStream(self, request: pb.GenerateRequest,
-                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
         generation = await self.core.generate(converters.generate_query(request), deadline_of(context))
         interval = generation.interval_s
         try:

@@ -37,8 +37,10 @@ AUTO_FRACTION = 0.5  # of the free memory: the rest is for activations, the aren
 MIB = 1 << 20
 CUDA_RUNTIMES = ("libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
 CGROUP = Path("/sys/fs/cgroup")
-HINT = ("raise gen_kv_cache_bytes (TS_GEN_KV_CACHE_BYTES, --gen-kv-cache-bytes) or lower gen_max_context "
-        "(TS_GEN_MAX_CONTEXT, --gen-max-context)")
+HINT = (
+    "raise gen_kv_cache_bytes (TS_GEN_KV_CACHE_BYTES, --gen-kv-cache-bytes) or lower gen_max_context "
+    "(TS_GEN_MAX_CONTEXT, --gen-max-context)"
+)
 
 
 def kv_bytes(io: GraphIO, rows: int, context: int) -> int:
@@ -88,21 +90,22 @@ class KVBudget:
         self.total, self.source, self.spent = total, source, 0
 
     @classmethod
-    def from_settings(cls, settings: Settings, cuda: bool) -> "KVBudget":
+    def from_settings(cls, settings: Settings, cuda: bool) -> KVBudget:
         if settings.gen_kv_cache_bytes:
             return cls(settings.gen_kv_cache_bytes, "gen_kv_cache_bytes")
         free = cuda_free_bytes() if cuda else cpu_free_bytes()
         where = "free CUDA device memory" if cuda else "available memory"
         if free is None:
-            log.warning("KV-cache budget: cannot read the %s; generation caches are not limited "
-                        "(set gen_kv_cache_bytes)", where)
+            log.warning(
+                "KV-cache budget: cannot read the %s; generation caches are not limited (set gen_kv_cache_bytes)", where
+            )
             return cls(None, f"auto: {where} unknown")
         workers = max(settings.workers, 1)
         per = f" / {workers} workers" if workers > 1 else ""
         return cls(int(free * AUTO_FRACTION) // workers, f"auto: {AUTO_FRACTION:.0%} of {mib(free)} {where}{per}")
 
     @classmethod
-    def of(cls, runtime, cuda: bool) -> "KVBudget":
+    def of(cls, runtime, cuda: bool) -> KVBudget:
         """The runtime's (one per process), made when the first generation model loads."""
         if runtime.kv_budget is None:
             runtime.kv_budget = cls.from_settings(runtime.settings, cuda)
@@ -129,15 +132,34 @@ class KVBudget:
                 f"generation model {name!r}: one KV-cache row at its context of {context} positions needs "
                 f"{mib(row)} ({row} bytes: {io.n_layers} layers x key and value x {io.n_heads} heads x "
                 f"{io.head_dim} x {np.dtype(io.kv_dtype).name}), more than the KV budget of {mib(left)} "
-                f"({left} bytes; {self.source}); {shorter}{HINT}")
+                f"({left} bytes; {self.source}); {shorter}{HINT}"
+            )
         if rows < wanted:
-            log.warning("generation model %s: %d rows (gen_max_batch) of KV cache at %d positions need %s, over the "
-                        "%s; serving %d rows instead (%s to serve more)", name, wanted, context,
-                        mib(row * wanted), self.describe(), rows, HINT)
+            log.warning(
+                "generation model %s: %d rows (gen_max_batch) of KV cache at %d positions need %s, over the "
+                "%s; serving %d rows instead (%s to serve more)",
+                name,
+                wanted,
+                context,
+                mib(row * wanted),
+                self.describe(),
+                rows,
+                HINT,
+            )
         self.spent += row * rows
-        log.info("generation model %s: KV cache %d rows x %d positions x %d layers x %d heads x %d = %s (%s; "
-                 "key and value), %s", name, rows, context, io.n_layers, io.n_heads, io.head_dim, mib(row * rows),
-                 np.dtype(io.kv_dtype).name, self.describe())
+        log.info(
+            "generation model %s: KV cache %d rows x %d positions x %d layers x %d heads x %d = %s (%s; "
+            "key and value), %s",
+            name,
+            rows,
+            context,
+            io.n_layers,
+            io.n_heads,
+            io.head_dim,
+            mib(row * rows),
+            np.dtype(io.kv_dtype).name,
+            self.describe(),
+        )
         return rows
 
     def give_back(self, n: int) -> None:

@@ -14,16 +14,26 @@ from prometheus_client import Gauge, Histogram
 from service.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 TIME_TO_FIRST_TOKEN = Histogram(
-    "ts_time_to_first_token_seconds", "time from a generation's arrival to its first token", ["model"],
+    "ts_time_to_first_token_seconds",
+    "time from a generation's arrival to its first token",
+    ["model"],
     buckets=LATENCY_BUCKETS,
 )
 INTER_TOKEN_LATENCY = Histogram(
-    "ts_inter_token_latency_seconds", "time between consecutive tokens of one generation", ["model"],
+    "ts_inter_token_latency_seconds",
+    "time between consecutive tokens of one generation",
+    ["model"],
     buckets=LATENCY_BUCKETS,
 )
-IN_FLIGHT = Gauge("ts_generations_in_flight", "generations queued or running (cache rows not yet freed)", ["model"],
-                  multiprocess_mode="livesum")
+IN_FLIGHT = Gauge(
+    "ts_generations_in_flight",
+    "generations queued or running (cache rows not yet freed)",
+    ["model"],
+    multiprocess_mode="livesum",
+)
 GENERATION_BATCH_SIZE = Histogram(
-    "ts_generation_batch_size", "rows in one decode step of a generation model", ["model"],
+    "ts_generation_batch_size",
+    "rows in one decode step of a generation model",
+    ["model"],
     buckets=BATCH_SIZE_BUCKETS,
 )

@@ -38,8 +38,16 @@ WARMUP_TOKENS = 2
 class GenerationModel:
     kind = "generation"
 
-    def __init__(self, manifest: Manifest, session, tokenizer: Tokenizer, settings: Settings, runtime: Runtime,
-                 variant: str, io_binding: bool | None = None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        session,
+        tokenizer: Tokenizer,
+        settings: Settings,
+        runtime: Runtime,
+        variant: str,
+        io_binding: bool | None = None,
+    ):
         self.name, self.manifest, self.variant = manifest.name, manifest, variant
         self.provider = session.get_providers()[0]
         self.tokenizer, self.settings = tokenizer, settings
@@ -55,11 +63,17 @@ class GenerationModel:
         self.text_encoder = tokenizing.Encoder(tokenizer)
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         if not self.io.buffer_kv:
-            raise ValueError(f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
-                             "directory, whose cache is concatenated every step); rebuild it with `make models`")
+            raise ValueError(
+                f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
+                "directory, whose cache is concatenated every step); rebuild it with `make models`"
+            )
         if self.context < self.model_context:
-            log.info("generation model %s: context %d of its %d positions (gen_max_context)", self.name,
-                     self.context, self.model_context)
+            log.info(
+                "generation model %s: context %d of its %d positions (gen_max_context)",
+                self.name,
+                self.context,
+                self.model_context,
+            )
         self.budget = KVBudget.of(runtime, self.provider == CUDA)
         self.rows = self.budget.plan_rows(self.name, self.io, settings.gen_max_batch, self.context)
         self.kv_bytes = kv_bytes(self.io, self.rows, self.context)
@@ -67,13 +81,21 @@ class GenerationModel:
             io_binding = True
         device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.scheduler = Scheduler(
-            self.name, session, self.io, runtime, max_batch=self.rows, max_queue=settings.gen_max_queue,
-            prefill_tokens=PREFILL_TOKENS_PER_STEP, pad_id=int(special.get("pad", 0)), device=device,
-            context=self.context, gate=runtime.gate,
+            self.name,
+            session,
+            self.io,
+            runtime,
+            max_batch=self.rows,
+            max_queue=settings.gen_max_queue,
+            prefill_tokens=PREFILL_TOKENS_PER_STEP,
+            pad_id=int(special.get("pad", 0)),
+            device=device,
+            context=self.context,
+            gate=runtime.gate,
         )
 
     @classmethod
-    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "GenerationModel":
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> GenerationModel:
         m = model_dir.manifest
         variant = runtime.choose_variant(m, "decoder")
         path = model_dir.file(m.graph("decoder", variant).file)
@@ -86,9 +108,17 @@ class GenerationModel:
         if graph_session is not None:
             model.scheduler.cache.enable_graphs(graph_session)
         log.info("generation model %s: CUDA graphs %s", model.name, why if graph_session else f"off: {why}")
-        log.info("generation model %s: %d layers, %d heads x %d, context %d, kv %s %s, io_binding=%s", model.name,
-                 model.io.n_layers, model.io.n_heads, model.io.head_dim, model.context, model.io.kv_dtype.__name__,
-                 "buffer (in place)", model.scheduler.cache.device is not None)
+        log.info(
+            "generation model %s: %d layers, %d heads x %d, context %d, kv %s %s, io_binding=%s",
+            model.name,
+            model.io.n_layers,
+            model.io.n_heads,
+            model.io.head_dim,
+            model.context,
+            model.io.kv_dtype.__name__,
+            "buffer (in place)",
+            model.scheduler.cache.device is not None,
+        )
         return model
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
@@ -133,8 +163,10 @@ class GenerationModel:
             raise InvalidArgument(f"{name} is an empty list of token ids; send at least one token")
         bad = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidArgument(f"{name}[{bad}]={ids[bad]} is not a token id of model {self.name!r} "
-                                  f"(its vocabulary is ids 0 to {self.vocab_size - 1})")
+            raise InvalidArgument(
+                f"{name}[{bad}]={ids[bad]} is not a token id of model {self.name!r} "
+                f"(its vocabulary is ids 0 to {self.vocab_size - 1})"
+            )
 
     def _admit(self, prompt: str, params: SamplingParams) -> None:
         """Every check that comes before tokenizing: parameters, a queue place (held on return), the
@@ -146,8 +178,7 @@ class GenerationModel:
             raise InvalidArgument(str(e)) from e
         self.scheduler.admission.take(1)
         try:
-            tokenizing.check_chars(prompt, chars, "prompt", self.name, tokens,
-                                   "shorten the prompt")
+            tokenizing.check_chars(prompt, chars, "prompt", self.name, tokens, "shorten the prompt")
         except BaseException:
             self.scheduler.admission.release(1)
             raise
@@ -166,10 +197,15 @@ class GenerationModel:
             ids = [int(self.bos_id)]
         limit, _ = self._prompt_limit(params)
         if len(ids) > limit:
-            capped = (f"; its context is capped at {self.context} tokens by gen_max_context"
-                      if self.context < self.model_context else "")
-            raise InvalidArgument(f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
-                                  f"{limit} prompt tokens (shorten the prompt{capped})")
+            capped = (
+                f"; its context is capped at {self.context} tokens by gen_max_context"
+                if self.context < self.model_context
+                else ""
+            )
+            raise InvalidArgument(
+                f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
+                f"{limit} prompt tokens (shorten the prompt{capped})"
+            )
         wanted = 0 if params.score_only else params.max_new_tokens or self.settings.gen_default_max_new_tokens
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
@@ -198,6 +234,11 @@ class GenerationModel:
     def info(self) -> dict[str, Any]:
         info = model_info(self, self.io.vocab_size)
         info["max_input_tokens"], info["max_output_tokens"] = self.max_prompt, self.max_output
-        info["manifest"].update({"serving.context": str(self.context), "serving.kv_rows": str(self.rows),
-                                 "serving.kv_cache_bytes": str(self.kv_bytes)})
+        info["manifest"].update(
+            {
+                "serving.context": str(self.context),
+                "serving.kv_rows": str(self.rows),
+                "serving.kv_cache_bytes": str(self.kv_bytes),
+            }
+        )
         return info

@@ -53,15 +53,29 @@ DECODE_SLICE_S = 0.25  # longest run of decode steps between two visits of the e
 
 
 class Scheduler:
-    def __init__(self, name: str, session, io: GraphIO, runtime, *, max_batch: int, max_queue: int,
-                 prefill_tokens: int, pad_id: int, device: str | None, context: int, gate: Gate | None = None):
+    def __init__(
+        self,
+        name: str,
+        session,
+        io: GraphIO,
+        runtime,
+        *,
+        max_batch: int,
+        max_queue: int,
+        prefill_tokens: int,
+        pad_id: int,
+        device: str | None,
+        context: int,
+        gate: Gate | None = None,
+    ):
         self.name, self._session, self._io, self._runtime = name, session, io, runtime
         self.max_batch, self.prefill_tokens, self.pad_id = max_batch, prefill_tokens, pad_id
         self.cache = SlotCache(session, io, capacity=max_batch, max_length=context, device=device)
         self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
         self.waiting: deque[Sequence] = deque()
-        self.admission = Admission("generation", name, max_queue, "queued generations", gate=gate,
-                                   waiting=lambda: len(self.waiting))
+        self.admission = Admission(
+            "generation", name, max_queue, "queued generations", gate=gate, waiting=lambda: len(self.waiting)
+        )
         self.wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._computing = False  # a compute call is in the executor (its deliveries may still be queued)
@@ -152,7 +166,7 @@ class Scheduler:
         self._computing = True
         try:
             return await self._runtime.run(self._turn, newcomers, loop)
-        except Exception:  # noqa: BLE001 - one bad step must not kill the model's loop
+        except Exception:
             log.exception("generation step failed for model %s", self.name)
             self._drain()  # the steps before the failure, in order
             newcomers = newcomers if self._prefilling else []
@@ -174,9 +188,17 @@ class Scheduler:
         for seq in reversed(involved):
             if seq.retried or seq.done:
                 seq.left = True
-                out.append((seq, None if seq.done else ServiceError(
-                    f"generation on model {self.name!r} failed twice at token {len(seq.generated) + 1} "
-                    "after a retry (a server fault, logged); retry the call later")))
+                out.append(
+                    (
+                        seq,
+                        None
+                        if seq.done
+                        else ServiceError(
+                            f"generation on model {self.name!r} failed twice at token {len(seq.generated) + 1} "
+                            "after a retry (a server fault, logged); retry the call later"
+                        ),
+                    )
+                )
             else:
                 seq.retried = True
                 self.waiting.appendleft(seq)
@@ -247,7 +269,9 @@ class Scheduler:
             logits = logits[np.arange(len(prompts)), [len(p) - 1 for p in prompts]]  # (n, V)
         self._observe(t0, newcomers, len(prompts) * max(map(len, prompts)), prefill=True)
         sampled = [i for i, s in enumerate(newcomers) if not s.params.score_only]
-        out = self._sample([newcomers[i] for i in sampled], logits if len(sampled) == len(newcomers) else logits[sampled])
+        out = self._sample(
+            [newcomers[i] for i in sampled], logits if len(sampled) == len(newcomers) else logits[sampled]
+        )
         out += [(s, None if s.cancelled else s.scored()) for s in newcomers if s.params.score_only]
         self.running.extend(newcomers)
         # Rows cancelled since the last step leave here too; a sequence twice in a delivery is harmless.
@@ -308,7 +332,7 @@ class Scheduler:
                 if isinstance(token, Exception):
                     raise seq.sampling_failed(token) from token
                 chunk = seq.accept(token, scores.get(i))
-            except Exception as exc:  # noqa: BLE001 - this row's failure is its call's alone
+            except Exception as exc:
                 out.append((seq, self._row_failed(seq, exc)))
                 continue
             if seq.last_token_at is None:
@@ -333,9 +357,15 @@ class Scheduler:
             return {}
         top = max(seqs[i].params.logprobs for i, _ in rows)
         got = scoring.score(logits[[i for i, _ in rows]], [t for _, t in rows], top)
-        return {i: scoring.TokenLogprobs([t], got.logprobs[j:j + 1], [got.top_ids[j][: seqs[i].params.logprobs]],
-                                         [got.top_logprobs[j][: seqs[i].params.logprobs]])
-                for j, (i, t) in enumerate(rows)}
+        return {
+            i: scoring.TokenLogprobs(
+                [t],
+                got.logprobs[j : j + 1],
+                [got.top_ids[j][: seqs[i].params.logprobs]],
+                [got.top_logprobs[j][: seqs[i].params.logprobs]],
+            )
+            for j, (i, t) in enumerate(rows)
+        }
 
     def _row_failed(self, seq: Sequence, exc: Exception) -> ServiceError:
         """Ends one row whose own work raised; returns the error its call gets."""
@@ -344,9 +374,11 @@ class Scheduler:
             log.warning("generation on model %s: one request failed: %s", self.name, exc.message)
             return exc
         log.exception("generation on model %s: one request failed at token %d", self.name, len(seq.generated))
-        return ServiceError(f"generation on model {self.name!r} failed while decoding token {len(seq.generated)} "
-                            f"of this request ({type(exc).__name__}; a server fault, logged); other requests "
-                            "were not affected")
+        return ServiceError(
+            f"generation on model {self.name!r} failed while decoding token {len(seq.generated)} "
+            f"of this request ({type(exc).__name__}; a server fault, logged); other requests "
+            "were not affected"
+        )
 
     def _observe(self, t0: float, seqs: list[Sequence], tokens: int, prefill: bool) -> None:
         elapsed = time.perf_counter() - t0
@@ -380,4 +412,3 @@ class Scheduler:
                 self._series.in_flight.dec()
         if tokens:
             self._series.output_tokens.inc(tokens)
-

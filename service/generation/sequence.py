@@ -86,9 +86,9 @@ class Sequence:
         """Event loop: a chunk (or the call's error) for the caller; wakes it if it waits."""
         self.outbox.append(item)
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            if not self.wake_at_end or isinstance(item, BaseException) or item.finish_reason is not None:
-                waiter.set_result(None)
+        wake = not self.wake_at_end or isinstance(item, BaseException) or item.finish_reason is not None
+        if waiter is not None and not waiter.done() and wake:
+            waiter.set_result(None)
 
     @property
     def length(self) -> int:
@@ -163,9 +163,11 @@ class Sequence:
     def sampling_failed(self, exc: Exception) -> InvalidArgument:
         """The error of a row whose sampling raised: its settings are all that sampling depends on."""
         p = self.params
-        return InvalidArgument(f"sampling token {len(self.generated) + 1} failed with this request's settings "
-                               f"(temperature={p.temperature}, top_k={p.top_k}, top_p={p.top_p}, "
-                               f"repetition_penalty={p.repetition_penalty}): {type(exc).__name__}; try other values")
+        return InvalidArgument(
+            f"sampling token {len(self.generated) + 1} failed with this request's settings "
+            f"(temperature={p.temperature}, top_k={p.top_k}, top_p={p.top_p}, "
+            f"repetition_penalty={p.repetition_penalty}): {type(exc).__name__}; try other values"
+        )
 
     def _finish(self, chunk: Chunk) -> None:
         now = time.perf_counter()
@@ -187,7 +189,7 @@ class GenerationHandle:
         self._ended = False
         self._taken = 0  # outbox items already returned
 
-    def __aiter__(self) -> "GenerationHandle":
+    def __aiter__(self) -> GenerationHandle:
         return self
 
     @property

@@ -29,9 +29,13 @@ class Tokens:
         self._tok, self._encoder, self._check = model.tokenizer, model.text_encoder, model.check_ids
         special = {k: int(v) for k, v in model.manifest.special_tokens.items() if k in ("bos", "eos", "pad", "unk")}
         self._info = TokenizerInfo(
-            model.name, {k: self._tok.id_to_token(v) for k, v in special.items()},
+            model.name,
+            {k: self._tok.id_to_token(v) for k, v in special.items()},
             "bos" in special and self._tok.encode("a").ids[:1] == [special["bos"]],
-            model.context, model.max_prompt, model.vocab_size)
+            model.context,
+            model.max_prompt,
+            model.vocab_size,
+        )
 
     def info(self) -> TokenizerInfo:
         return self._info

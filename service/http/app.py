@@ -86,8 +86,15 @@ class Routes:
             for i, j in completions.runs(query):
                 prompt = query.prompts[i]
                 name = "prompt" if len(query.prompts) == 1 else f"prompt[{i}]"
-                runs.append(((i, j), await self.cores.generation.generate(GenerateQuery(
-                    prompt, completions.choice_params(query, j), query.model, prompt_name=name), deadline)))
+                runs.append(
+                    (
+                        (i, j),
+                        await self.cores.generation.generate(
+                            GenerateQuery(prompt, completions.choice_params(query, j), query.model, prompt_name=name),
+                            deadline,
+                        ),
+                    )
+                )
         except BaseException:
             for _, generation in runs:
                 generation.cancel()
@@ -105,8 +112,10 @@ class Routes:
     @route("GenerationService", "ChatCompletions")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
         model = self.cores.generation.tokens(schemas.field(await self._json(request), "model", str, "")).model
-        raise InvalidArgument(f"model {model!r} is a plain language model without a chat template: it cannot turn "
-                              "messages into a prompt; send the text to POST /v1/completions")
+        raise InvalidArgument(
+            f"model {model!r} is a plain language model without a chat template: it cannot turn "
+            "messages into a prompt; send the text to POST /v1/completions"
+        )
 
     @route("GenerationService", "Tokenize")
     async def tokenize(self, request: Request, call: HttpCall) -> Response:
@@ -171,29 +180,35 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     if request.url.path.startswith("/v2"):  # the KServe routes' own error shape
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse({"error": message}, status_code=exc.status_code)
-    return JSONResponse(error_body(code, f"{request.method} {request.url.path}: {exc.detail}"),
-                        status_code=exc.status_code)
+    return JSONResponse(
+        error_body(code, f"{request.method} {request.url.path}: {exc.detail}"), status_code=exc.status_code
+    )
 
 
-def build_app(cores: Cores, is_serving: Callable[[], bool], middleware: Sequence[Middleware] = (),
-              worker_calls=None) -> Starlette:
+def build_app(
+    cores: Cores, is_serving: Callable[[], bool], middleware: Sequence[Middleware] = (), worker_calls=None
+) -> Starlette:
     """The ASGI app; `app.state.inflight` counts the calls the drain waits for; worker_calls (a
     worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does."""
     r = Routes(cores, is_serving)
-    app = Starlette(routes=[
-        Route("/v1/embeddings", r.embeddings, methods=["POST"]),
-        Route("/v1/completions", r.completions, methods=["POST"]),
-        Route("/v1/chat/completions", r.chat_completions, methods=["POST"]),
-        Route("/tokenize", r.tokenize, methods=["POST"]),
-        Route("/detokenize", r.detokenize, methods=["POST"]),
-        Route("/tokenizer_info", r.tokenizer_info, methods=["GET"]),
-        Route("/v1/models", r.list_models, methods=["GET"]),
-        Route("/v1/models/{name:path}", r.get_model, methods=["GET"]),
-        Route("/v1/translate", r.translate, methods=["POST"]),
-        Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
-        Route("/health", r.health, methods=["GET"]),
-        *kserve_rest.routes(cores),
-    ], middleware=list(middleware), exception_handlers={HTTPException: _http_error})
+    app = Starlette(
+        routes=[
+            Route("/v1/embeddings", r.embeddings, methods=["POST"]),
+            Route("/v1/completions", r.completions, methods=["POST"]),
+            Route("/v1/chat/completions", r.chat_completions, methods=["POST"]),
+            Route("/tokenize", r.tokenize, methods=["POST"]),
+            Route("/detokenize", r.detokenize, methods=["POST"]),
+            Route("/tokenizer_info", r.tokenizer_info, methods=["GET"]),
+            Route("/v1/models", r.list_models, methods=["GET"]),
+            Route("/v1/models/{name:path}", r.get_model, methods=["GET"]),
+            Route("/v1/translate", r.translate, methods=["POST"]),
+            Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
+            Route("/health", r.health, methods=["GET"]),
+            *kserve_rest.routes(cores),
+        ],
+        middleware=list(middleware),
+        exception_handlers={HTTPException: _http_error},
+    )
     app.state.inflight = Inflight()
     app.state.worker_calls = worker_calls
     return app

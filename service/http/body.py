@@ -49,14 +49,16 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
             async for part in request.stream():  # refused once past the limit, not after reading it all
                 size += len(part)
                 if size > max_bytes:
-                    raise InvalidArgument(f"request body over {max_bytes} bytes (--max-message-bytes); "
-                                          "send less per call")
+                    raise InvalidArgument(
+                        f"request body over {max_bytes} bytes (--max-message-bytes); send less per call"
+                    )
                 parts.append(part)
     except ClientDisconnect as e:
         raise Cancelled(f"the client closed the connection after {size} bytes of the body") from e
     except TimeoutError as e:  # this timeout's own: the call's X-Request-Timeout is the route's, outside
-        raise SlowBody(f"the body did not arrive within {timeout_s:g} s (http_body_timeout_s; {size} bytes "
-                       "came); send it at once") from e
+        raise SlowBody(
+            f"the body did not arrive within {timeout_s:g} s (http_body_timeout_s; {size} bytes came); send it at once"
+        ) from e
     return b"".join(parts)
 
 

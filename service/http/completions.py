@@ -63,8 +63,9 @@ def parse(body: dict) -> CompletionRequest:
     if best_of != n:
         raise InvalidArgument(f"best_of={best_of} is not supported (leave it out or set it to n={n})")
     if len(prompts) * n > MAX_CHOICES:
-        raise InvalidArgument(f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most "
-                              f"{MAX_CHOICES} per request")
+        raise InvalidArgument(
+            f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most {MAX_CHOICES} per request"
+        )
     echo = field(body, "echo", bool, False)
     logprobs = field(body, "logprobs", int, None, minimum=0, maximum=MAX_LOGPROBS)
     max_tokens = field(body, "max_tokens", int, None, minimum=0)
@@ -80,7 +81,8 @@ def parse(body: dict) -> CompletionRequest:
         seed=field(body, "seed", int, minimum=0, maximum=UINT64),
         logprobs=logprobs,
         prompt_logprobs=logprobs if echo and logprobs is not None else 0 if max_tokens == 0 else None,
-        score_only=max_tokens == 0)
+        score_only=max_tokens == 0,
+    )
     stream = field(body, "stream", bool, False)
     if stream and len(prompts) * n > 1:
         raise InvalidArgument("stream is supported for one prompt and n=1; send the others as separate requests")
@@ -103,8 +105,10 @@ def parse_prompts(value) -> list[Prompt]:
                     where = f"prompt[{i}]" if bad is None else f"prompt[{i}][{bad}]"
                     raise InvalidArgument(f"{where} must be a non-empty array of token ids (integers)")
             return [list(v) for v in value]
-    raise InvalidArgument("prompt must be a string, an array of strings, an array of token ids or an array of "
-                          "arrays of token ids (not empty, not mixed)")
+    raise InvalidArgument(
+        "prompt must be a string, an array of strings, an array of token ids or an array of "
+        "arrays of token ids (not empty, not mixed)"
+    )
 
 
 def _is_id(value) -> bool:
@@ -126,8 +130,9 @@ def runs(request: CompletionRequest) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(request.prompts)) for j in range(n)]
 
 
-def response(request: CompletionRequest, completion: Completion, tokens: Tokens,
-             results: dict[tuple[int, int], Chunk]) -> dict:
+def response(
+    request: CompletionRequest, completion: Completion, tokens: Tokens, results: dict[tuple[int, int], Chunk]
+) -> dict:
     """The completion response: results (prompt, choice) -> the choice's joined chunk; a
     score-only request's choice 0 stands for all n."""
     choices, prompt_tokens, completion_tokens = [], 0, 0
@@ -139,10 +144,17 @@ def response(request: CompletionRequest, completion: Completion, tokens: Tokens,
             choice = Choice(tokens, prompt, request.echo, request.logprobs)
             text, lp = choice.part(chunk, first.prompt_logprobs)
             completion_tokens += chunk.output_tokens if (i, j) in results else 0
-            choices.append({"index": i * request.n + j, "text": text, "logprobs": lp,
-                            "finish_reason": FINISH[chunk.finish_reason]})
-    return {"id": completion.id, "object": "text_completion", "created": completion.created,
-            "model": completion.model, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            choices.append(
+                {"index": i * request.n + j, "text": text, "logprobs": lp, "finish_reason": FINISH[chunk.finish_reason]}
+            )
+    return {
+        "id": completion.id,
+        "object": "text_completion",
+        "created": completion.created,
+        "model": completion.model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
 
 
 class Choice:
@@ -215,16 +227,24 @@ class Choice:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def event(completion: Completion, choice: Choice, chunk: Chunk) -> dict:
     """A stream event of a one-choice completion; the last one carries the finish reason and usage."""
     text, lp = choice.part(chunk)
     reason = None if chunk.finish_reason is None else FINISH[chunk.finish_reason]
-    out = {"id": completion.id, "object": "text_completion", "created": completion.created, "model": completion.model,
-           "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}]}
+    out = {
+        "id": completion.id,
+        "object": "text_completion",
+        "created": completion.created,
+        "model": completion.model,
+        "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}],
+    }
     if reason is not None:
         out["usage"] = usage(chunk.input_tokens, chunk.output_tokens)
     return out

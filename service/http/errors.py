@@ -145,7 +145,7 @@ class HttpCall:
         except (asyncio.CancelledError, GeneratorExit):  # the client went away
             self.record.code = _S.CANCELLED
             raise
-        except Exception as exc:  # noqa: BLE001 - mapped like any other failure, in-band
+        except Exception as exc:
             self.record.code, message = status_of(exc)
             yield f"data: {json.dumps(error_body(self.record.code, message))}\n\n"
         finally:
@@ -209,7 +209,7 @@ def route(service: str, method: str) -> Callable[[Endpoint], Callable[[Any, Requ
             except asyncio.CancelledError:
                 call.record.code = _S.CANCELLED
                 raise
-            except Exception as exc:  # noqa: BLE001 - the one place HTTP failures become responses
+            except Exception as exc:
                 return call.fail(exc)
             finally:
                 if not call.streaming:

@@ -26,8 +26,11 @@ CLOSED = Counter("ts_http_connections_closed", "HTTP connections the server clos
 
 def guarded(header_timeout: float, max_connections: int) -> type[H11Protocol]:
     """The protocol class for uvicorn.Config(http=...) with these limits."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,),
-                {"header_timeout": header_timeout, "max_connections": max_connections})
+    return type(
+        "GuardedH11Protocol",
+        (GuardedH11Protocol,),
+        {"header_timeout": header_timeout, "max_connections": max_connections},
+    )
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -81,9 +84,13 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def _over_limit(limit: int) -> bytes:
-    message = (f"this server already holds {limit} HTTP connections (http_max_connections); retry later, or reuse "
-               "a kept-alive connection")
+    message = (
+        f"this server already holds {limit} HTTP connections (http_max_connections); retry later, or reuse "
+        "a kept-alive connection"
+    )
     body = json.dumps(error_body(grpc.StatusCode.UNAVAILABLE, message)).encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            f"content-length: {len(body)}\r\n\r\n")
+    head = (
+        f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
     return head.encode("ascii") + body

@@ -31,8 +31,9 @@ UINT32, UINT64 = 2**32 - 1, 2**64 - 1  # the proto fields' ranges: beyond them p
 FLOAT32 = 3.4e38  # a proto float; a larger JSON number would become inf
 
 
-def field(body: dict, name: str, kind: type, default: Any = None, minimum: float | None = None,
-          maximum: float = UINT32) -> Any:
+def field(
+    body: dict, name: str, kind: type, default: Any = None, minimum: float | None = None, maximum: float = UINT32
+) -> Any:
     """body[name] checked against kind (int accepted for float, bool never for a number); null = absent."""
     value = body.get(name)
     if value is None:
@@ -84,19 +85,31 @@ def embed_request(body: dict) -> tuple[EmbedQuery, bool]:
     fmt = field(body, "encoding_format", str, "float")
     if fmt not in ENCODING_FORMATS:
         raise InvalidArgument(f"encoding_format={fmt[:32]!r} is not one of float, base64")
-    return EmbedQuery(inputs=strings(body, "input"), model=field(body, "model", str, ""),
-                      dimensions=field(body, "dimensions", int, 0, minimum=0)), fmt == "base64"
+    return EmbedQuery(
+        inputs=strings(body, "input"),
+        model=field(body, "model", str, ""),
+        dimensions=field(body, "dimensions", int, 0, minimum=0),
+    ), fmt == "base64"
 
 
 def embed_response(answer: Embeddings, packed: bool) -> dict:
     """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/packing.py)."""
     rows = answer.vectors.astype(WIRE_DTYPE, copy=False) if packed else answer.vectors.tolist()
-    data = [{"object": "embedding", "index": i,
-             "embedding": base64.b64encode(row.tobytes()).decode("ascii") if packed else row}
-            for i, row in enumerate(rows)]
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(row.tobytes()).decode("ascii") if packed else row,
+        }
+        for i, row in enumerate(rows)
+    ]
     tokens = answer.input_tokens
-    return {"object": "list", "data": data, "model": answer.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "object": "list",
+        "data": data,
+        "model": answer.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def translate_request(body: dict) -> pb.TranslateRequest:
@@ -123,11 +136,17 @@ def _parse(body: dict, message):
 
 def message_json(reply) -> dict:
     """A protobuf reply as JSON with every field present (zeros included), proto field names."""
-    return json_format.MessageToDict(reply, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    return json_format.MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
 def model_json(info: pb.ModelInfo) -> dict:
-    return {"id": info.name, "object": "model", "created": 0, "owned_by": "transformer-serving",
-            "kind": info.kind, "is_default": info.is_default, "max_input_tokens": info.max_input_tokens,
-            "embedding_dimension": info.embedding_dimension}
+    return {
+        "id": info.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "transformer-serving",
+        "kind": info.kind,
+        "is_default": info.is_default,
+        "max_input_tokens": info.max_input_tokens,
+        "embedding_dimension": info.embedding_dimension,
+    }

@@ -1,8 +1,8 @@
 """uvicorn inside the service's event loop: bind, serve as a task, drain with the gRPC server.
 
 uvicorn speaks HTTP/1.1 through service/http/protocol.py's h11 protocol, which adds a header
-timeout and a connection cap. The socket is bound here, not by uvicorn, so that a taken port fails the start with a clear
-OSError, port 0's choice is known (and logged) at once, and worker processes can share one port
+timeout and a connection cap. The socket is bound here, not by uvicorn, so that a taken port fails the
+start with a clear OSError, port 0's choice is known (and logged) at once, and worker processes can share one port
 with SO_REUSEPORT (service/supervisor.py reserves it, each worker binds it). uvicorn's own signal
 handling is off: service/server.py owns SIGTERM and calls `stop(grace)`, which
 1. keeps the listener open while in-flight calls finish, so that new calls get 503 (the registry
@@ -35,8 +35,9 @@ class _Uvicorn(uvicorn.Server):
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     """A bound TCP socket on host:port (0: a free port); reuse_port joins a worker group's port."""
-    family, _, _, _, address = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                                  flags=socket.AI_PASSIVE)[0]
+    family, _, _, _, address = socket.getaddrinfo(
+        host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and without it
     # every small response waits ~40 ms (Nagle against the client's delayed ACK; measured).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -54,20 +55,41 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
 class HttpServer:
     """A started uvicorn server; `port` is the one bound."""
 
-    def __init__(self, app, sock: socket.socket, inflight: Inflight, ssl: dict | None = None,
-                 header_timeout: float = 10.0, max_connections: int = 1024):
+    def __init__(
+        self,
+        app,
+        sock: socket.socket,
+        inflight: Inflight,
+        ssl: dict | None = None,
+        header_timeout: float = 10.0,
+        max_connections: int = 1024,
+    ):
         self.port = sock.getsockname()[1]
         self._inflight = inflight
         self.scheme = "https" if ssl else "http"
-        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=LAST_SECONDS, http=guarded(header_timeout, max_connections),
-                                **(ssl or {}))
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=LAST_SECONDS,
+            http=guarded(header_timeout, max_connections),
+            **(ssl or {}),
+        )
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
 
     @classmethod
-    async def start(cls, app, host: str, port: int, reuse_port: bool = False, ssl: dict | None = None,
-                    header_timeout: float = 10.0, max_connections: int = 1024) -> "HttpServer":
+    async def start(
+        cls,
+        app,
+        host: str,
+        port: int,
+        reuse_port: bool = False,
+        ssl: dict | None = None,
+        header_timeout: float = 10.0,
+        max_connections: int = 1024,
+    ) -> HttpServer:
         """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext; header_timeout
         and max_connections: the door's limits (service/http/protocol.py)."""
         server = cls(app, bind(host, port, reuse_port), app.state.inflight, ssl, header_timeout, max_connections)

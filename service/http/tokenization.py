@@ -19,15 +19,20 @@ from service.http.schemas import field, refuse_unsupported, text
 
 async def tokenize(tokens: Tokens, body: dict) -> dict:
     if body.get("messages") is not None:
-        raise InvalidArgument(f"messages: model {tokens.model!r} is a plain language model without a chat template; "
-                              "send a prompt")
+        raise InvalidArgument(
+            f"messages: model {tokens.model!r} is a plain language model without a chat template; send a prompt"
+        )
     refuse_unsupported(body, {"add_generation_prompt": None, "chat_template": None})
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidArgument("prompt must be a string")
     ids, strs = await tokens.encode(text("prompt", prompt), field(body, "add_special_tokens", bool, True))
-    return {"count": len(ids), "max_model_len": tokens.info().context, "tokens": ids,
-            "token_strs": strs if field(body, "return_token_strs", bool, False) else None}
+    return {
+        "count": len(ids),
+        "max_model_len": tokens.info().context,
+        "tokens": ids,
+        "token_strs": strs if field(body, "return_token_strs", bool, False) else None,
+    }
 
 
 def detokenize(tokens: Tokens, body: dict) -> dict:
@@ -40,7 +45,13 @@ def detokenize(tokens: Tokens, body: dict) -> dict:
 def tokenizer_info(tokens: Tokens) -> dict:
     """What vLLM's tokenizer_info gives (tokenizer_config.json's fields) that this model has."""
     info = tokens.info()
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "model": info.model,
-            **{f"{k}_token": v for k, v in info.special.items()}, "add_bos_token": info.adds_bos,
-            "model_max_length": info.context, "max_prompt_tokens": info.max_prompt, "vocab_size": info.vocab_size,
-            "chat_template": None}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model": info.model,
+        **{f"{k}_token": v for k, v in info.special.items()},
+        "add_bos_token": info.adds_bos,
+        "model_max_length": info.context,
+        "max_prompt_tokens": info.max_prompt,
+        "vocab_size": info.vocab_size,
+        "chat_template": None,
+    }

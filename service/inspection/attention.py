@@ -67,8 +67,11 @@ class AttentionInspector:
         self.spec = next((g for g in m.graphs if g.role == ATTENTION_ROLE), None)
         self.gate_refused = m.parity.get("attention_ok") is False  # the export left the graph out
         self.gate_diff = m.parity.get("attention_max_abs_diff")
-        self.outputs = [] if self.spec is None else [
-            (KINDS[o.name.split(".")[0]], int(o.name.split(".")[1]), o.name) for o in self.spec.outputs]
+        self.outputs = (
+            []
+            if self.spec is None
+            else [(KINDS[o.name.split(".")[0]], int(o.name.split(".")[1]), o.name) for o in self.spec.outputs]
+        )
         self.n_layers = 1 + max((layer for _, layer, _ in self.outputs), default=-1)
         self.n_heads = int(self.spec.outputs[0].shape[1]) if self.spec else 0
         self.special = np.asarray(sorted({int(v) for v in m.special_tokens.values()}), np.int64)
@@ -83,20 +86,25 @@ class AttentionInspector:
     def check(self, query: AttentionQuery) -> None:
         """Before any work: the graph exists, the text and target apply, the layers and heads exist."""
         if self.spec is None and self.gate_refused:
-            raise FailedPrecondition(f"model {self.name!r} is served without attention inspection: its attention "
-                                     f"graph differed from PyTorch by {self.gate_diff:.3g} when exported on its build "
-                                     "machine (limit 1e-5), so the export left it out")
+            raise FailedPrecondition(
+                f"model {self.name!r} is served without attention inspection: its attention "
+                f"graph differed from PyTorch by {self.gate_diff:.3g} when exported on its build "
+                "machine (limit 1e-5), so the export left it out"
+            )
         if self.spec is None:
-            raise FailedPrecondition(f"model {self.name!r} was built without an attention graph; rebuild its "
-                                     "directory with `make models` to inspect its attention")
+            raise FailedPrecondition(
+                f"model {self.name!r} was built without an attention graph; rebuild its "
+                "directory with `make models` to inspect its attention"
+            )
         if not query.text.strip():
             raise InvalidArgument("text is empty; send the text whose attention to inspect")
         if query.target and self.kind != "translation":
             raise InvalidArgument(f"target applies to translation models only; {self.name!r} is a {self.kind} model")
         bad = [x for x in query.layers if x >= self.n_layers]
         if bad:
-            raise InvalidArgument(f"layer {bad[0]} does not exist: model {self.name!r} has layers "
-                                  f"0..{self.n_layers - 1}")
+            raise InvalidArgument(
+                f"layer {bad[0]} does not exist: model {self.name!r} has layers 0..{self.n_layers - 1}"
+            )
         bad = [x for x in query.heads if x >= self.n_heads]
         if bad:
             raise InvalidArgument(f"head {bad[0]} does not exist: model {self.name!r} has heads 0..{self.n_heads - 1}")
@@ -118,17 +126,27 @@ class AttentionInspector:
         start = time.perf_counter()
         maps = await self.runtime.run(self._compute, session, selected, heads, source, decoder_ids)
         inference_s = time.perf_counter() - start
-        return AttentionResult(self._tokens(source), self._tokens(decoder_ids), target, maps,
-                               len(source) + len(decoder_ids), generated, tokenize_s, inference_s)
+        return AttentionResult(
+            self._tokens(source),
+            self._tokens(decoder_ids),
+            target,
+            maps,
+            len(source) + len(decoder_ids),
+            generated,
+            tokenize_s,
+            inference_s,
+        )
 
     async def _encode(self, text: str, field: str, limit: int) -> list[int]:
-        tokenizing.check_chars(text, tokenizing.max_chars(limit, self.chars_per_token), field, self.name, limit,
-                               "shorten it")
+        tokenizing.check_chars(
+            text, tokenizing.max_chars(limit, self.chars_per_token), field, self.name, limit, "shorten it"
+        )
         (encoding,) = await self.text_encoder.encode([text])
         ids = encoding.ids
         if len(ids) > limit:
-            raise InvalidArgument(f"{field} is {len(ids)} tokens long, over model {self.name!r}'s limit of {limit} "
-                                  "tokens; shorten it")
+            raise InvalidArgument(
+                f"{field} is {len(ids)} tokens long, over model {self.name!r}'s limit of {limit} tokens; shorten it"
+            )
         return ids
 
     async def _target(self, text: str, target: str, deadline: float | None) -> tuple[str, list[int], int]:
@@ -151,8 +169,10 @@ class AttentionInspector:
         sizes = {"self": source * source, "causal": (target or source) ** 2, "cross": target * source}
         total = 4 * heads * sum(sizes[kind] for kind, _, _ in selected)  # float32 weights
         if total > self.max_bytes // 2:
-            raise InvalidArgument(f"the selected maps would take {total / 1e6:.1f} MB, over half the message limit "
-                                  f"of {self.max_bytes / 1e6:.1f} MB; select fewer layers or heads, or a shorter text")
+            raise InvalidArgument(
+                f"the selected maps would take {total / 1e6:.1f} MB, over half the message limit "
+                f"of {self.max_bytes / 1e6:.1f} MB; select fewer layers or heads, or a shorter text"
+            )
 
     async def _open(self):
         async with self._opening:
@@ -161,8 +181,9 @@ class AttentionInspector:
                 self._session = await self.runtime.run(self.runtime.create_session, path)
         return self._session
 
-    def _compute(self, session, selected: list, heads: list[int], source: list[int],
-                 decoder: list[int]) -> list[HeadMap]:
+    def _compute(
+        self, session, selected: list, heads: list[int], source: list[int], decoder: list[int]
+    ) -> list[HeadMap]:
         """Runs the graph on one row and cuts out the selected layers and heads, with their statistics."""
         src = np.asarray([source], np.int64)  # (1, S)
         feeds = {"input_ids": src, "attention_mask": np.ones_like(src)}

@@ -35,8 +35,9 @@ class AttentionCore:
     def __init__(self, registry: ModelRegistry, settings: Settings, runtime: Runtime):
         self.registry, self.settings, self.runtime = registry, settings, runtime
         self._inspectors: dict[str, AttentionInspector] = {}
-        self.admission = Admission("attention", "", settings.attention_max_in_flight, "calls computing",
-                                   gate=runtime.gate)
+        self.admission = Admission(
+            "attention", "", settings.attention_max_in_flight, "calls computing", gate=runtime.gate
+        )
 
     async def attention(self, query: AttentionQuery, model: str = "", deadline: float | None = None) -> AttentionMaps:
         """Validates once, admits (a compute place), inspects; raises ServiceError."""
@@ -53,6 +54,7 @@ class AttentionCore:
     def _inspector(self, backend) -> AttentionInspector:
         if backend.name not in self._inspectors:
             model_dir = ModelDir(self.registry.dirs[backend.name], backend.manifest)
-            self._inspectors[backend.name] = AttentionInspector(backend, model_dir, self.runtime,
-                                                                self.settings.max_message_bytes)
+            self._inspectors[backend.name] = AttentionInspector(
+                backend, model_dir, self.runtime, self.settings.max_message_bytes
+            )
         return self._inspectors[backend.name]

@@ -29,7 +29,7 @@ class KVBatch:
         self._dev: list[ort.OrtValue] | None = None
 
     @classmethod
-    def empty(cls, io: GraphIO, rows: int, device: str | None = None) -> "KVBatch":
+    def empty(cls, io: GraphIO, rows: int, device: str | None = None) -> KVBatch:
         """A cache of `rows` rows and no cached positions yet (all rows start together)."""
         cache = cls(io, device)
         cache.mask = np.zeros((rows, 0), np.int64)
@@ -91,8 +91,13 @@ class KVBatch:
         self.mask = new_mask
 
 
-def run_step(session: ort.InferenceSession, io: GraphIO, feeds: dict[str, np.ndarray], cache: KVBatch,
-             constants: dict | None = None) -> np.ndarray:
+def run_step(
+    session: ort.InferenceSession,
+    io: GraphIO,
+    feeds: dict[str, np.ndarray],
+    cache: KVBatch,
+    constants: dict | None = None,
+) -> np.ndarray:
     """One decoder call over the whole batch: feeds (input_ids (B, T), position_ids (B, T)) + the
     cache + constants (inputs that stay fixed across steps, e.g. a translator's cross K/V: numpy,
     or OrtValues already on the device); attention_mask is the cache mask extended by T ones.

@@ -41,13 +41,18 @@ def unpack(packed: Packed) -> tuple[np.ndarray, np.ndarray]:
     return first[:, None] + np.where(mask, offsets, 0), mask.astype(np.int64)
 
 
-def packed_feeds(seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int,
-                 align: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+def packed_feeds(
+    seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int, align: int
+) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """(graph inputs, source mask (B, S), tokens computed) of a packed encoder run."""
     packed = pack(seqs, max(row_tokens, max(len(s) for s in seqs)), pad_id, align)
     index, mask = unpack(packed)
-    feeds = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
-             "segment_ids": packed.segment_ids, "unpack_index": index}
+    feeds = {
+        "input_ids": packed.input_ids,
+        "position_ids": packed.position_ids,
+        "segment_ids": packed.segment_ids,
+        "unpack_index": index,
+    }
     return feeds, mask, packed.computed_tokens
 
 
@@ -60,8 +65,9 @@ def padded_feeds(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[dict[str, 
     return {"input_ids": ids, "attention_mask": mask}, mask, int(ids.size)
 
 
-def feeds(seqs: Sequence[Sequence[int]], pad_id: int, row_tokens: int | None,
-          align: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+def feeds(
+    seqs: Sequence[Sequence[int]], pad_id: int, row_tokens: int | None, align: int = 1
+) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """The encoder run of seqs: (graph inputs, source mask (n, S), tokens computed); row_tokens
     None: a padded graph's inputs, else a packed graph's (rows of at least row_tokens)."""
     if row_tokens is None:

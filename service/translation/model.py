@@ -63,8 +63,17 @@ class TranslateResult:
 class TranslationModel:
     kind = "translation"
 
-    def __init__(self, manifest: Manifest, encoder, decoder, tokenizer: Tokenizer, settings: Settings,
-                 runtime: Runtime, variant: str, io_binding: bool | None = None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        encoder,
+        decoder,
+        tokenizer: Tokenizer,
+        settings: Settings,
+        runtime: Runtime,
+        variant: str,
+        io_binding: bool | None = None,
+    ):
         self.name, self.manifest, self.variant = manifest.name, manifest, variant
         self.encoder, self.decoder, self.tokenizer = encoder, decoder, tokenizer
         self.settings, self.runtime = settings, runtime
@@ -81,30 +90,44 @@ class TranslationModel:
             io_binding = self.provider == "CUDAExecutionProvider"
         self.device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.execution = "packed" if source_encoder.is_packed(encoder) else "padded"
-        self.scheduler = Seq2SeqScheduler(self.name, encoder, decoder, self.io, runtime,
-                                          max_rows=settings.translate_max_batch, max_queue=settings.translate_max_queue,
-                                          pad_id=self.pad_id, device=self.device, gate=runtime.gate,
-                                          pack_row_tokens=settings.embed_pack_row_tokens
-                                          if self.execution == "packed" else None,
-                                          pack_align=source_encoder.alignment(variant))
+        self.scheduler = Seq2SeqScheduler(
+            self.name,
+            encoder,
+            decoder,
+            self.io,
+            runtime,
+            max_rows=settings.translate_max_batch,
+            max_queue=settings.translate_max_queue,
+            pad_id=self.pad_id,
+            device=self.device,
+            gate=runtime.gate,
+            pack_row_tokens=settings.embed_pack_row_tokens if self.execution == "packed" else None,
+            pack_align=source_encoder.alignment(variant),
+        )
         self._task: asyncio.Task | None = None
 
     @classmethod
-    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> "TranslationModel":
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> TranslationModel:
         m = model_dir.manifest
         variant = runtime.choose_variant(m, "decoder")
         role, enc_variant = source_encoder.encoder_graph(m, variant, settings.embed_pack_row_tokens)
         encoder = runtime.create_session(model_dir.file(m.graph(role, enc_variant).file))
-        log.info("translation model %s: %s decoder, %s %s encoder", m.name, variant, enc_variant,
-                 "packed" if role == PACKED_ROLE else "padded")
+        log.info(
+            "translation model %s: %s decoder, %s %s encoder",
+            m.name,
+            variant,
+            enc_variant,
+            "packed" if role == PACKED_ROLE else "padded",
+        )
         decoder = runtime.create_session(model_dir.file(m.graph("decoder", variant).file))
         tokenizer = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         tokenizer.no_padding()
         tokenizer.no_truncation()
         return cls(m, encoder, decoder, tokenizer, settings, runtime, variant)
 
-    async def translate(self, inputs: list[str], options: TranslateOptions,
-                        deadline: float | None = None) -> TranslateResult:
+    async def translate(
+        self, inputs: list[str], options: TranslateOptions, deadline: float | None = None
+    ) -> TranslateResult:
         """Translates every input (batched with concurrent calls); `deadline`: time.monotonic() after which
         queued sources are dropped and the call fails with DeadlineExceeded. Raises InvalidArgument and friends."""
         start = time.perf_counter()
@@ -117,16 +140,23 @@ class TranslationModel:
             raise
         tokenize_s = time.perf_counter() - start
         loop = asyncio.get_running_loop()
-        items = [Item(ids, SourceSearch(options.beam_size, self.start_id, self.eos_id, max_length,
-                                        options.length_penalty), loop.create_future(), deadline=deadline)
-                 for ids in encoded]
+        items = [
+            Item(
+                ids,
+                SourceSearch(options.beam_size, self.start_id, self.eos_id, max_length, options.length_penalty),
+                loop.create_future(),
+                deadline=deadline,
+            )
+            for ids in encoded
+        ]
         self.scheduler.submit(items)
         try:
             async with asyncio.timeout(None if deadline is None else deadline - time.monotonic()):
                 outputs = await asyncio.gather(*(it.future for it in items))
         except TimeoutError as exc:
-            raise DeadlineExceeded("the call's deadline passed before its translations finished; allow more "
-                                   "time or split the call") from exc
+            raise DeadlineExceeded(
+                "the call's deadline passed before its translations finished; allow more time or split the call"
+            ) from exc
         except Exception as exc:
             raise self._failure(items, exc) from exc
         finally:
@@ -138,9 +168,12 @@ class TranslationModel:
         metrics.TOKENS.labels(self.name, "input").inc(sum(map(len, encoded)))
         out_tokens = sum(len(h.tokens) for h in outputs)
         metrics.TOKENS.labels(self.name, "output").inc(out_tokens)
-        timings = Timings(tokenize_ms=tokenize_s * 1e3, queue_ms=max(it.queue_s for it in items) * 1e3,
-                          inference_ms=max(it.inference_s for it in items) * 1e3,
-                          total_ms=(time.perf_counter() - start) * 1e3)
+        timings = Timings(
+            tokenize_ms=tokenize_s * 1e3,
+            queue_ms=max(it.queue_s for it in items) * 1e3,
+            inference_ms=max(it.inference_s for it in items) * 1e3,
+            total_ms=(time.perf_counter() - start) * 1e3,
+        )
         return TranslateResult(texts, sum(map(len, encoded)), out_tokens, timings)
 
     async def _tokenize(self, inputs: list[str]) -> list[list[int]]:
@@ -148,8 +181,10 @@ class TranslationModel:
         encoded = [e.ids for e in await self.text_encoder.encode(inputs)]
         for i, ids in enumerate(encoded):
             if len(ids) > self.manifest.max_input_tokens:
-                raise InvalidArgument(f"inputs[{i}] is {len(ids)} tokens; model {self.name!r} accepts at most "
-                                      f"{self.manifest.max_input_tokens} (split the sentence)")
+                raise InvalidArgument(
+                    f"inputs[{i}] is {len(ids)} tokens; model {self.name!r} accepts at most "
+                    f"{self.manifest.max_input_tokens} (split the sentence)"
+                )
         return encoded
 
     def _detokenize(self, outputs: list[Hypothesis]) -> list[Translation]:
@@ -165,27 +200,44 @@ class TranslationModel:
         """The error a call gets when one of its sources failed in the engine."""
         if isinstance(exc, ServiceError):
             return exc
-        failed = next((i for i, it in enumerate(items) if it.future.done() and not it.future.cancelled()
-                       and it.future.exception() is exc), 0)
+        failed = next(
+            (
+                i
+                for i, it in enumerate(items)
+                if it.future.done() and not it.future.cancelled() and it.future.exception() is exc
+            ),
+            0,
+        )
         return self._row_failed(failed, exc)
 
     def _row_failed(self, index: int, exc: BaseException) -> RowFailed:
         log.error("model %s could not translate inputs[%d]", self.name, index, exc_info=exc)
-        return RowFailed(f"model {self.name!r} failed to translate inputs[{index}] ({type(exc).__name__}; logged on "
-                         f"the server); the other calls in its batch were not affected")
+        return RowFailed(
+            f"model {self.name!r} failed to translate inputs[{index}] ({type(exc).__name__}; logged on "
+            f"the server); the other calls in its batch were not affected"
+        )
 
     def _check(self, inputs: list[str], options: TranslateOptions) -> int:
         for i, text in enumerate(inputs):
-            tokenizing.check_chars(text, self.max_input_chars, f"inputs[{i}]", self.name,
-                                   self.manifest.max_input_tokens, "split the sentence")
+            tokenizing.check_chars(
+                text,
+                self.max_input_chars,
+                f"inputs[{i}]",
+                self.name,
+                self.manifest.max_input_tokens,
+                "split the sentence",
+            )
             if not text.strip():
                 raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
         if not 1 <= options.beam_size <= self.settings.translate_max_beam:
-            raise InvalidArgument(f"beam_size must be in [0, {self.settings.translate_max_beam}] "
-                                  f"(0 or 1 = greedy), got {options.beam_size}")
+            raise InvalidArgument(
+                f"beam_size must be in [0, {self.settings.translate_max_beam}] "
+                f"(0 or 1 = greedy), got {options.beam_size}"
+            )
         if not (np.isfinite(options.length_penalty) and 0 <= options.length_penalty <= MAX_LENGTH_PENALTY):
-            raise InvalidArgument(f"length_penalty must be in [0, {MAX_LENGTH_PENALTY:g}] (0 = default 1.0), "
-                                  f"got {options.length_penalty}")
+            raise InvalidArgument(
+                f"length_penalty must be in [0, {MAX_LENGTH_PENALTY:g}] (0 = default 1.0), got {options.length_penalty}"
+            )
         wanted = options.max_length or self.settings.translate_default_max_length or self.max_length
         return min(wanted, self.max_length)
 

@@ -53,9 +53,22 @@ class Item:
 
 
 class Seq2SeqScheduler:
-    def __init__(self, name: str, encoder, decoder, io, runtime, *, max_rows: int, max_queue: int, pad_id: int,
-                 device: str | None, pack_row_tokens: int | None = None, pack_align: int = 1,
-                 gate: Gate | None = None):
+    def __init__(
+        self,
+        name: str,
+        encoder,
+        decoder,
+        io,
+        runtime,
+        *,
+        max_rows: int,
+        max_queue: int,
+        pad_id: int,
+        device: str | None,
+        pack_row_tokens: int | None = None,
+        pack_align: int = 1,
+        gate: Gate | None = None,
+    ):
         """pack_row_tokens: None for a padded encoder graph, else a packed one's row length
         (service/translation/encoder.py); pack_align: where a packed source may start."""
         self.name, self.encoder, self.runtime = name, encoder, runtime
@@ -65,8 +78,9 @@ class Seq2SeqScheduler:
         self.queue: deque[Item] = deque()
         self.members: dict[int, Item] = {}  # id(item.search) -> item, for sources in the batch
         self._inference = metrics.INFERENCE_DURATION.labels(name)  # one engine run: an encoder run or a step
-        self.admission = Admission("translation", name, max_queue, "queued sources", gate=gate,
-                                   waiting=lambda: len(self.queue))
+        self.admission = Admission(
+            "translation", name, max_queue, "queued sources", gate=gate, waiting=lambda: len(self.queue)
+        )
         self.turns = 0  # executor calls so far
         self._solo = False  # an isolated source runs: nothing joins it
         self._turn_start = 0.0
@@ -158,9 +172,12 @@ class Seq2SeqScheduler:
         """True (and counted) when a queued source's call went away or expired; fails an expired call."""
         expired = it.deadline is not None and time.monotonic() >= it.deadline
         if expired and not it.future.done():
-            it.future.set_exception(DeadlineExceeded(
-                f"the call's deadline passed after {time.perf_counter() - it.arrived:.3f}s in the queue of "
-                f"{self.name!r}; allow more time or retry"))
+            it.future.set_exception(
+                DeadlineExceeded(
+                    f"the call's deadline passed after {time.perf_counter() - it.arrived:.3f}s in the queue of "
+                    f"{self.name!r}; allow more time or retry"
+                )
+            )
         if not it.future.done():
             return False
         metrics.DROPPED.labels(self.name, "expired" if expired else "cancelled").inc()
@@ -176,20 +193,28 @@ class Seq2SeqScheduler:
             loop.call_soon_threadsafe(self._deliver, ended, [])
         metrics.BATCH_SIZE.labels(self.name).observe(self.batch.rows)
         deadline, waited = time.perf_counter() + SLICE_S, 0
-        while self.batch.rows and not self._poked.is_set() and not self._time_to_join(waited) \
-                and time.perf_counter() < deadline:
+        while (
+            self.batch.rows
+            and not self._poked.is_set()
+            and not self._time_to_join(waited)
+            and time.perf_counter() < deadline
+        ):
             waited = waited + 1 if self.queue else 0
             try:
                 t0 = time.perf_counter()
                 ended = self.batch.step()
                 self._inference.observe(time.perf_counter() - t0)
-            except Exception as exc:  # noqa: BLE001 - the decoder call failed for every row at once
+            except Exception as exc:
                 sources = list(self.batch.sources)
                 self.batch.clear()
                 if len(sources) == 1:
                     return [(sources[0], exc)], []
-                log.warning("translation step of model %s failed for %d sources; each restarts alone: %r",
-                            self.name, len(sources), exc)
+                log.warning(
+                    "translation step of model %s failed for %d sources; each restarts alone: %r",
+                    self.name,
+                    len(sources),
+                    exc,
+                )
                 return [], sources
             if ended:
                 loop.call_soon_threadsafe(self._deliver, ended, [])
@@ -217,7 +242,7 @@ class Seq2SeqScheduler:
             metrics.PADDING_RATIO.labels(self.name).observe(computed / sum(map(len, seqs)))
             self.batch.join([it.search for it in items], cross, mask)
             return []
-        except Exception as exc:  # noqa: BLE001 - find the source that fails, spare the others
+        except Exception as exc:
             if len(items) == 1:
                 return [(items[0].search, exc)]
             return [e for it in items for e in self._join([it])]

@@ -147,11 +147,8 @@ def advance_batch(sources: list[SourceSearch], logits: np.ndarray) -> tuple[np.n
     gi = bi = 0
     for src, start in zip(sources, starts):
         try:
-            if src.greedy:
-                parents = src.pick(int(g_tok[gi]), float(g_logp[gi]))
-            else:
-                parents = src.expand(b_logp[bi : bi + src.k])
-        except Exception as exc:  # noqa: BLE001 - one source's failure is its own
+            parents = src.pick(int(g_tok[gi]), float(g_logp[gi])) if src.greedy else src.expand(b_logp[bi : bi + src.k])
+        except Exception as exc:
             ended.append((src, exc))
             parents = None
         else:

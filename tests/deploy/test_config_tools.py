@@ -63,8 +63,9 @@ def test_promtool_rejects_a_broken_rule(tmp_path):
 
 
 @pytest.mark.deploy
-@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"],
-                                   ["compose.yaml", "compose.secure.yaml"]])
+@pytest.mark.parametrize(
+    "files", [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"], ["compose.yaml", "compose.secure.yaml"]]
+)
 def test_compose_config_is_valid(files):
     args = [a for f in files for a in ("-f", str(DEPLOY / "compose" / f))]
     result = run([compose_binary(), *args, "config", "--format", "json"])
@@ -120,8 +121,14 @@ def test_alerts_and_dashboard_use_only_exported_metrics():
     for where, texts in (("alerts.yml", exprs), ("dashboard", panel_exprs)):
         unknown = _referenced("\n".join(texts)) - known
         assert not unknown, f"{where} uses metrics the service does not export: {sorted(unknown)}"
-    wanted = {"ts_requests_total", "ts_request_duration_seconds_bucket", "ts_queue_depth", "ts_batch_size_bucket",
-              "ts_tokens_total", "ts_time_to_first_token_seconds_bucket"}
+    wanted = {
+        "ts_requests_total",
+        "ts_request_duration_seconds_bucket",
+        "ts_queue_depth",
+        "ts_batch_size_bucket",
+        "ts_tokens_total",
+        "ts_time_to_first_token_seconds_bucket",
+    }
     assert wanted <= _referenced("\n".join(panel_exprs))
 
 
@@ -139,8 +146,14 @@ def test_grafana_provisioning_points_at_the_dashboard():
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
 
-@pytest.mark.parametrize("script", [DEPLOY / "scripts" / "build-base-image.sh", DEPLOY / "scripts" / "build-image.sh",
-                                    ROOT / ".ci" / "deploy-tools.sh"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        DEPLOY / "scripts" / "build-base-image.sh",
+        DEPLOY / "scripts" / "build-image.sh",
+        ROOT / ".ci" / "deploy-tools.sh",
+    ],
+)
 def test_shell_scripts_parse(script):
     result = run([shutil.which("bash"), "-n", str(script)])
     assert result.returncode == 0, result.stderr

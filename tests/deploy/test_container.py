@@ -98,9 +98,28 @@ def health(address: str) -> str:
 
 def test_container_serves_embeddings_and_stops_cleanly(image):
     cli, env = image
-    started = run([cli, "run", "-d", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
-                   "-e", "TS_COMPUTE_WORKERS=1", "-e", "TS_GRACE_SECONDS=5",
-                   "-p", "127.0.0.1::50051", "-p", "127.0.0.1::9464", IMAGE], env=env)
+    started = run(
+        [
+            cli,
+            "run",
+            "-d",
+            "--read-only",
+            "--tmpfs",
+            "/tmp",
+            "--cap-drop",
+            "ALL",
+            "-e",
+            "TS_COMPUTE_WORKERS=1",
+            "-e",
+            "TS_GRACE_SECONDS=5",
+            "-p",
+            "127.0.0.1::50051",
+            "-p",
+            "127.0.0.1::9464",
+            IMAGE,
+        ],
+        env=env,
+    )
     assert started.returncode == 0, started.stderr
     container = started.stdout.strip()
     try:
@@ -115,12 +134,18 @@ def test_container_serves_embeddings_and_stops_cleanly(image):
         metrics_url = f"http://{published(cli, env, container, 9464)}/metrics"
         with urllib.request.urlopen(metrics_url, timeout=5) as response:
             body = response.read().decode()
-        embed_ok = [line for line in body.splitlines()
-                    if line.startswith("ts_requests_total{") and 'method="Embed"' in line and 'code="OK"' in line]
+        embed_ok = [
+            line
+            for line in body.splitlines()
+            if line.startswith("ts_requests_total{") and 'method="Embed"' in line and 'code="OK"' in line
+        ]
         assert embed_ok and float(embed_ok[0].split()[-1]) == 1.0
         status = "{{.State.Health.Status}}"
-        wait_until(lambda: run([cli, "inspect", "-f", status, container], env=env).stdout.strip() == "healthy",
-                   120, "the image's HEALTHCHECK to report healthy")
+        wait_until(
+            lambda: run([cli, "inspect", "-f", status, container], env=env).stdout.strip() == "healthy",
+            120,
+            "the image's HEALTHCHECK to report healthy",
+        )
         stop = run([cli, "stop", "-t", "30", container], env=env, timeout=60)
         assert stop.returncode == 0, stop.stderr
         exit_code = run([cli, "inspect", "-f", "{{.State.ExitCode}}", container], env=env).stdout.strip()

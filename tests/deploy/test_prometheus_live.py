@@ -72,9 +72,15 @@ async def test_prometheus_scrapes_the_request_counter(start_server, embed_models
     (tmp_path / "data").mkdir()
     with open(tmp_path / "prometheus.log", "w") as log:  # the child keeps its own copy of the file
         proc = subprocess.Popen(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--web.listen-address=127.0.0.1:{port}",
-             f"--storage.tsdb.path={tmp_path / 'data'}"],
-            stdout=subprocess.DEVNULL, stderr=log)
+            [
+                prometheus,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         query = 'sum(ts_requests_total{service="EmbeddingService",method="Embed",code="OK"})'
         result = await poll(lambda: api(port, "query", query=query)["data"]["result"], 60, "the first sample")
