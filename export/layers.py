@@ -8,7 +8,7 @@ positional encodings.
 Masks are additive float tensors broadcastable to (B, nh, T, S): 0 where attention is allowed,
 the dtype's most negative value where it is not (finite, so a fully masked row never yields NaN).
 Every tensor a function here builds lives on its input's device, so the models run on CUDA as on
-the CPU (tests/test_export_device.py runs them on the "meta" device to prove it).
+the CPU (tests/export/test_export_device.py runs them on the "meta" device to prove it).
 """
 
 from __future__ import annotations

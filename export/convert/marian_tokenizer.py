@@ -8,7 +8,7 @@ SpmConverter writes them, runs of unknown characters as one <unk> (`RUN`), a Uni
 vocab.json's ids and source.spm's scores, target-only pieces renamed with a private-use prefix
 (`MARK`) so encoding never reaches them while decoding prints them, and special tokens and
 language codes as added tokens. Source ids and decoded text match MarianTokenizer
-(tests/test_convert_marian.py); where they can differ: docs/models.md.
+(tests/export/convert/test_convert_marian.py); where they can differ: docs/models.md.
 """
 
 from __future__ import annotations

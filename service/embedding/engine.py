@@ -13,6 +13,9 @@ never sees protobuf. `postprocess` keeps the first `dimensions` values and L2-no
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from typing import Generic, TypeVar
+
 import numpy as np
 import onnxruntime as ort
 
@@ -23,9 +26,11 @@ from service.engine.tokenization import Encoded
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _ORT_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
+Out = TypeVar("Out")  # what `forward` returns for a batch: embeddings (B, C), or fill-mask's MaskRows
 
-class EncoderEngine:
-    """What both encoder engines share: the session, the pad id, the provider, the token counts."""
+
+class EncoderEngine(ABC, Generic[Out]):
+    """What every encoder engine shares: the session, the pad id, the provider, the token counts."""
 
     packed = False
 
@@ -40,8 +45,14 @@ class EncoderEngine:
         self._computed.observe(computed)
         self._padding.observe(computed / max(real, 1))
 
+    @abstractmethod
+    def forward(self, batch: list[Encoded]) -> Out:
+        """The batch's result, in batch order. Blocking: run it in the executor."""
 
-class EmbeddingEngine(EncoderEngine):
+
+class PaddedEncoder(EncoderEngine[Out]):
+    """The padded graph (role `encoder`): each batch padded to its longest row."""
+
     def __init__(self, session: ort.InferenceSession, pad_id: int, model: str = ""):
         super().__init__(session, pad_id, model)
         self.input_types = {}
@@ -71,15 +82,16 @@ class EmbeddingEngine(EncoderEngine):
         self.count(ids.size, int(mask.sum()))
         return {name: arrays[name].astype(dtype, copy=False) for name, dtype in self.input_types.items()}
 
+
+class EmbeddingEngine(PaddedEncoder[np.ndarray]):
     def forward(self, batch: list[Encoded]) -> np.ndarray:
         """(B, C) float32 pooled embeddings, not normalised. Blocking: run it in the executor."""
         (out,) = self.session.run([self.output], self.feeds(batch))
         return np.asarray(out, dtype=np.float32)
 
 
-class PackedEmbeddingEngine(EncoderEngine):
-    """The packed graph: (input_ids, position_ids, segment_ids) (rows, length) -> token_embeddings
-    (rows, length, C), pooled here per input (`pooling`: mean, cls or max, the manifest's)."""
+class PackedEncoder(EncoderEngine[Out]):
+    """The packed graph (role `packed`): inputs side by side in rows of `row_tokens`."""
 
     packed = True
     INPUTS = ("input_ids", "position_ids", "segment_ids")
@@ -110,6 +122,11 @@ class PackedEmbeddingEngine(EncoderEngine):
 
     def feeds(self, packed: Packed) -> dict[str, np.ndarray]:
         return {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "segment_ids": packed.segment_ids}
+
+
+class PackedEmbeddingEngine(PackedEncoder[np.ndarray]):
+    """The packed graph: (input_ids, position_ids, segment_ids) (rows, length) -> token_embeddings
+    (rows, length, C), pooled here per input (`pooling`: mean, cls or max, the manifest's)."""
 
     def forward(self, batch: list[Encoded]) -> np.ndarray:
         """(B, C) float32 pooled embeddings, not normalised, in batch order. Blocking."""

@@ -51,12 +51,13 @@ def encoder_graph(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> 
     return variant, "packed" if packed else "padded", runtime.create_session(model_dir.file(graph.file))
 
 
-def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, EncoderEngine]:
+def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, EncoderEngine[np.ndarray]]:
     """(variant, engine) of an embedding model: the graph `encoder_graph` picks, packed or padded.
     Also the engine of the batch job's Ray actors (service/batch/local.py), so both compute alike."""
     m = model_dir.manifest
     variant, execution, session = encoder_graph(model_dir, settings, runtime)
     pad = int(m.special_tokens.get("pad", 0))
+    engine: EncoderEngine[np.ndarray]
     if execution == "packed":
         engine = PackedEmbeddingEngine(
             session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name, alignment(variant)
@@ -107,7 +108,7 @@ class EmbeddingModel:
         self,
         manifest: Manifest,
         tokenizer: EmbeddingTokenizer,
-        engine: EncoderEngine,
+        engine: EncoderEngine[np.ndarray],
         runtime: Runtime,
         limits: BatchLimits,
         variant: str,

@@ -27,7 +27,7 @@ import numpy as np
 # sums its (same) values in other groups, about 1e-7 apart. fp32 graphs keep that (float rounding);
 # an int8 graph's activation rounding can turn it into 2e-4, so there every input starts at a
 # multiple of 16 tokens and computes exactly what it computes alone (measured on the tiny model:
-# 2.0e-4 unaligned, 0.0 aligned; tests/test_service_packed_rows.py), at the cost of padded tails.
+# 2.0e-4 unaligned, 0.0 aligned; tests/service/embedding/test_service_packed_rows.py), at the cost of padded tails.
 ALIGNED_VARIANTS = {"int8": 16}
 
 

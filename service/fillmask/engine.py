@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from service.embedding.engine import EmbeddingEngine, PackedEmbeddingEngine
+from service.embedding.engine import PackedEncoder, PaddedEncoder
 from service.engine.tokenization import Encoded
 
 OUTPUT = "logits"
@@ -57,7 +57,7 @@ def mask_rows(logits: np.ndarray, inputs: np.ndarray, count: int, keep: int) -> 
     return [MaskRows(ids[a:b], scores[a:b]) for a, b in zip(starts, ends, strict=True)]
 
 
-class FillMaskEngine(EmbeddingEngine):
+class FillMaskEngine(PaddedEncoder[list[MaskRows]]):
     def __init__(self, session: ort.InferenceSession, pad_id: int, mask_id: int, keep: int, model: str = ""):
         super().__init__(session, pad_id, model)
         outputs = [o.name for o in session.get_outputs()]
@@ -73,7 +73,7 @@ class FillMaskEngine(EmbeddingEngine):
         return mask_rows(logits[rows, cols], rows, len(batch), self.keep)
 
 
-class PackedFillMaskEngine(PackedEmbeddingEngine):
+class PackedFillMaskEngine(PackedEncoder[list[MaskRows]]):
     """The packed fill-mask graph: + `gather_positions` (M,) -> `logits` (M, V) at the masks only
     (the MLM head runs nowhere else)."""
 

@@ -67,7 +67,7 @@ class FillMaskModel:
         manifest: Manifest,
         tokenizer: EmbeddingTokenizer,
         decoder: Tokenizer,
-        engine: FillMaskEngine,
+        engine: FillMaskEngine | PackedFillMaskEngine,
         runtime: Runtime,
         limits: BatchLimits,
         variant: str,
@@ -97,6 +97,7 @@ class FillMaskModel:
         decoder = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         keep = min(MAX_TOP_K, tokenizer.vocab_size)
         pad, mask = int(m.special_tokens["pad"]), int(m.special_tokens["mask"])
+        engine: FillMaskEngine | PackedFillMaskEngine
         if execution == "packed":
             engine = PackedFillMaskEngine(
                 session, pad, mask, keep, settings.embed_pack_row_tokens, m.name, alignment(variant)

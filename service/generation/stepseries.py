@@ -28,7 +28,7 @@ def observe_many(histogram, value: float, count: int) -> None:
     """`count` observations of one value in a prometheus_client Histogram child: what `observe`
     does count times (sum, then the first bucket whose bound holds the value) in one update.
     It uses the Histogram's own fields (`_sum`, `_upper_bounds`, `_buckets`, as `observe` does);
-    tests/test_textgen_scheduler_unit.py checks it against `observe` for the installed version."""
+    tests/service/generation/test_scheduler_unit.py checks it against `observe` for the installed version."""
     histogram._sum.inc(value * count)
     for i, bound in enumerate(histogram._upper_bounds):
         if value <= bound:

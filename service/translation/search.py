@@ -140,10 +140,13 @@ def advance_batch(sources: list[SourceSearch], logits: np.ndarray) -> tuple[np.n
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     greedy = np.array([s.greedy for s in sources], bool)
     g_rows = starts[greedy]
-    g_tok, g_logp = greedy_pick(logits[g_rows]) if g_rows.size else (None, None)  # (G,) each
-    b_rows = np.concatenate([np.arange(st, st + n) for st, n, g in zip(starts, sizes, greedy) if not g] or [[]])
-    b_logp = log_softmax(logits[b_rows.astype(np.int64)]) if b_rows.size else None  # (B', V)
-    keep, running, ended = [], [], []
+    no_rows = np.zeros(0, np.int64)
+    g_tok, g_logp = greedy_pick(logits[g_rows]) if g_rows.size else (no_rows, np.zeros(0))  # (G,) each
+    b_rows = np.concatenate([np.arange(st, st + n) for st, n, g in zip(starts, sizes, greedy) if not g] or [no_rows])
+    b_logp = log_softmax(logits[b_rows.astype(np.int64)]) if b_rows.size else logits[:0]  # (B', V)
+    keep: list[np.ndarray] = []
+    running: list[SourceSearch] = []
+    ended: list[tuple[SourceSearch, BaseException | None]] = []
     gi = bi = 0
     for src, start in zip(sources, starts):
         try:
