@@ -30,7 +30,8 @@ from service.errors import DeadlineExceeded
 log = logging.getLogger(__name__)
 
 CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution  # what asyncio allows its timers
-Forward = Callable[[list[Encoded]], Sequence[Any]]  # one row per input, e.g. a (B, C) array
+Rows = Sequence[Any] | np.ndarray  # one row per input, e.g. a (B, C) array (numpy is no Sequence)
+Forward = Callable[[list[Encoded]], Rows]
 Gather = Callable[[list[Any]], Any]  # a call's rows, in input order -> what its Outcome carries
 RunInExecutor = Callable[..., Awaitable]
 
@@ -258,7 +259,7 @@ class Batcher:
         finally:
             self._slots.release()
 
-    def _compute(self, batch: list[Item]) -> tuple[list[Item], Sequence[Any] | None, float]:
+    def _compute(self, batch: list[Item]) -> tuple[list[Item], Rows | None, float]:
         """Worker thread: drops items whose call went away, runs the forward pass on the rest."""
         now = time.monotonic()
         live = [it for it in batch if not it.request.abandoned and not it.request.expired(now)]
@@ -273,7 +274,7 @@ class Batcher:
         self._inference.observe(seconds)
         self._input_tokens.inc(sum(it.tokens for it in live))
 
-    def _scatter(self, live: list[Item], out: Sequence[Any], seconds: float) -> None:
+    def _scatter(self, live: list[Item], out: Rows, seconds: float) -> None:
         for request in {it.request for it in live}:
             request.inference_s += seconds
         for it, row in zip(live, out, strict=True):

@@ -54,7 +54,7 @@ class _StepIO:
         run_options: ort.RunOptions | None,
     ):
         self.session, self.rows, self.total, self.run_options = session, rows, total, run_options
-        self.host = {
+        self.host: dict[str, np.ndarray] = {
             "input_ids": np.zeros((rows, 1), np.int64),
             "position_ids": np.zeros((rows, 1), np.int64),
             "seqlens_k": np.zeros(rows, np.int32),
@@ -135,11 +135,23 @@ class SlotCache:
         out = [1 << i for i in range(self.capacity.bit_length()) if 1 << i < self.capacity]
         return [*out, self.capacity]
 
+    def _device_buffers(self) -> list[ort.OrtValue]:
+        """The device KV buffers; `_buffers` allocates them (prefill), and only with a device."""
+        if self._kv is None:
+            raise RuntimeError(f"KV cache on device {self.device!r} has no device buffers before its first prefill")
+        return self._kv
+
+    def _host_buffers(self) -> list[np.ndarray]:
+        """The numpy KV buffers; `_buffers` allocates them (prefill), and only without a device."""
+        if self._host is None:
+            raise RuntimeError(f"KV cache on device {self.device!r} has no host buffers (only device None has)")
+        return self._host
+
     def _buffers(self) -> None:
         """Allocates the zeroed buffers at first use (capacity x context x layers: tens of MB)."""
         if self._host is not None or self._kv is not None:
             return
-        zeros = np.zeros(self._shape, self.io.kv_dtype)
+        zeros: np.ndarray = np.zeros(self._shape, self.io.kv_dtype)
         if self.device is None:
             self._host = [zeros.copy() for _ in self.io.past_names]
             return
@@ -156,7 +168,7 @@ class SlotCache:
     def _bind_rows(self, binding: ort.IOBinding, start: int, n: int) -> None:
         """Binds past and present of buffer rows [start, start + n) to the same memory, by address."""
         shape = [n, *self._shape[1:]]
-        for value, past, present in zip(self._kv, self.io.past_names, self.io.present_names):
+        for value, past, present in zip(self._device_buffers(), self.io.past_names, self.io.present_names):
             ptr = value.data_ptr() + start * self._row_bytes
             binding.bind_input(past, self.device, 0, self.io.kv_dtype, shape, ptr)
             binding.bind_output(present, self.device, 0, self.io.kv_dtype, shape, ptr)
@@ -181,10 +193,10 @@ class SlotCache:
             "position_ids": positions,
             "seqlens_k": (lengths_after - 1).astype(np.int32),
             "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
-            **{name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host)},
+            **{name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host_buffers())},
         }
         outputs = self.session.run(["logits", *self.io.present_names], feeds)
-        for buf, present in zip(self._host, outputs[1:]):
+        for buf, present in zip(self._host_buffers(), outputs[1:]):
             buf[start : start + n] = present
         return outputs[0]
 
@@ -254,7 +266,7 @@ class SlotCache:
         if moves and self._copier is not None:
             self._copier.move(moves)
         elif moves:
-            for buf in self._host:
+            for buf in self._host_buffers():
                 for dst, src in moves:
                     length = int(self.lengths[src])
                     buf[dst, :, :length] = buf[src, :, :length]

@@ -47,9 +47,10 @@ def timings(t: Timings) -> pb.Timings:
 def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
     msg = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids, model=model)
     if chunk.finish_reason is not None:
-        msg.finish_reason = FINISH_REASONS[chunk.finish_reason]
+        reason, times = chunk.ending()
+        msg.finish_reason = FINISH_REASONS[reason]
         msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
-        msg.timings.CopyFrom(timings(chunk.timings))
+        msg.timings.CopyFrom(timings(times))
     return msg
 
 
@@ -73,11 +74,12 @@ def join_chunks(chunks: list[Chunk]) -> Chunk:
 def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:
     """All chunks of one generation joined: the same text and tokens a stream delivers."""
     last = chunks[-1]
+    reason, times = last.ending()
     return pb.GenerateResponse(
         text="".join(c.text for c in chunks),
         token_ids=[t for c in chunks for t in c.token_ids],
-        finish_reason=FINISH_REASONS[last.finish_reason],
+        finish_reason=FINISH_REASONS[reason],
         usage=usage(last.input_tokens, last.output_tokens),
-        timings=timings(last.timings),
+        timings=timings(times),
         model=model,
     )

@@ -183,8 +183,8 @@ class GenerationModel:
             self.scheduler.admission.release(1)
             raise
 
-    def _prompt_limit(self, params: SamplingParams) -> tuple[int, int]:
-        """(tokens, characters) a prompt may hold: max_prompt, or for a prompt to score
+    def _prompt_limit(self, params: SamplingParams) -> tuple[int, int | None]:
+        """(tokens, characters or None: no bound) a prompt may hold: max_prompt, or for a prompt to score
         (prompt_logprobs) the served context minus one token: lm-eval's windows fill the context."""
         if params.prompt_logprobs is None:
             return self.max_prompt, self.max_prompt_chars

@@ -325,7 +325,8 @@ class Scheduler:
         tokens = choose_tokens(logits if len(live) == len(seqs) else logits[live], [seqs[i].sampling for i in live])
         scores = self._token_scores(seqs, logits, live, tokens)
         now = time.perf_counter()
-        first, since = [], {}  # rows' first tokens; previous token time -> rows (one step's rows share it)
+        first: list[float] = []  # rows' first tokens
+        since: dict[float, int] = {}  # previous token time -> rows (one step's rows share it)
         for i, token in zip(live, tokens):
             seq = seqs[i]
             try:
@@ -352,19 +353,16 @@ class Scheduler:
     def _token_scores(seqs: list[Sequence], logits: np.ndarray, live: list[int], tokens: list) -> dict:
         """Compute thread: row -> its chosen token's raw log-probability and top alternatives, for the
         rows that asked (params.logprobs), in one pass over their logits."""
-        rows = [(i, t) for i, t in zip(live, tokens) if seqs[i].params.logprobs is not None and isinstance(t, int)]
+        rows = [  # (row, token, alternatives asked)
+            (i, t, n) for i, t in zip(live, tokens) if (n := seqs[i].params.logprobs) is not None and isinstance(t, int)
+        ]
         if not rows:
             return {}
-        top = max(seqs[i].params.logprobs for i, _ in rows)
-        got = scoring.score(logits[[i for i, _ in rows]], [t for _, t in rows], top)
+        top = max(n for _, _, n in rows)
+        got = scoring.score(logits[[i for i, _, _ in rows]], [t for _, t, _ in rows], top)
         return {
-            i: scoring.TokenLogprobs(
-                [t],
-                got.logprobs[j : j + 1],
-                [got.top_ids[j][: seqs[i].params.logprobs]],
-                [got.top_logprobs[j][: seqs[i].params.logprobs]],
-            )
-            for j, (i, t) in enumerate(rows)
+            i: scoring.TokenLogprobs([t], got.logprobs[j : j + 1], [got.top_ids[j][:n]], [got.top_logprobs[j][:n]])
+            for j, (i, t, n) in enumerate(rows)
         }
 
     def _row_failed(self, seq: Sequence, exc: Exception) -> ServiceError:

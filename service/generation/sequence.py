@@ -49,6 +49,12 @@ class Chunk:
     logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked (params.logprobs)
     prompt_logprobs: TokenLogprobs | None = None  # the prompt's, on the first chunk (params.prompt_logprobs)
 
+    def ending(self) -> tuple[str, Timings]:
+        """The last chunk's finish reason and timings (Sequence._finish sets both together)."""
+        if self.finish_reason is None or self.timings is None:
+            raise RuntimeError("a generation's last chunk lacks its finish reason or timings")
+        return self.finish_reason, self.timings
+
 
 @dataclass
 class Sequence:

@@ -39,6 +39,7 @@ from service.generation import converters as generation_converters
 from service.generation.core import GenerateQuery
 from service.http import completions, schemas, tokenization
 from service.http.body import read_json
+from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 from service.kserve import rest as kserve_rest
@@ -79,7 +80,7 @@ class Routes:
                 generation.cancel()
         return JSONResponse(completions.response(query, completion, tokens, results))
 
-    async def _generate(self, query: completions.CompletionRequest, deadline: float | None) -> list:
+    async def _generate(self, query: CompletionRequest, deadline: float | None) -> list:
         """Admits every choice of every prompt (each its own generation and queue place), or none."""
         runs = []
         try:
@@ -102,7 +103,7 @@ class Routes:
         return runs
 
     @staticmethod
-    async def _chunks(generation, completion: completions.Completion, choice: completions.Choice):
+    async def _chunks(generation, completion: Completion, choice: Choice):
         # The response cancels the generation when it ends: a client gone frees its cache row; the
         # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
         async for chunk in generation:
@@ -174,8 +175,9 @@ async def _collect(runs: list) -> dict:
     return {key: generation_converters.join_chunks(c) for (key, _), c in zip(runs, chunks, strict=True)}
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own errors (unknown path, wrong method) in the same shape as every other."""
+    assert isinstance(exc, HTTPException)  # registered for HTTPException only (exception_handlers)
     code = CODE_OF_STATUS.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
     if request.url.path.startswith("/v2"):  # the KServe routes' own error shape
         message = f"{request.method} {request.url.path}: {exc.detail}"

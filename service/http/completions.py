@@ -145,7 +145,7 @@ def response(
             text, lp = choice.part(chunk, first.prompt_logprobs)
             completion_tokens += chunk.output_tokens if (i, j) in results else 0
             choices.append(
-                {"index": i * request.n + j, "text": text, "logprobs": lp, "finish_reason": FINISH[chunk.finish_reason]}
+                {"index": i * request.n + j, "text": text, "logprobs": lp, "finish_reason": FINISH[chunk.ending()[0]]}
             )
     return {
         "id": completion.id,

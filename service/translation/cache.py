@@ -47,6 +47,8 @@ class KVBatch:
     def host(self) -> list[np.ndarray]:
         """The cache as numpy arrays (brings it from the device when it lives there)."""
         if self._host is None:
+            if self._dev is None:  # one of the two always holds the cache
+                raise RuntimeError("KVBatch holds neither host nor device tensors")
             self._host = [v.numpy() for v in self._dev]
             self._dev = None
         return self._host
@@ -78,7 +80,7 @@ class KVBatch:
         if self.device is None:
             return self.host()
         if self._dev is None:
-            self._dev = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for a in self._host]
+            self._dev = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for a in self.host()]
             self._host = None
         return self._dev
 

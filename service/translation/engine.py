@@ -53,6 +53,8 @@ class Seq2SeqBatch:
     def step(self) -> list[tuple[SourceSearch, BaseException | None]]:
         """One decoder call for every row; returns (source, exception or None) for the sources that
         ended (finished, or failed alone). A failing decoder call raises and leaves the batch as it was."""
+        if self._cross is None:
+            raise RuntimeError("translation batch step before any source joined")
         if self._bound is None:
             constants = {**dict(zip(self.cross_names, self._cross)), "encoder_attention_mask": self._src_mask}
             self._bound = to_device(constants, self.device)
@@ -88,7 +90,8 @@ class Seq2SeqBatch:
         used = np.flatnonzero(mask.any(axis=0))
         width = int(used[-1]) + 1 if used.size else 0
         self._src_mask = np.ascontiguousarray(mask[:, :width])
-        self._cross = [c[rows, :, :width] for c in self._cross]  # (R', H, S', D), a contiguous copy
+        if self._cross is not None:  # None until a source joins
+            self._cross = [c[rows, :, :width] for c in self._cross]  # (R', H, S', D), a contiguous copy
         self._bound = None
 
 
