@@ -53,7 +53,12 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
     ) -> None:
         try:
             async for request in requests:
-                await window.put(asyncio.create_task(self._embed(request, deadline)))
+                task = asyncio.create_task(self._embed(request, deadline))
+                try:
+                    await window.put(task)
+                except asyncio.CancelledError:  # the client left while the window was full: nobody holds task
+                    task.cancel()
+                    raise
         finally:
             await window.put(None)  # ends the response loop, which then re-raises a read failure
 

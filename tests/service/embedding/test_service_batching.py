@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from client import embed_request
+from service.embedding.grpc import STREAM_WINDOW
 from tests.fixtures.server import metric, until
 
 MODEL = {"model": "tiny-embed"}
@@ -55,7 +56,9 @@ async def queued_behind_block(srv, waiting_inputs: int):
 
 @pytest.fixture
 async def srv(start_server, embed_models_root):
-    return await start_server(embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4)
+    return await start_server(
+        embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4, embed_max_inputs=4
+    )
 
 
 async def test_cancelled_call_is_dropped_before_compute(srv):
@@ -111,3 +114,36 @@ async def test_expired_call_is_deadline_exceeded_and_dropped(srv):
             await srv.embedding.Embed(embed_request(["too late"]), timeout=0.3)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "expired"}) == expired + 1)
+
+
+def embed_tasks() -> list[asyncio.Task]:
+    """The EmbedStream's per-request tasks on this (the server's) event loop that have not ended."""
+    return [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "EmbeddingServicer._embed"]
+
+
+async def test_embed_stream_cancelled_with_a_full_window_leaves_no_task(start_server, embed_models_root):
+    """The client leaves while the stream's window is full and one more request waits for a place:
+    that request's task is cancelled with the rest, not left computing for nobody."""
+    srv = await start_server(
+        embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=32, embed_max_inputs=8
+    )
+    count = STREAM_WINDOW + 2  # one being answered, a full window, one more waiting for a place
+    batches = metric("ts_batch_size_count", MODEL)
+    dropped = metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"})
+    async with BlockedExecutor(srv.server.runtime):
+        left = asyncio.Event()
+
+        async def requests():
+            for i in range(count):
+                yield embed_request([f"stream {i}"])
+            await left.wait()  # the stream stays open until the client leaves
+
+        call = srv.embedding.EmbedStream(requests())
+        await until(lambda: len(embed_tasks()) == count, what="every request read")
+        call.cancel()
+        left.set()
+        await until(lambda: not embed_tasks(), timeout=10, what="every request's task ended")
+    await until(lambda: metric("ts_dropped_items_total", {**MODEL, "reason": "cancelled"}) == dropped + count)
+    assert metric("ts_batch_size_count", MODEL) == batches  # none of them computed
+    response = await srv.embedding.Embed(embed_request(["still serving"]))
+    assert len(response.embeddings) == 1
