@@ -3,8 +3,9 @@
 `Gate` is the server's: open until the drain starts (SIGTERM), then every new call gets UNAVAILABLE;
 a call admitted before (`Gate.enter`: a stream, a call that queues several times) goes on.
 `Admission` is one model's (or one compute pool's): `take(n)` refuses with UNAVAILABLE while the
-server drains or the model stops, and with RESOURCE_EXHAUSTED when the places already held plus
-`n` would pass `capacity`; else it holds `n` places until `release(n)` (the call failed before
+server drains or the model stops, with INVALID_ARGUMENT when `n` alone passes `capacity` (no wait
+would help: split the call), and with RESOURCE_EXHAUSTED when the places already held plus `n` would
+pass it; else it holds `n` places until `release(n)` (the call failed before
 queueing, or finished computing) or `queued(n)` (its items are in the queue now, which counts them
 through `waiting`). Every kind admits through it: the encoder batcher (embedding, fill-mask), both
 decoder schedulers, and the attention pool. (TEI `core/src/infer.rs`: a permit first, else Overloaded.)
@@ -13,10 +14,13 @@ decoder schedulers, and the attention pool. (TEI `core/src/infer.rs`: a permit f
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from service.errors import ResourceExhausted, Unavailable
+from service.errors import InvalidArgument, ResourceExhausted, Unavailable
+
+log = logging.getLogger(__name__)
 
 _ENTERED: contextvars.ContextVar[bool] = contextvars.ContextVar("ts_entered", default=False)
 
@@ -67,10 +71,14 @@ class Admission:
         self.gate.check()
         if self.closing:
             raise Unavailable(f"model {self.model!r} is shutting down; retry on another replica")
+        queue = f"{self.kind} queue of model {self.model!r}" if self.model else f"{self.kind} queue"
+        if n > self.capacity:  # no wait would let it in
+            raise InvalidArgument(
+                f"this call needs {n} places; the {queue} holds {self.capacity} {self.unit}: split the call"
+            )
         waiting = self.waiting()
         held = waiting + self.reserved
         if held + n > self.capacity:
-            queue = f"{self.kind} queue of model {self.model!r}" if self.model else f"{self.kind} queue"
             detail = f": {waiting} waiting, {self.reserved} being tokenized" if self.queue else ""
             raise ResourceExhausted(
                 f"{queue} is full ({held} of {self.capacity} {self.unit}{detail}; this call adds "
@@ -84,11 +92,26 @@ class Admission:
 
     def release(self, n: int = 1) -> None:
         """Gives back places that will not be queued (the call failed first, or finished computing)."""
-        self.reserved -= n
+        self._give_back(n, "released")
 
     def queued(self, n: int) -> None:
         """The n places' items are in the queue now: `waiting` counts them from here on."""
-        self.reserved -= n
+        self._give_back(n, "queued")
+
+    def _give_back(self, n: int, how: str) -> None:
+        """reserved -= n, never below 0: more places given back than taken is a bug, logged, not a
+        silently larger queue."""
+        if n > self.reserved:
+            log.error(
+                "%s admission of model %r: %d places %s but only %d held; counting 0 held (a bug: places "
+                "given back twice)",
+                self.kind,
+                self.model,
+                n,
+                how,
+                self.reserved,
+            )
+        self.reserved = max(0, self.reserved - n)
 
     @contextmanager
     def holding(self, n: int = 1) -> Iterator[None]:

@@ -190,6 +190,12 @@ class Settings:
                 f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
                 f"(got {self.gen_max_context})"
             )
+        for inputs, queue in (("embed_max_inputs", "embed_max_queue"), ("translate_max_inputs", "translate_max_queue")):
+            if getattr(self, inputs) > getattr(self, queue):
+                out.append(
+                    f"{inputs}={getattr(self, inputs)} is above {queue}={getattr(self, queue)}: a call that "
+                    f"large could never be queued; lower {inputs} or raise {queue}"
+                )
         if self.metrics_port < -1:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
         if self.http_port < -1:

@@ -38,6 +38,7 @@ def queue_limits(settings: Settings, runtime: Runtime, packed: bool = False) -> 
         max_queue=settings.embed_max_queue,
         workers=settings.compute_workers,
         packed=packed,
+        grace_s=settings.grace_seconds,
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 from service import metrics
 from service.admission import Admission, Gate
 from service.engine.tokenization import Encoded
-from service.errors import DeadlineExceeded
+from service.errors import DeadlineExceeded, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class BatchLimits:
     max_queue: int
     workers: int
     packed: bool = False  # the engine packs inputs into rows: the budget counts real tokens
+    grace_s: float = 30.0  # how long stop() lets queued and running calls finish (settings grace_seconds)
 
 
 @dataclass(eq=False)
@@ -106,6 +108,8 @@ class Batcher:
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(limits.workers)
         self._running: set[asyncio.Task] = set()
+        self._computing: Counter[Request] = Counter()  # the calls of the running batches (a call's batches)
+        self._stopped = False
         self._task: asyncio.Task | None = None
         # Labelled children resolved once: labels() costs microseconds per call.
         self._depth = metrics.QUEUE_DEPTH.labels(model)
@@ -120,18 +124,31 @@ class Batcher:
         self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.model}")
 
     async def stop(self) -> None:
-        """Refuses new calls, lets queued and running batches finish, then ends the queue task."""
+        """Refuses new calls, lets queued and running batches finish for up to `limits.grace_s`, then
+        fails what is left (queued, computing, admitted but not queued yet) with UNAVAILABLE."""
         self.admission.closing = True
-        while self._queue or self._running or self.admission.reserved:
+        deadline = time.monotonic() + self.limits.grace_s
+        while (self._queue or self._running or self.admission.reserved) and time.monotonic() < deadline:
             self._drop_abandoned()
             await asyncio.sleep(0.005)
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for request in {it.request for it in self._queue} | set(self._computing):
+            if not request.future.done():
+                request.future.set_exception(self._gone())
+        self._queue = []
+        self._depth.set(0)
+
+    def _gone(self) -> Unavailable:
+        return Unavailable(f"model {self.model!r} shut down before the call was served; retry on another replica")
 
     def enqueue(self, encoded: list[Encoded], deadline: float | None) -> asyncio.Future:
         """Queues one call's inputs in the places `admission.take` held; the future resolves to an Outcome."""
         self.admission.queued(len(encoded))
+        if self._stopped:  # admitted before the stop, tokenized after its grace: nobody would compute it
+            raise self._gone()
         request = Request(encoded, deadline, asyncio.get_running_loop().create_future())
         request.future.add_done_callback(request.abandon)
         self._queue.extend(Item(request, i) for i in range(len(encoded)))
@@ -236,6 +253,8 @@ class Batcher:
         return True
 
     async def _run_batch(self, batch: list[Item]) -> None:
+        requests = {it.request for it in batch}
+        self._computing.update(requests)
         try:
             started = time.monotonic()
             for it in batch:
@@ -257,6 +276,8 @@ class Batcher:
                 self._record(live, seconds)
                 self._scatter(live, out, seconds)
         finally:
+            self._computing.subtract(requests)
+            self._computing += Counter()  # drops the calls no running batch holds
             self._slots.release()
 
     def _compute(self, batch: list[Item]) -> tuple[list[Item], Rows | None, float]:

@@ -167,7 +167,7 @@ async def test_parquet_shards_split_the_work(start_server, embed_models_root, tm
 
 
 async def test_retries_when_the_server_sheds_load(start_server, embed_models_root, tmp_path):
-    running = await start_server(embed_models_root, embed_max_queue=16, embed_max_wait_ms=20.0)
+    running = await start_server(embed_models_root, embed_max_queue=16, embed_max_inputs=16, embed_max_wait_ms=20.0)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} with a few words\n" for i in range(400)))
     labels = {

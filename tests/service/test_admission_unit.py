@@ -10,7 +10,7 @@ import contextvars
 import pytest
 
 from service.admission import Admission, Gate
-from service.errors import ResourceExhausted, Unavailable
+from service.errors import InvalidArgument, ResourceExhausted, Unavailable
 
 
 def test_places_are_held_from_take_to_queued_and_never_pass_the_capacity():
@@ -32,6 +32,36 @@ def test_places_are_held_from_take_to_queued_and_never_pass_the_capacity():
     adm.release(2)  # the call failed before queueing
     queue.clear()
     adm.take(5)
+
+
+def test_a_call_bigger_than_the_queue_is_invalid_not_retried():
+    """No wait would let 6 places into a queue of 5: INVALID_ARGUMENT telling to split, even when empty."""
+    adm = Admission("generation", "m", 5, "queued requests", waiting=lambda: 0)
+    with pytest.raises(InvalidArgument) as err:
+        adm.take(6)
+    assert err.value.message == (
+        "this call needs 6 places; the generation queue of model 'm' holds 5 queued requests: split the call"
+    )
+    assert adm.reserved == 0
+    adm.take(5)  # the whole queue is fine
+
+
+def test_giving_back_more_than_held_is_logged_and_clamped(caplog):
+    """A double release must not silently raise the capacity: reserved stays >= 0 and the log says so."""
+    queue: list[int] = []
+    adm = Admission("embedding", "m", 3, "queued inputs", waiting=lambda: len(queue))
+    adm.take(2)
+    adm.release(2)
+    adm.release(2)  # a bug in a caller: given back twice
+    assert adm.reserved == 0
+    assert "2 places released but only 0 held" in caplog.text
+    adm.take(1)
+    adm.queued(3)  # more than held again
+    assert adm.reserved == 0
+    assert "3 places queued but only 1 held" in caplog.text
+    adm.take(3)
+    with pytest.raises(ResourceExhausted):  # the capacity is still 3
+        adm.take(1)
 
 
 def test_a_pool_without_a_queue_counts_only_what_it_holds():

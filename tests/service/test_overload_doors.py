@@ -133,7 +133,7 @@ async def test_generate_full_queue_is_resource_exhausted(start_server, door):
 async def test_translate_full_queue_is_resource_exhausted(start_server, door):
     """Room for 32 queued sources: of two 32-source calls sent together, the second finds it full."""
     call, protocol = door
-    srv = await start_server(compute_workers=1, translate_max_batch=1, translate_max_queue=32)
+    srv = await start_server(compute_workers=1, translate_max_batch=1, translate_max_queue=32, translate_max_inputs=32)
     refused_before = requests("Translate", TRANSLATOR, "RESOURCE_EXHAUSTED", protocol)
     outcomes = await asyncio.gather(call(srv, "Translate", translate(32)), call(srv, "Translate", translate(32)))
     assert sorted(o.code for o in outcomes) == ["OK", "RESOURCE_EXHAUSTED"], outcomes

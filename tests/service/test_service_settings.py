@@ -28,6 +28,8 @@ def test_env_then_flags_override():
         ({"TS_STRICT_PROVIDER": "maybe"}, "expected one of"),
         ({"TS_DEVICE": "tpu"}, "device='tpu' is not one of"),
         ({"TS_COMPUTE_WORKERS": "0"}, "compute_workers must be > 0"),
+        ({"TS_EMBED_MAX_QUEUE": "100"}, "embed_max_inputs=256 is above embed_max_queue=100"),
+        ({"TS_TRANSLATE_MAX_INPUTS": "5000"}, "translate_max_inputs=5000 is above translate_max_queue=4096"),
     ],
 )
 def test_bad_settings_say_why(env, words):

@@ -7,14 +7,17 @@ every row comes back to its call at its index and that no batch broke the budget
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.batcher import Batcher, BatchLimits
 from service.engine.tokenization import Encoded
+from service.errors import Unavailable
 
 
 def encoded(call: int, lengths: list[int]) -> list[Encoded]:
@@ -71,3 +74,43 @@ def test_length_sorting_cuts_padding():
     limits = BatchLimits(max_batch_tokens=160, max_batch_size=4, max_wait_s=0.05, max_queue=100, workers=1)
     _, shapes = asyncio.run(run_calls(calls, limits))
     assert sorted(shapes) == [(4, 4), (4, 40)]  # arrival order would pad every batch to 40
+
+
+def test_stop_is_bounded_by_the_grace_and_fails_what_is_left():
+    """A batch that never ends, a call queued behind it and places taken but never queued: stop() returns
+    after its grace, every call left gets UNAVAILABLE, and a late enqueue is refused, not left hanging."""
+
+    async def scenario():
+        release = threading.Event()
+
+        def forward(batch: list[Encoded]) -> np.ndarray:
+            release.wait(30)  # stuck until the test lets it go
+            return np.zeros((len(batch), 1), dtype=np.float32)
+
+        executor = ThreadPoolExecutor(1)
+
+        async def run(fn, *args):
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+        limits = BatchLimits(
+            max_batch_tokens=100, max_batch_size=1, max_wait_s=0.0, max_queue=10, workers=1, grace_s=0.2
+        )
+        batcher = Batcher("unit", forward, run, limits)
+        batcher.start()
+        try:
+            batcher.admission.take(2)
+            computing = batcher.enqueue(encoded(0, [3]), deadline=None)
+            queued = batcher.enqueue(encoded(1, [3]), deadline=None)
+            batcher.admission.take(1)  # admitted, still being tokenized when the stop starts
+            await asyncio.sleep(0.05)  # the first batch is in the executor now
+            await asyncio.wait_for(batcher.stop(), timeout=5)
+            for future in (computing, queued):
+                with pytest.raises(Unavailable, match="'unit' shut down before the call was served"):
+                    await future
+            with pytest.raises(Unavailable):
+                batcher.enqueue(encoded(2, [3]), deadline=None)
+        finally:
+            release.set()
+            executor.shutdown()
+
+    asyncio.run(scenario())

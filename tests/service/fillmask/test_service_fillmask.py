@@ -174,7 +174,9 @@ async def test_queue_admission_and_deadlines_are_embeds(start_server, fill_model
     from tests.service.embedding.test_service_batching import BlockedExecutor
     from tests.service.test_service_admission import Exploding
 
-    srv = await start_server(fill_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=8)
+    srv = await start_server(
+        fill_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=8, embed_max_inputs=8
+    )
     stub, model = pb_grpc.FillMaskServiceStub(srv.channel), srv.server.registry.get("fill-mask")
     labels = {"model": MODEL}
     queued = metric("ts_queue_duration_seconds_count", labels)

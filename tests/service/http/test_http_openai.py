@@ -104,7 +104,9 @@ async def test_bad_model_is_404_in_openai_shape(server):
 
 @pytest.fixture
 async def srv(start_server, embed_models_root):
-    return await start_server(embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4)
+    return await start_server(
+        embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4, embed_max_inputs=4
+    )
 
 
 async def test_full_queue_is_429_rate_limit(srv):
