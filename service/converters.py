@@ -1,12 +1,14 @@
-"""Protobuf pieces every kind's converters share (`usage`, `timings`, `model_info`, `float32`); each
+"""Protobuf pieces every kind's converters share (`usage`, `timings`, `stage_timings`, `model_info`, `float32`); each
 kind's own request and response conversions are in its package's converters.py."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from service.errors import InvalidArgument
+from service.models import ModelInfo
 from service.proto import inference_pb2 as pb
+from service.timings import Timings
 
 FLOAT32_ZERO = 2.0**-150  # a magnitude at or below this is 0 as a 32-bit float (the smallest one is 2**-149)
 
@@ -44,6 +46,17 @@ def timings(
     )
 
 
-def model_info(info: dict[str, Any], is_default: bool) -> pb.ModelInfo:
-    """A backend's info() dict (service.registry.model_info) as a ModelInfo message."""
-    return pb.ModelInfo(is_default=is_default, **info)
+def stage_timings(t: Timings) -> pb.Timings:
+    """A decoder call's Timings (already milliseconds) as the message."""
+    return pb.Timings(
+        tokenize_ms=t.tokenize_ms,
+        queue_ms=t.queue_ms,
+        inference_ms=t.inference_ms,
+        total_ms=t.total_ms,
+        time_to_first_token_ms=t.time_to_first_token_ms,
+    )
+
+
+def model_info(info: ModelInfo) -> pb.ModelInfo:
+    """The models core's ModelInfo as the message."""
+    return pb.ModelInfo(**dataclasses.asdict(info))

@@ -1,9 +1,10 @@
 """The generation core: a prompt and sampling parameters in, an async iterator of `Chunk`s out.
 
 `generate` validates and admits the call before any work (the model's queue place), then returns
-a `Generation`: iterate it for chunks (`ready()` takes those already posted, `collect()` waits for
-all of them at once). Its deadline is one timer: when it passes, a generation still waiting is
-dropped (counted "expired") and the iterator raises DeadlineExceeded; `cancel()` frees the row.
+a `Generation` (`generate_many`: a call's several generations, admitted all or none): iterate it
+for chunks (`ready()` takes those already posted, `collect()` waits for all of them at once). Its
+deadline is one timer: when it passes, a generation still waiting is dropped (counted "expired")
+and the iterator raises DeadlineExceeded; `cancel()` frees the row.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from service.errors import DeadlineExceeded, InvalidArgument, label_model
+from service.generation import scoring
 from service.generation.decoding import SamplingParams
-from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle, Timings
+from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle
 from service.generation.tokens import TokenizerInfo, Tokens
 from service.registry import ModelRegistry
+from service.timings import Timings
 
 __all__ = [
     "EOS",
@@ -30,6 +33,7 @@ __all__ = [
     "Timings",
     "TokenizerInfo",
     "Tokens",
+    "join_chunks",
 ]
 
 MAX_STREAM_INTERVAL_MS = 1000
@@ -85,24 +89,53 @@ class Generation:
         self._handle.cancel()
 
 
+def join_chunks(chunks: list[Chunk]) -> Chunk:
+    """Consecutive chunks of one generation as one (text and tokens joined; the last one's ending)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    return Chunk(
+        "".join(c.text for c in chunks),
+        [t for c in chunks for t in c.token_ids],
+        last.finish_reason,
+        last.input_tokens,
+        last.output_tokens,
+        last.timings,
+        scoring.joined([c.logprobs for c in chunks]),
+        scoring.joined([c.prompt_logprobs for c in chunks]),
+    )
+
+
 class GenerationCore:
     def __init__(self, registry: ModelRegistry):
         self.registry = registry
 
     async def generate(self, query: GenerateQuery, deadline: float | None = None) -> Generation:
         """Validates and admits (refusals raise here, before any work and before a door answers 200)."""
-        if query.stream_interval_ms > MAX_STREAM_INTERVAL_MS:
-            raise InvalidArgument(
-                f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
-                f"soon as they are ready), got {query.stream_interval_ms}"
-            )
-        model = cast("GenerationModel", self.registry.get("generation", query.model))
+        (generation,) = await self.generate_many([query], deadline)
+        return generation
+
+    async def generate_many(self, queries: list[GenerateQuery], deadline: float | None = None) -> list[Generation]:
+        """Several generations of one model (a call's prompts and choices), admitted all or none: their
+        queue places taken at once, a call bigger than the queue refused (INVALID_ARGUMENT). The caller
+        cancels every one it got once it is done with them, or when anything fails."""
+        if not queries:
+            raise InvalidArgument("no generation asked for; send at least one prompt")
+        for query in queries:
+            if query.stream_interval_ms > MAX_STREAM_INTERVAL_MS:
+                raise InvalidArgument(
+                    f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
+                    f"soon as they are ready), got {query.stream_interval_ms}"
+                )
+        if len({q.model for q in queries}) > 1:
+            raise InvalidArgument("the generations of one call must name one model")
+        model = cast("GenerationModel", self.registry.get("generation", queries[0].model))
         label_model(model.name)
-        if isinstance(query.prompt, list):
-            handle = model.submit_ids(query.prompt, query.params, query.prompt_name)
-        else:
-            handle = await model.submit_async(query.prompt, query.params)
-        return Generation(model, handle, query.stream_interval_ms / 1e3, deadline)
+        handles = await model.submit_many([(q.prompt, q.params, q.prompt_name) for q in queries])
+        return [
+            Generation(model, handle, q.stream_interval_ms / 1e3, deadline)
+            for q, handle in zip(queries, handles, strict=True)
+        ]
 
     def tokens(self, model: str = "") -> Tokens:
         """The model's tokenizer as a door needs it (takes no queue place: refused only while draining)."""

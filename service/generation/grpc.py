@@ -19,7 +19,7 @@ import grpc
 from service.cores import Cores
 from service.errors import deadline_of, grpc_errors
 from service.generation import converters
-from service.generation.core import GenerationCore
+from service.generation.core import GenerationCore, join_chunks
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -51,7 +51,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     if pause > 0:
                         await asyncio.sleep(pause)  # the tokens of the pause join this message
                 # Chunks posted while the previous message was written (or during the pause) go out as one.
-                yield converters.generate_chunk(converters.join_chunks([chunk, *generation.ready()]), generation.model)
+                yield converters.generate_chunk(join_chunks([chunk, *generation.ready()]), generation.model)
                 sent = time.monotonic()
         finally:
             generation.cancel()

@@ -1,9 +1,9 @@
 """`GenerationModel`: the registry backend for kind "generation" (a GPT-style decoder with KV cache).
 
-`submit_async(prompt, params)` checks the parameters, takes the call's queue place (admission,
-before any work), refuses a prompt with more characters than its token limit can hold, tokenizes
-(in a thread when long), checks the prompt's length, caps max_new_tokens to the served context and
-hands a `Sequence` to the model's continuous-batching `Scheduler`; the handle yields `Chunk`s.
+`submit_many(prompts)` checks each prompt's parameters and characters (or token ids), takes the
+call's queue places at once (admission, before any work), tokenizes (in a thread when long),
+checks each prompt's length, caps max_new_tokens to the served context and hands `Sequence`s to the
+model's continuous-batching `Scheduler`, all or none; each handle yields `Chunk`s.
 The served context is the model's `max_positions`, capped by settings `gen_max_context`; the KV
 cache is a buffer of that many positions per row, updated in place (cache.py), its rows from the
 process's KV budget (kvbudget.py). Limits are documented in docs/api.md.
@@ -123,34 +123,37 @@ class GenerationModel:
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
         """Queues one generation, the prompt tokenized in the calling thread (warm-up, tests; the
-        doors use submit_async); raises InvalidArgument / ResourceExhausted / Unavailable."""
-        self._admit(prompt, params)  # nothing awaits until the scheduler's submit
+        doors use submit_many); raises InvalidArgument / ResourceExhausted / Unavailable."""
+        self._check(prompt, params)
+        self.scheduler.admission.take(1)  # nothing awaits until the scheduler's submit
         try:
             return self._queue(self.tokenizer.encode(prompt).ids, params)
         except BaseException:
             self.scheduler.admission.release(1)
             raise
 
-    async def submit_async(self, prompt: str, params: SamplingParams) -> GenerationHandle:
-        """submit, with a long prompt tokenized off the event loop while its queue place is held."""
-        self._admit(prompt, params)
+    async def submit_many(self, prompts: list[tuple[str | list[int], SamplingParams, str]]) -> list[GenerationHandle]:
+        """Queues one generation per (prompt: text or token ids taken as they are, params, name in
+        refusals), all or none: every check first, then every queue place at once (a call bigger
+        than the queue is INVALID_ARGUMENT: admission.py), then the texts tokenized together
+        (off the event loop when long); on any failure the places are given back and the
+        generations already queued cancelled."""
+        for prompt, params, name in prompts:
+            self._check(prompt, params, name)
+        self.scheduler.admission.take(len(prompts))
+        handles: list[GenerationHandle] = []
         try:
-            (encoding,) = await self.text_encoder.encode([prompt])
-            return self._queue(encoding.ids, params)
+            texts = [p for p, _, _ in prompts if isinstance(p, str)]
+            encoded = iter(await self.text_encoder.encode(texts) if texts else [])
+            for prompt, params, name in prompts:
+                ids = list(prompt) if isinstance(prompt, list) else next(encoded).ids
+                handles.append(self._queue(ids, params, name))
         except BaseException:
-            self.scheduler.admission.release(1)
+            self.scheduler.admission.release(len(prompts) - len(handles))
+            for handle in handles:
+                handle.cancel()
             raise
-
-    def submit_ids(self, ids: list[int], params: SamplingParams, name: str = "prompt") -> GenerationHandle:
-        """Queues one generation of a prompt given as token ids, taken as they are (no start token
-        added: the ids are what the model reads and, with prompt_logprobs, what is scored)."""
-        self.check_ids(ids, name)
-        self._admit("", params)  # the parameters and a queue place; no characters to bound
-        try:
-            return self._queue(list(ids), params)
-        except BaseException:
-            self.scheduler.admission.release(1)
-            raise
+        return handles
 
     @property
     def vocab_size(self) -> int:
@@ -168,20 +171,18 @@ class GenerationModel:
                 f"(its vocabulary is ids 0 to {self.vocab_size - 1})"
             )
 
-    def _admit(self, prompt: str, params: SamplingParams) -> None:
-        """Every check that comes before tokenizing: parameters, a queue place (held on return), the
-        prompt's characters."""
-        tokens, chars = self._prompt_limit(params)
+    def _check(self, prompt: str | list[int], params: SamplingParams, name: str = "prompt") -> None:
+        """Every check that comes before a queue place and tokenizing: the parameters, and the
+        prompt's characters (a text) or its ids (token ids)."""
         try:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
-        self.scheduler.admission.take(1)
-        try:
-            tokenizing.check_chars(prompt, chars, "prompt", self.name, tokens, "shorten the prompt")
-        except BaseException:
-            self.scheduler.admission.release(1)
-            raise
+        if isinstance(prompt, list):
+            self.check_ids(prompt, name)
+        else:
+            tokens, chars = self._prompt_limit(params)
+            tokenizing.check_chars(prompt, chars, name, self.name, tokens, "shorten the prompt")
 
     def _prompt_limit(self, params: SamplingParams) -> tuple[int, int | None]:
         """(tokens, characters or None: no bound) a prompt may hold: max_prompt, or for a prompt to score
@@ -190,10 +191,10 @@ class GenerationModel:
             return self.max_prompt, self.max_prompt_chars
         return self.context - 1, self.max_scored_chars
 
-    def _queue(self, ids: list[int], params: SamplingParams) -> GenerationHandle:
+    def _queue(self, ids: list[int], params: SamplingParams, name: str = "prompt") -> GenerationHandle:
         if not ids:
             if self.bos_id is None:
-                raise InvalidArgument("prompt is empty and the model has no start token; send some text")
+                raise InvalidArgument(f"{name} is empty and the model has no start token; send some text")
             ids = [int(self.bos_id)]
         limit, _ = self._prompt_limit(params)
         if len(ids) > limit:
@@ -203,7 +204,7 @@ class GenerationModel:
                 else ""
             )
             raise InvalidArgument(
-                f"prompt is {len(ids)} tokens; model {self.name!r} accepts at most "
+                f"{name} is {len(ids)} tokens; model {self.name!r} accepts at most "
                 f"{limit} prompt tokens (shorten the prompt{capped})"
             )
         wanted = 0 if params.score_only else params.max_new_tokens or self.settings.gen_default_max_new_tokens

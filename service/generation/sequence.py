@@ -21,19 +21,9 @@ from service.errors import InvalidArgument
 from service.generation.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
 from service.generation.sampler import Row
 from service.generation.scoring import TokenLogprobs, prompt_scores
+from service.timings import Timings
 
 LENGTH, STOP, EOS = "length", "stop", "eos"  # finish reasons
-
-
-@dataclass
-class Timings:
-    """Milliseconds, as the protos' Timings."""
-
-    tokenize_ms: float = 0.0
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
-    total_ms: float = 0.0
-    time_to_first_token_ms: float = 0.0
 
 
 @dataclass

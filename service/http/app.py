@@ -31,12 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service import converters
 from service.cores import Cores
-from service.errors import InvalidArgument, label_model
+from service.errors import InvalidArgument
 from service.fillmask import converters as fillmask_converters
-from service.generation import converters as generation_converters
-from service.generation.core import GenerateQuery
+from service.generation.core import GenerateQuery, join_chunks
 from service.http import completions, schemas, tokenization
 from service.http.body import read_json
 from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
@@ -67,40 +65,40 @@ class Routes:
         query = completions.parse(await self._json(request))  # service/http/completions.py
         if query.stream:
             call.method = "GenerateStream"
+        tokens = self.cores.generation.tokens(query.model)  # token texts, text offsets; before any place is taken
         runs = await self._generate(query, call.deadline)  # refusals here, before any 200
-        completion = completions.Completion(runs[0][1].model)
-        tokens = self.cores.generation.tokens(completion.model)  # token texts, text offsets
-        if query.stream:
-            choice = completions.Choice(tokens, query.prompts[0], query.echo, query.logprobs)
-            return call.stream(self._chunks(runs[0][1], completion, choice), on_close=runs[0][1].cancel)
         try:
-            results = await call.unless_gone(request, _collect(runs))  # one wake-up per choice, at its end
-        finally:
-            for _, generation in runs:
-                generation.cancel()
-        return JSONResponse(completions.response(query, completion, tokens, results))
-
-    async def _generate(self, query: CompletionRequest, deadline: float | None) -> list:
-        """Admits every choice of every prompt (each its own generation and queue place), or none."""
-        runs = []
-        try:
-            for i, j in completions.runs(query):
-                prompt = query.prompts[i]
-                name = "prompt" if len(query.prompts) == 1 else f"prompt[{i}]"
-                runs.append(
-                    (
-                        (i, j),
-                        await self.cores.generation.generate(
-                            GenerateQuery(prompt, completions.choice_params(query, j), query.model, prompt_name=name),
-                            deadline,
-                        ),
-                    )
-                )
-        except BaseException:
+            completion = completions.Completion(runs[0][1].model)
+            if query.stream:
+                choice = completions.Choice(tokens, query.prompts[0], query.echo, query.logprobs)
+                return call.stream(self._chunks(runs[0][1], completion, choice), on_close=runs[0][1].cancel)
+            try:
+                results = await call.unless_gone(request, _collect(runs))  # one wake-up per choice, at its end
+            finally:
+                for _, generation in runs:
+                    generation.cancel()
+            return JSONResponse(completions.response(query, completion, tokens, results))
+        except BaseException:  # nothing admitted runs on for a call that failed before its stream took it
             for _, generation in runs:
                 generation.cancel()
             raise
-        return runs
+
+    async def _generate(self, query: CompletionRequest, deadline: float | None) -> list:
+        """Every choice of every prompt as its own generation, admitted all or none (the core's generate_many)."""
+        keys = completions.runs(query)
+        generations = await self.cores.generation.generate_many(
+            [
+                GenerateQuery(
+                    query.prompts[i],
+                    completions.choice_params(query, j),
+                    query.model,
+                    prompt_name="prompt" if len(query.prompts) == 1 else f"prompt[{i}]",
+                )
+                for i, j in keys
+            ],
+            deadline,
+        )
+        return list(zip(keys, generations, strict=True))
 
     @staticmethod
     async def _chunks(generation, completion: Completion, choice: Choice):
@@ -108,7 +106,7 @@ class Routes:
         # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
         async for chunk in generation:
             # Chunks that queued up while the previous event was written go out as one.
-            yield completions.event(completion, choice, generation_converters.join_chunks([chunk, *generation.ready()]))
+            yield completions.event(completion, choice, join_chunks([chunk, *generation.ready()]))
 
     @route("GenerationService", "ChatCompletions")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
@@ -137,19 +135,12 @@ class Routes:
 
     @route("ModelService", "ListModels")
     async def list_models(self, request: Request, call: HttpCall) -> Response:
-        self.registry.admit()
-        infos = [self._info(b) for b in self.registry]
+        infos = self.cores.models.list()
         return JSONResponse({"object": "list", "data": [schemas.model_json(i) for i in infos]})
 
     @route("ModelService", "GetModel")
     async def get_model(self, request: Request, call: HttpCall) -> Response:
-        self.registry.admit()
-        backend = self.registry.find(request.path_params["name"])
-        label_model(backend.name)
-        return JSONResponse(schemas.model_json(self._info(backend)))
-
-    def _info(self, backend):
-        return converters.model_info(backend.info(), self.registry.is_default(backend))
+        return JSONResponse(schemas.model_json(self.cores.models.get(request.path_params["name"])))
 
     @route("TranslationService", "Translate")
     async def translate(self, request: Request, call: HttpCall) -> Response:
@@ -172,7 +163,7 @@ class Routes:
 async def _collect(runs: list) -> dict:
     """(prompt, choice) -> the choice's chunks joined, once every generation has ended."""
     chunks = await asyncio.gather(*(generation.collect() for _, generation in runs))
-    return {key: generation_converters.join_chunks(c) for (key, _), c in zip(runs, chunks, strict=True)}
+    return {key: join_chunks(c) for (key, _), c in zip(runs, chunks, strict=True)}
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

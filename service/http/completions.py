@@ -30,7 +30,6 @@ from service.http.schemas import FLOAT32, UINT64, field, refuse_unsupported, str
 
 MAX_LOGPROBS = 5  # OpenAI's limit for completions
 MAX_N = 16  # choices per prompt
-MAX_CHOICES = 64  # prompts x n in one request; each takes a place in the generation queue
 
 Prompt = str | list[int]
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
@@ -62,10 +61,6 @@ def parse(body: dict) -> CompletionRequest:
     best_of = field(body, "best_of", int, n, minimum=1, maximum=MAX_N)
     if best_of != n:
         raise InvalidArgument(f"best_of={best_of} is not supported (leave it out or set it to n={n})")
-    if len(prompts) * n > MAX_CHOICES:
-        raise InvalidArgument(
-            f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most {MAX_CHOICES} per request"
-        )
     echo = field(body, "echo", bool, False)
     logprobs = field(body, "logprobs", int, None, minimum=0, maximum=MAX_LOGPROBS)
     max_tokens = field(body, "max_tokens", int, None, minimum=0)

@@ -17,6 +17,7 @@ formats to and from these calls.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 from dataclasses import dataclass
 
@@ -24,9 +25,10 @@ import numpy as np
 
 from service.cores import Cores
 from service.embedding.converters import embed_query
-from service.errors import InvalidArgument, NotFound, label_model, quote
+from service.errors import InvalidArgument, NotFound, quote
 from service.fillmask.converters import fill_mask_query
-from service.generation.converters import generate_query, join_chunks
+from service.generation.converters import generate_query
+from service.generation.core import join_chunks
 from service.kserve.parameters import checked, embed_request, fill_mask_request, generate_request, translate_request
 from service.kserve.tensors import Scalar, Tensor
 from service.registry import Backend
@@ -86,20 +88,16 @@ class DataPlane:
         self.cores, self.registry, self.settings = cores, cores.registry, cores.settings
 
     def ready(self) -> bool:
-        """Every model warmed up and the server not draining (the health check's SERVING)."""
-        return self.registry.warmed and not self.registry.draining
+        return self.cores.models.ready()
 
     def model(self, name: str, version: str) -> Backend:
-        """The served model `name` (labelling the call's metrics with it); NotFound naming what exists."""
-        if not name:
-            raise InvalidArgument("model name is empty; the server's metadata and repository index name the models")
-        model = self.registry.find(name)
+        """The served model `name` (the models core's rule, service/models.py) at `version`."""
+        model = self.cores.models.find(name)
         if version not in ("", VERSION):
             raise NotFound(
                 f"model {quote(name)} has no version {quote(version)}; its only version is "
                 f"{VERSION!r} (or leave it out)"
             )
-        label_model(model.name)
         return model
 
     def model_ready(self, name: str, version: str) -> bool:
@@ -111,7 +109,7 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         model = self.admit(name, version)
-        dimension = int(model.manifest.embedding_dim or 0) if model.kind == "embedding" else -1
+        dimension = self.cores.models.info(model).embedding_dimension
         outputs = [
             TensorSpec(output, datatype, [-1, dimension] if model.kind == "embedding" else shape)
             for output, (datatype, shape) in TENSORS[model.kind].items()
@@ -155,17 +153,13 @@ class DataPlane:
         return [Tensor("embedding", "FP32", answer.vectors)], answer.input_tokens, 0
 
     async def _generate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        """One generation per text, decoded together by the model's scheduler; all or none."""
-        if len(texts) > self.settings.gen_max_queue:
-            raise InvalidArgument(
-                f"{len(texts)} texts in one call; a generation model queues at most "
-                f"{self.settings.gen_max_queue}: split the call"
-            )
-        generations = []
+        """One generation per text, decoded together by the model's scheduler; admitted all or none."""
+        queries = [
+            dataclasses.replace(generate_query(generate_request(text, model.name, values)), prompt_name=f"text[{i}]")
+            for i, text in enumerate(texts)
+        ]
+        generations = await self.cores.generation.generate_many(queries, deadline)
         try:
-            for text in texts:
-                query = generate_query(generate_request(text, model.name, values))
-                generations.append(await self.cores.generation.generate(query, deadline))
             results = await asyncio.gather(*(g.collect() for g in generations))
         finally:
             for generation in generations:  # frees the rows of every sequence when one fails or the call ends

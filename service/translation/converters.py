@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from service.converters import usage
-from service.generation.converters import timings
+from service.converters import stage_timings, usage
 from service.proto import inference_pb2 as pb
 from service.translation.core import TranslateQuery, Translations
 from service.translation.model import TranslateOptions
@@ -26,5 +25,5 @@ def translate_response(answer: Translations) -> pb.TranslateResponse:
         translations=[pb.Translation(text=t.text, score=t.score) for t in answer.translations],
         model=answer.model,
         usage=usage(answer.input_tokens, answer.output_tokens),
-        timings=timings(answer.timings),
+        timings=stage_timings(answer.timings),
     )

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, cast
 
 from service.core import check_inputs
 from service.errors import label_model
-from service.generation.sequence import Timings
 from service.registry import ModelRegistry
 from service.settings import Settings
+from service.timings import Timings
 from service.translation.model import TranslateOptions, Translation
 
 if TYPE_CHECKING:

@@ -1,0 +1,43 @@
+"""A call of several generations (OpenAI completions' prompts x n, a KServe call's texts) is admitted
+all or none by the generation core's generate_many: its places taken at once, one limit (the model's
+queue) at every door, a call that can never fit refused as a bad request rather than "retry"."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+
+from tests.fixtures.server import metric, until
+
+MODEL = "tiny-gpt"
+
+
+def texts(n: int) -> dict:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], "data": ["Once upon"] * n}]}
+
+
+async def test_a_call_bigger_than_the_queue_is_400_at_every_door(start_server):
+    srv = await start_server(gen_max_queue=2)
+    admission = srv.server.registry.get("generation", MODEL).scheduler.admission
+    async with httpx.AsyncClient(base_url=srv.http_url) as http:
+        body = {"model": MODEL, "prompt": "Once", "n": 4, "max_tokens": 2}
+        completion = await http.post("/v1/completions", json=body)
+        kserve = await http.post(f"/v2/models/{MODEL}/infer", json=texts(3))
+        assert completion.status_code == 400 and completion.json()["error"]["code"] == "INVALID_ARGUMENT"
+        assert "needs 4 places" in completion.json()["error"]["message"]
+        assert "split the call" in completion.json()["error"]["message"]
+        assert kserve.status_code == 400 and "needs 3 places" in kserve.json()["error"]
+        assert admission.reserved == 0 and admission.waiting() == 0
+        served = await http.post("/v1/completions", json={**body, "n": 2})
+        assert served.status_code == 200 and len(served.json()["choices"]) == 2
+
+
+async def test_a_refused_prompt_admits_none_of_the_call(start_server):
+    """The second prompt is not a model's token ids: the first one is neither queued nor run."""
+    srv = await start_server()
+    admission = srv.server.registry.get("generation", MODEL).scheduler.admission
+    before = metric("ts_tokens_total", {"model": MODEL, "direction": "input"})
+    async with httpx.AsyncClient(base_url=srv.http_url) as http:
+        reply = await http.post("/v1/completions", json={"model": MODEL, "prompt": [[0, 5, 6], [0, 10**9]]})
+    assert reply.status_code == 400 and "prompt[1][1]" in reply.json()["error"]["message"]
+    await until(lambda: admission.reserved == 0 and admission.waiting() == 0, what="no place held")
+    assert metric("ts_tokens_total", {"model": MODEL, "direction": "input"}) == before  # nothing was queued
