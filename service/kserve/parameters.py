@@ -54,9 +54,9 @@ def fill(message: Message, values: dict[str, Any]) -> Message:
                 if field.cpp_type == FieldDescriptor.CPPTYPE_FLOAT:  # a double parameter may not fit
                     value = float32(name, float(value))
                 setattr(message, name, float(value) if kind == "number" else value)
-        except (TypeError, ValueError) as e:  # ValueError: out of the field's range (a negative count)
-            expected = "non-negative integer" if kind == "integer" else kind
-            raise InvalidArgument(f"parameter {name}={quote(str(value))} does not fit: it must be a {expected}") from e
+        except (TypeError, ValueError) as e:  # ValueError: out of the field's range (a negative or huge count)
+            expected = f"an integer in {_RANGES[field.cpp_type]}" if kind == "integer" else f"a {kind}"
+            raise InvalidArgument(f"parameter {name}={quote(str(value))} does not fit: it must be {expected}") from e
     return message
 
 
@@ -66,6 +66,13 @@ _KINDS = {
     FieldDescriptor.CPPTYPE_DOUBLE: "number",
     FieldDescriptor.CPPTYPE_STRING: "string",
 }  # else integer
+_RANGES = {  # an integer field's range, named in the refusal
+    FieldDescriptor.CPPTYPE_INT32: f"[{-(2**31)}, {2**31 - 1}]",
+    FieldDescriptor.CPPTYPE_INT64: f"[{-(2**63)}, {2**63 - 1}]",
+    FieldDescriptor.CPPTYPE_UINT32: f"[0, {2**32 - 1}]",
+    FieldDescriptor.CPPTYPE_UINT64: f"[0, {2**64 - 1}]",
+    FieldDescriptor.CPPTYPE_ENUM: "the enum's values",
+}
 _ACCEPTS: dict[str, Any] = {"bool": bool, "number": (int, float), "string": str, "integer": int}
 
 
