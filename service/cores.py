@@ -8,6 +8,7 @@ from service.embedding.core import EmbeddingCore
 from service.fillmask.core import FillMaskCore
 from service.generation.core import GenerationCore
 from service.inspection.core import AttentionCore
+from service.models import ModelsCore
 from service.registry import ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
@@ -16,7 +17,7 @@ from service.translation.core import TranslationCore
 
 @dataclass(frozen=True)
 class Cores:
-    """The five cores over one registry: what every door is built on."""
+    """The cores over one registry (the five kinds' and the models'): what every door is built on."""
 
     registry: ModelRegistry
     settings: Settings
@@ -25,6 +26,7 @@ class Cores:
     generation: GenerationCore
     translation: TranslationCore
     attention: AttentionCore
+    models: ModelsCore
 
     @classmethod
     def build(cls, registry: ModelRegistry, settings: Settings, runtime: Runtime) -> Cores:
@@ -36,4 +38,5 @@ class Cores:
             GenerationCore(registry),
             TranslationCore(registry, settings),
             AttentionCore(registry, settings, runtime),
+            ModelsCore(registry),
         )

@@ -1,4 +1,4 @@
-"""gRPC servicer of ModelService: the served models' ModelInfo, from the registry."""
+"""gRPC servicer of ModelService: the models core's ModelInfo (service/models.py) as messages."""
 
 from __future__ import annotations
 
@@ -6,35 +6,26 @@ import grpc
 
 from service import converters
 from service.cores import Cores
-from service.errors import InvalidArgument, grpc_errors, label_model
+from service.errors import grpc_errors
+from service.models import ModelsCore
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
-from service.registry import ModelRegistry
 
 
 class ModelServicer(pb_grpc.ModelServiceServicer):
-    def __init__(self, registry: ModelRegistry):
-        self.registry = registry
+    def __init__(self, models: ModelsCore):
+        self.models = models
 
     @grpc_errors("ModelService")
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        self.registry.admit()
-        return pb.ListModelsResponse(models=[self._info(b) for b in self.registry])
+        return pb.ListModelsResponse(models=[converters.model_info(i) for i in self.models.list()])
 
     @grpc_errors("ModelService")
     async def GetModel(self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
-        self.registry.admit()
-        if not request.name:
-            raise InvalidArgument("name is empty; pass a model name (ListModels lists them)")
-        backend = self.registry.find(request.name)
-        label_model(backend.name)
-        return self._info(backend)
-
-    def _info(self, backend) -> pb.ModelInfo:
-        return converters.model_info(backend.info(), self.registry.is_default(backend))
+        return converters.model_info(self.models.get(request.name))
 
 
 def register(server: grpc.aio.Server, cores: Cores) -> None:
-    pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(cores.registry), server)
+    pb_grpc.add_ModelServiceServicer_to_server(ModelServicer(cores.models), server)

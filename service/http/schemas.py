@@ -22,6 +22,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from service.converters import float32
 from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
+from service.models import ModelInfo
 from service.packing import WIRE_DTYPE
 from service.proto import inference_pb2 as pb
 
@@ -139,7 +140,7 @@ def message_json(reply) -> dict:
     return json_format.MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
-def model_json(info: pb.ModelInfo) -> dict:
+def model_json(info: ModelInfo) -> dict:
     return {
         "id": info.name,
         "object": "model",
