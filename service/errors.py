@@ -1,29 +1,11 @@
 """One exception family for client-visible failures, mapped to gRPC status codes in one place.
 
-Code anywhere below the servicer raises a `ServiceError` subclass whose message says what was
-wrong and how to fix it; the `grpc_errors` decorator on each RPC handler turns it into
-`context.abort(code, message)` and records `ts_requests_total` / `ts_request_duration_seconds`.
-Anything else is a bug: it is logged with its traceback and the client gets INTERNAL with a
-generic message (no tracebacks to clients). (MLServer `grpc/utils.py`.)
-
-    class EmbeddingServicer(...):
-        @grpc_errors("EmbeddingService")
-        async def Embed(self, request, context): ...
-
-        @grpc_errors("EmbeddingService")
-        async def EmbedStream(self, request_iterator, context):   # async generator: streaming
-            ...
-
-Handlers call `label_model(name)` once they know which model serves the call, so the metrics are
-labelled with the resolved name (a request leaving `model` empty is labelled with the default);
-calls that fail before that (unknown model, draining) are labelled "-", so a client sending
-arbitrary names cannot grow the label set.
-
-Messages are bounded: a value from the request is quoted with `quote()` (cut short, its length
-stated), and `_Call.fail` caps every message at MESSAGE_BYTES of UTF-8 as a safety net. gRPC
-sends the message in the `grpc-message` trailer, percent-encoded (a non-ASCII byte takes three),
-and a client refuses trailers over its metadata limit (8 KiB soft, 16 KiB hard by default) with
-RESOURCE_EXHAUSTED: an unbounded message would replace the status the server meant to send.
+Code below a door raises a `ServiceError` subclass whose message says what was wrong and how to fix
+it; `@grpc_errors(service)` on each RPC handler (unary or streaming) aborts with its code and
+records the call's metrics. Anything else is a bug: logged with its traceback, answered INTERNAL
+with a generic message. Handlers call `label_model(name)` once the model is known (before that the
+label is "-", so arbitrary names cannot grow the label set). Messages are bounded (`quote`,
+MESSAGE_BYTES): docs/design/robustness.md says why.
 """
 
 from __future__ import annotations

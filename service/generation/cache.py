@@ -1,31 +1,15 @@
 """The generation scheduler's KV cache: device buffers the decoder graph updates in place.
 
-The generation decoder is exported with GroupQueryAttention (export/onnx_export.py): each
-layer's keys and values live in one buffer (capacity, H, L, D) allocated once on the session's
-device, L = the model's context. Row r's tokens sit at slots [0, length_r) of buffer row r and the
-active rows are buffer rows [0, B): both are contiguous, so the graph's past and present are bound
-(IO binding, by address) to the same memory and the graph writes each new key in place. No step
-copies the cache; the place of a row that leaves is taken by the last row (`keep`), device to
-device (rowcopy.py): one row copy per row that left, not one per row above it.
+Per layer one key and one value buffer (capacity, H, L, D) allocated once on the session's device;
+the active rows are buffer rows [0, B), bound by IO binding so the graph writes each new key in
+place (no copy per step; a row that leaves is replaced by the last row, rowcopy.py). A decode
+step's inputs and logits are OrtValues at fixed addresses, refilled in place; CUDA graphs replay
+captured decode steps per row-count bucket (settings `cuda_graph`). Why, and what IO binding does
+with host inputs: docs/design/gpu.md.
 
-A decode step is device-resident: its inputs (token ids, positions, `seqlens_k`,
-`total_sequence_length`) and its logits are OrtValues allocated once per row count, at fixed
-addresses, bound once; each step refills the inputs with `OrtValue.update_inplace` and reads the
-logits back. IO binding copies a host input to the device when it is *bound*, not at each run
-(onnxruntime issues #5857, #29782): refilling a host array bound once feeds the first step's values
-forever on CUDA. `total_sequence_length` stays on the host because GroupQueryAttention reads it
-there (a CPU input even on CUDA). The same code runs with "cpu" OrtValues (memory onnxruntime owns,
-not numpy's), so the CPU tests run what the GPU runs. docs/design/gpu.md has the whole story.
-
-CUDA graphs (`enable_graphs`, settings `cuda_graph`): decode steps run on a second session created
-with `enable_cuda_graph`, one captured graph per row-count bucket (run option `gpu_graph_id`), rows
-padded up to the bucket, and `total_sequence_length` fixed at L (a captured graph replays the
-host-side values of its capture).
-
-The scheduler asks: `prefill(prompts)` runs the newcomers' prompts, appends them as rows and
-returns each one's last-position logits (n, V); `step(tokens)` feeds one token per row and
-returns the logits (B, V); `keep(rows)` drops the other rows and says where the kept ones went;
-`reset()` empties the cache after a failed step. A row's next position is the number of tokens it has cached.
+The scheduler asks: `prefill(prompts)` (last-position logits (n, V), rows appended), `step(tokens)`
+(one token per row, logits (B, V)), `keep(rows)` (drops the others, says where the kept went),
+`reset()` (empties the cache after a failed step).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""The generation models' KV-cache budget: how big a cache is, and how much a process may allocate.
+"""The generation models' KV-cache budget: a cache's size, and how much a process may allocate.
 
-A generation model's cache (batchcache.SlotCache) is allocated whole, once: per layer a key and a
-value buffer (rows, kv heads, context, head_dim) of the graph's KV dtype. For a real checkpoint that
-is large: GPT-2 124M at 1,024 positions takes 72 MiB a row in float32 (16 rows: 1.1 GiB); a Llama 3
-8B (32 layers, 8 KV heads x 128) at 128k positions 16 GiB a row in float16. So `plan_rows` computes
-the size at load, logs it, and checks it against the process budget (settings `gen_kv_cache_bytes`)
-before anything is allocated:
-- all `gen_max_batch` rows fit: the model gets them;
-- fewer fit: the model gets those, and a WARNING says so;
-- not one row at the served context fits: `ModelLoadError` names the model, the bytes, the budget
-  and the settings to change, so the server fails to start instead of running out of memory later.
-The budget is the process's, shared by its generation models in load order (each takes its
-buffer's bytes and gives them back when it stops). `gen_kv_cache_bytes` 0 is auto: AUTO_FRACTION of
-the memory free when the first generation model loads, divided by the serving processes (workers):
-on CUDA the device's free memory (cudaMemGetInfo of the CUDA runtime onnxruntime loaded, through
-ctypes; its sessions and weights are already there), on CPU /proc/meminfo MemAvailable, lowered to
-what the cgroup (a container's memory limit) has left. Where neither can be read there is no
-budget, and a WARNING says to set one.
+`plan_rows` sizes a model's cache (`cache.SlotCache`, allocated whole at load) before anything is
+allocated and checks it against the process's budget (settings `gen_kv_cache_bytes`; 0: a fraction
+of the free device or host memory, split between workers): all rows fit, fewer fit (a WARNING), or
+none fits (`ModelLoadError` naming the bytes, the budget and the settings to change). Figures and
+the auto rule: docs/design/generation.md and docs/api.md (`--gen-kv-cache-bytes`).
 """
 
 from __future__ import annotations

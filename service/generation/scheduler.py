@@ -1,30 +1,12 @@
 """Continuous batching for one generation model: one asyncio task owns the running batch.
 
-Each turn of the loop (TGI `router/src/infer.rs`, vLLM-style iteration-level scheduling):
-1. admit waiting requests while the batch has room, capping the prompt tokens prefilled per turn
-   (`prefill_tokens`, padding counted) so newcomers cannot starve running decodes;
-2. prefill the newcomers together (right-padded, each row's length telling the graph where it
-   ends), sample their first token; their KV rows are appended to the batch cache;
-3. run one decode step for every running row (one new token each), sample, send chunks;
-4. rows that finished, were cancelled (client gone, deadline) or failed leave the batch and their
-   cache rows are freed (batchcache.SlotCache: a buffer the graph updates in place).
-Compute (the graph, sampling, detokenising) runs in the runtime's executor; the loop only moves
-chunks to each request's outbox. A turn's prefill and its decode steps run back to back in one
-executor call until newcomers can be admitted, the batch empties or `DECODE_SLICE_S` passes: a
-thread hand-off per token costs milliseconds on a busy CPU, and an admission no longer costs a
-hand-off of its own. Each step's chunks go to an outbox that the event loop
-drains; at most one wake-up of the loop is pending at a time, so a busy loop takes several steps
-in one visit. A cancelled request leaves at the next step boundary.
-
-A step works on its batch as arrays (sampler.choose_tokens over the (B, V) logits); only the
-text work (detokenising, stop sequences) is per row. Failures (docs/design/generation-scheduling.md):
-- a row whose own work raises (its sampling, detokenising, stop matching) fails its own call
-  and leaves; the others go on. Sampling depends only on the request's settings, so its failure
-  is INVALID_ARGUMENT; a text failure is a server fault (INTERNAL) of that row alone;
-- a failed graph call (the whole step) empties the cache; its rows are re-queued at the front,
-  once each, and re-prefilled one by one from their tokens so far (what they would have fed), so a
-  row whose tokens break the graph fails alone at its re-prefill. A row in a second failed step
-  after its retry fails (INTERNAL: a server fault); a failed prefill touches only its newcomers.
+Each turn admits waiting requests while the batch has room (prefill tokens capped per turn),
+prefills them together, then runs decode steps for every row, sampling over the (B, V) logits, and
+drops the rows that finished, were cancelled or failed (their rows in `cache.SlotCache` freed).
+Compute runs in the runtime's executor, a turn's steps back to back in one call; the loop only
+moves chunks to each request's outbox. docs/design/generation-scheduling.md and
+docs/design/generation.md describe the turn, the hand-offs and the failure rules (a row's own
+failure fails that row; a failed graph step re-queues its rows once).
 """
 
 from __future__ import annotations

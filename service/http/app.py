@@ -1,21 +1,19 @@
-"""The HTTP routes (Starlette): OpenAI-compatible embeddings, completions and models, translate, health.
+"""The HTTP routes (Starlette), each a few lines: JSON -> the core's query -> JSON, over the same
+cores the gRPC servicers call (service/cores.py). `route()` (errors.py) counts the call as the RPC
+it mirrors (protocol="http"), gives the core its deadline and maps failures to OpenAI's error shape.
 
-Each route is a few lines, as the gRPC methods are: JSON -> the core's query (schemas.py, then the
-kind's converters), the same core the gRPC servicer calls (service/cores.py: same validation,
-admission, batching), the answer -> JSON. `route()` (errors.py) counts the call as the RPC it
-mirrors with protocol="http", gives the core its deadline and maps every failure to OpenAI's
-error shape.
+    POST /v1/embeddings        EmbeddingService/Embed
+    POST /v1/completions       GenerationService/Generate (GenerateStream with "stream": true)
+    POST /v1/chat/completions  GenerationService/ChatCompletions: 400, the models have no chat template
+    POST /tokenize             GenerationService/Tokenize      POST /detokenize  GenerationService/Detokenize
+    GET  /tokenizer_info       GenerationService/TokenizerInfo
+    GET  /v1/models            ModelService/ListModels         GET /v1/models/{id}  ModelService/GetModel
+    POST /v1/translate         TranslationService/Translate
+    POST /v1/fill-mask         FillMaskService/FillMask
+    GET  /health               200 while SERVING, else 503 (warming up, draining); not counted
+    /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
 
-    POST /v1/embeddings    EmbeddingService/Embed
-    POST /v1/completions   GenerationService/Generate (GenerateStream with "stream": true)
-    GET  /v1/models        ModelService/ListModels      GET /v1/models/{id}  ModelService/GetModel
-    POST /v1/translate     TranslationService/Translate (JSON of TranslateRequest/TranslateResponse)
-    POST /v1/fill-mask     FillMaskService/FillMask     (JSON of FillMaskRequest/FillMaskResponse)
-    GET  /health           200 while the service is SERVING, else 503 (warming up, draining); not counted
-    /v2/...                the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
-
-Authentication (and anything else every route must pass) goes in `build_app(middleware=...)`: one
-Starlette middleware in front of every route, answering with `errors.error_response`.
+Authentication (anything every route must pass) goes in `build_app(middleware=...)`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""JSON <-> protobuf for the HTTP routes: OpenAI's request and response shapes, TranslateRequest and
-FillMaskRequest.
+"""JSON <-> the cores' values for the HTTP routes: OpenAI's shapes for embeddings and models;
+/v1/translate and /v1/fill-mask read and write the JSON of their inference.v1 messages
+(json_format), which the kind's converters turn into the core's query.
 
-Requests are read into the inference.v1 request messages (their JSON schema, and the same field
-types and float32 rounding as gRPC), which each kind's converters turn into the core's query: both
-doors share one validation, the core's. What is checked here is only what JSON adds: types, numbers
-a proto `float` cannot hold (a nonzero one it would read as 0 is refused: temperature 1e-50 is out
-of range, not greedy), and the OpenAI fields this server does not implement (refused, not ignored).
-Responses are built from the cores' plain values (translate and fill-mask: the JSON of their reply
-messages). `usage` is in every response.
+Only what JSON adds is checked here: types, numbers a float32 field cannot hold (a nonzero one it
+would read as 0 is refused: temperature 1e-50 is out of range, not greedy), and the OpenAI fields
+this server does not implement (refused, not ignored); the ranges are the core's, as for every
+door. `usage` is in every response.
 """
 
 from __future__ import annotations
