@@ -45,7 +45,11 @@ class EmbeddingCore:
         """Validates, admits (the model's queue places, before tokenizing) and embeds; raises ServiceError."""
         start = time.perf_counter()
         check_inputs(
-            query.inputs, self.settings.embed_max_inputs, "text to embed", "split the call (or use EmbedStream)"
+            query.inputs,
+            self.settings.embed_max_inputs,
+            "text to embed",
+            blank_ok=True,  # "   " embeds its special tokens, as the model itself would
+            split="split the call (or use EmbedStream)",
         )
         model = cast("EmbeddingModel", self.registry.get("embedding", query.model))
         label_model(model.name)

@@ -41,7 +41,8 @@ class FillMaskCore:
     async def fill_mask(self, query: FillMaskQuery, deadline: float | None = None) -> FilledMasks:
         """Validates (Embed's input limits; masks and top_k by the model), admits and fills; raises ServiceError."""
         start = time.perf_counter()
-        check_inputs(query.inputs, self.settings.embed_max_inputs, "text holding a [MASK]")
+        # a blank text has no [MASK]: the model refuses it, naming the mask
+        check_inputs(query.inputs, self.settings.embed_max_inputs, "text holding a [MASK]", blank_ok=True)
         model = cast("FillMaskModel", self.registry.get("fill-mask", query.model))
         label_model(model.name)
         r = await model.fill(query.inputs, query.top_k, deadline)

@@ -10,9 +10,9 @@ from service.translation.model import TranslateOptions
 
 def translate_options(request: pb.TranslateRequest) -> TranslateOptions:
     return TranslateOptions(
-        beam_size=int(request.beam_size) or 1,
+        beam_size=int(request.beam_size),
         max_length=int(request.max_length),
-        length_penalty=float(request.length_penalty) if request.length_penalty != 0 else 1.0,
+        length_penalty=float(request.length_penalty),
     )
 
 

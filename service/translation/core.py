@@ -40,7 +40,7 @@ class TranslationCore:
     async def translate(self, query: TranslateQuery, deadline: float | None = None) -> Translations:
         """Validates, admits (queue places per source, before tokenizing) and translates; raises ServiceError."""
         start = time.perf_counter()
-        check_inputs(query.inputs, self.settings.translate_max_inputs, "sentence to translate")
+        check_inputs(query.inputs, self.settings.translate_max_inputs, "sentence to translate", blank_ok=False)
         model = cast("TranslationModel", self.registry.get("translation", query.model))
         label_model(model.name)
         r = await model.translate(query.inputs, query.options, deadline)

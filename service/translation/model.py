@@ -40,9 +40,19 @@ class RowFailed(ServiceError):
 
 @dataclass(frozen=True)
 class TranslateOptions:
+    """A translation's search options. 0 (a proto field left unset, from any door) means the default,
+    resolved here once: beam_size 0 -> 1 (greedy), length_penalty 0 -> 1.0; max_length 0 stays 0
+    (settings translate_default_max_length, else the model's, chosen per model)."""
+
     beam_size: int = 1
-    max_length: int = 0  # 0: the default
+    max_length: int = 0
     length_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.beam_size == 0:
+            object.__setattr__(self, "beam_size", 1)
+        if self.length_penalty == 0:
+            object.__setattr__(self, "length_penalty", 1.0)
 
 
 @dataclass(frozen=True)
@@ -227,8 +237,6 @@ class TranslationModel:
                 self.manifest.max_input_tokens,
                 "split the sentence",
             )
-            if not text.strip():
-                raise InvalidArgument(f"inputs[{i}] is empty; every input must contain text")
         if not 1 <= options.beam_size <= self.settings.translate_max_beam:
             raise InvalidArgument(
                 f"beam_size must be in [0, {self.settings.translate_max_beam}] "
