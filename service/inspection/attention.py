@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from service import tokenizing
-from service.errors import FailedPrecondition, InvalidArgument
+from service.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from service.inspection.stats import head_stats
 from service.manifest import ATTENTION_ROLE, ModelDir
 from service.runtime import Runtime
@@ -36,6 +36,7 @@ class AttentionQuery:
     target: str = ""  # translator only
     layers: tuple[int, ...] = ()  # empty: all
     heads: tuple[int, ...] = ()
+    model: str = ""  # any served model; empty: the default embedding model
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ class AttentionInspector:
 
     async def inspect(self, query: AttentionQuery, deadline: float | None = None) -> AttentionResult:
         """The maps of a query that passed `check` (the core checks it once, before admitting it);
-        `deadline` bounds the greedy translation of a translator's missing target."""
+        `deadline` bounds the greedy translation of a translator's missing target and is checked again
+        before the graph runs."""
         start = time.perf_counter()
         source = await self._encode(query.text, "text", self.max_input_tokens)
         decoder_ids: list[int] = []
@@ -123,6 +125,10 @@ class AttentionInspector:
         heads = sorted(set(query.heads)) or list(range(self.n_heads))
         self._check_size(selected, len(heads), len(source), len(decoder_ids))
         session = await self._open()
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineExceeded(
+                f"the call's deadline passed before model {self.name!r}'s attention graph ran; allow more time"
+            )
         start = time.perf_counter()
         maps = await self.runtime.run(self._compute, session, selected, heads, source, decoder_ids)
         inference_s = time.perf_counter() - start

@@ -13,7 +13,11 @@ KINDS = {"self": pb.SELF, "causal": pb.CAUSAL, "cross": pb.CROSS}
 
 def attention_query(request: pb.AttentionRequest) -> AttentionQuery:
     return AttentionQuery(
-        text=request.text, target=request.target, layers=tuple(request.layers), heads=tuple(request.heads)
+        text=request.text,
+        target=request.target,
+        layers=tuple(request.layers),
+        heads=tuple(request.heads),
+        model=request.model,
     )
 
 

@@ -18,7 +18,7 @@ class InspectionServicer(pb_grpc.InspectionServiceServicer):
 
     @grpc_errors("InspectionService")
     async def Attention(self, request: pb.AttentionRequest, context: grpc.aio.ServicerContext) -> pb.AttentionResponse:
-        answer = await self.core.attention(converters.attention_query(request), request.model, deadline_of(context))
+        answer = await self.core.attention(converters.attention_query(request), deadline_of(context))
         return converters.attention_response(answer)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import grpc
 import numpy as np
@@ -14,6 +15,8 @@ import torch
 
 from export import attention
 from export.tiny import MAX_INPUT_TOKENS, byte_tokenizer, tiny_model
+from service.errors import DeadlineExceeded
+from service.inspection.attention import AttentionQuery
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.models import copy_model_dir
@@ -201,3 +204,14 @@ async def test_attention_calls_beyond_the_cap_are_resource_exhausted(start_serve
     assert all(r.maps == served[0].maps for r in served)
     assert metric("ts_requests_total", {**labels, "code": "RESOURCE_EXHAUSTED"}) == refused_before + len(refused)
     assert (await _stub(srv).Attention(request)).maps == served[0].maps  # the place is free again
+
+
+async def test_the_core_names_its_model_in_the_query_and_checks_the_deadline_before_the_graph(server):
+    """AttentionQuery.model like every core's query; a deadline already passed is DEADLINE_EXCEEDED before
+    the graph runs (an embedding model has no greedy target, which was the only step that read it)."""
+    core = server.server.cores.attention
+    maps = await core.attention(AttentionQuery("hello", layers=(0,), heads=(0,), model="tiny-embed"))
+    assert (maps.model, maps.kind, len(maps.result.maps)) == ("tiny-embed", "embedding", 1)
+    with pytest.raises(DeadlineExceeded, match="before model 'tiny-embed'"):
+        await core.attention(AttentionQuery("hello", model="tiny-embed"), deadline=time.monotonic() - 1)
+    assert core.admission.reserved == 0  # the compute place was given back
