@@ -70,6 +70,9 @@ def error_response(code: grpc.StatusCode, message: str) -> JSONResponse:
     return JSONResponse(error_body(code, message), status_code=STATUS.get(code, (500, ""))[0])
 
 
+ErrorResponse = Callable[[grpc.StatusCode, str], Response]  # a protocol's error body with its HTTP status
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """exc as (gRPC code, client message); an unexpected exception is logged and hidden."""
     if isinstance(exc, ServiceError):
@@ -116,9 +119,9 @@ class HttpCall:
             task.cancel()
             gone.cancel()
 
-    def fail(self, exc: BaseException) -> JSONResponse:
+    def fail(self, exc: BaseException, error: ErrorResponse = error_response) -> Response:
         self.record.code, message = status_of(exc)
-        response = error_response(self.record.code, message)
+        response = error(self.record.code, message)
         if isinstance(exc, SlowBody):  # the rest of the body may still come: the connection cannot go on
             response.status_code = 408
             response.headers["connection"] = "close"
@@ -192,9 +195,12 @@ def _timeout(raw: str | None) -> float | None:
 Endpoint = Callable[[Any, Request, HttpCall], Awaitable[Response]]
 
 
-def route(service: str, method: str) -> Callable[[Endpoint], Callable[[Any, Request], Awaitable[Response]]]:
+def route(
+    service: str, method: str, error: ErrorResponse = error_response
+) -> Callable[[Endpoint], Callable[[Any, Request], Awaitable[Response]]]:
     """Wraps an endpoint method `fn(self, request, call)`: counts it as service/method over HTTP,
-    applies its deadline, and turns every failure into an OpenAI-shaped error (never a traceback)."""
+    applies its deadline, and turns every failure into `error(code, message)` (OpenAI's shape unless
+    told otherwise; never a traceback)."""
 
     def wrap(fn: Endpoint) -> Callable[[Any, Request], Awaitable[Response]]:
         @functools.wraps(fn)
@@ -202,7 +208,7 @@ def route(service: str, method: str) -> Callable[[Endpoint], Callable[[Any, Requ
             try:
                 call = HttpCall(request, service, method)
             except ServiceError as exc:  # a bad X-Request-Timeout: refused before it is counted
-                return error_response(exc.code, exc.message)
+                return error(exc.code, exc.message)
             try:
                 async with asyncio.timeout(call.timeout):
                     return await fn(self, request, call)
@@ -210,7 +216,7 @@ def route(service: str, method: str) -> Callable[[Endpoint], Callable[[Any, Requ
                 call.record.code = _S.CANCELLED
                 raise
             except Exception as exc:
-                return call.fail(exc)
+                return call.fail(exc, error)
             finally:
                 if not call.streaming:
                     call.finish()

@@ -2,19 +2,21 @@
 
 The input travels as `contents.bytes_contents` (grpcurl, hand-written clients) or as
 `raw_input_contents` (what tritonclient sends: per element a 4-byte little-endian length, then
-the bytes); outputs always go back raw, as Triton's do: numbers little-endian, BYTES
+the bytes); either way it becomes the plain `tensors.Tensor` the REST binding decodes, which the
+data plane checks for both. Outputs always go back raw, as Triton's do: numbers little-endian, BYTES
 length-prefixed (tensors.py). Parameters go to the data plane as plain values.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from service.errors import InvalidArgument, quote
-from service.kserve.dataplane import INPUT, VERSION, Inference, ModelMetadata
-from service.kserve.tensors import DATATYPES, pack_bytes, split_bytes
+from service.kserve.dataplane import VERSION, Inference, ModelMetadata
+from service.kserve.tensors import DATATYPES, Tensor, from_binary, numbers, pack_bytes
 from service.proto import open_inference_grpc_pb2 as oip
 
 
@@ -29,32 +31,54 @@ def model_metadata(meta: ModelMetadata) -> oip.ModelMetadataResponse:
     )
 
 
-def input_texts(request: oip.ModelInferRequest) -> list[str]:
-    """The `text` input's elements as strings; INVALID_ARGUMENT naming what is wrong with the tensor."""
-    if [t.name for t in request.inputs] != [INPUT]:
-        raise InvalidArgument(
-            f"inputs are {[quote(t.name) for t in request.inputs]}; send exactly one input "
-            f"named {INPUT!r} (BYTES, shape [N])"
-        )
-    tensor = request.inputs[0]
-    if tensor.datatype != "BYTES":
-        raise InvalidArgument(f"input {INPUT!r} has datatype {quote(tensor.datatype)}; it must be BYTES (UTF-8 texts)")
-    if len(tensor.shape) != 1:
-        raise InvalidArgument(f"input {INPUT!r} has shape {list(tensor.shape)}; it must be [N], one text per element")
-    if request.raw_input_contents:
-        if len(request.raw_input_contents) != 1:
-            raise InvalidArgument(f"{len(request.raw_input_contents)} raw_input_contents for 1 input; send one")
-        elements = split_bytes(request.raw_input_contents[0], "raw_input_contents[0]")
-    else:
-        elements = list(tensor.contents.bytes_contents)
-    if len(elements) != tensor.shape[0]:
-        raise InvalidArgument(f"input {INPUT!r} has shape [{tensor.shape[0]}] but {len(elements)} elements")
-    if not elements:
-        raise InvalidArgument(f"input {INPUT!r} is empty; send at least one text")
-    try:
-        return [e.decode("utf-8") for e in elements]
-    except UnicodeDecodeError as e:
-        raise InvalidArgument(f"input {INPUT!r} holds an element that is not UTF-8 ({e.reason})") from e
+CONTENTS = {  # datatype -> its InferTensorContents field (FP16 travels only raw)
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def input_tensors(request: oip.ModelInferRequest) -> list[Tensor]:
+    """The request's inputs as the plain tensors the REST binding decodes too (the data plane's
+    `input_texts` then checks them for both); INVALID_ARGUMENT naming the input that is malformed."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input")
+    decoded = []
+    for i, tensor in enumerate(request.inputs):
+        where, shape = f"inputs[{i}] ({quote(tensor.name)})", list(tensor.shape)
+        if tensor.datatype not in DATATYPES:
+            raise InvalidArgument(f"{where}.datatype={quote(tensor.datatype)} is not one of {', '.join(DATATYPES)}")
+        if any(d < 0 for d in shape):
+            raise InvalidArgument(f"{where}.shape={shape} must hold non-negative sizes")
+        if raw:
+            array = from_binary(memoryview(raw[i]), tensor.datatype, shape, where)
+        else:
+            array = _from_contents(tensor.contents, tensor.datatype, shape, where)
+        decoded.append(Tensor(tensor.name, tensor.datatype, array))
+    return decoded
+
+
+def _from_contents(contents: oip.InferTensorContents, datatype: str, shape: list[int], where: str) -> np.ndarray:
+    if datatype not in CONTENTS:
+        raise InvalidArgument(f"{where}: {datatype} travels only in raw_input_contents")
+    values, count = list(getattr(contents, CONTENTS[datatype])), math.prod(shape)
+    if len(values) != count:
+        raise InvalidArgument(f"{where}.shape={shape} holds {count} elements but its contents {len(values)}")
+    if datatype != "BYTES":
+        return numbers(values, datatype, where).reshape(shape)
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return array.reshape(shape)
 
 
 def parameters(request: oip.ModelInferRequest) -> dict[str, Any]:

@@ -203,8 +203,8 @@ def fill_mask_tensors(results: list[list[list[tuple[str, int, float]]]]) -> list
 
 
 def input_texts(inputs: list[Tensor]) -> list[str]:
-    """The `text` input's elements as strings; InvalidArgument naming what is wrong with the tensor
-    (the same checks and messages as the gRPC binding's `converters.input_texts`)."""
+    """The `text` input's elements as strings; InvalidArgument naming what is wrong with the tensors
+    (both bindings decode their wire format to `Tensor`s and call this)."""
     if [t.name for t in inputs] != [INPUT]:
         raise InvalidArgument(
             f"inputs are {[quote(t.name) for t in inputs]}; send exactly one input named {INPUT!r} (BYTES, shape [N])"

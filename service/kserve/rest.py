@@ -18,8 +18,6 @@ bad input, 404 unknown model, 429 overloaded, 503 draining). A gzip or deflate r
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,9 +28,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.cores import Cores
-from service.errors import InvalidArgument, ServiceError, bounded, quote
+from service.errors import InvalidArgument, bounded, quote
 from service.http.body import read_body
-from service.http.errors import STATUS, HttpCall, SlowBody, status_of
+from service.http.errors import STATUS, Endpoint, HttpCall, route
 from service.kserve import tensors
 from service.kserve.dataplane import SERVER_NAME, VERSION, DataPlane, input_texts, server_version
 
@@ -46,38 +44,9 @@ def error(code: grpc.StatusCode, message: str) -> JSONResponse:
     return JSONResponse({"error": bounded(message)}, status_code=STATUS.get(code, (500, ""))[0])
 
 
-Endpoint = Callable[[Any, Request, HttpCall], Awaitable[Response]]
-
-
 def oip_route(method: str) -> Callable[[Endpoint], Callable[[Any, Request], Awaitable[Response]]]:
-    """Wraps an endpoint `fn(self, request, call)`: counted as GRPCInferenceService/method over HTTP,
-    bounded by the call's deadline, every failure answered as {"error": ...} (never a traceback)."""
-
-    def wrap(fn: Endpoint) -> Callable[[Any, Request], Awaitable[Response]]:
-        @functools.wraps(fn)
-        async def endpoint(self, request: Request) -> Response:
-            try:
-                call = HttpCall(request, SERVICE, method)
-            except ServiceError as exc:  # a bad X-Request-Timeout: refused before it is counted
-                return error(exc.code, exc.message)
-            try:
-                async with asyncio.timeout(call.timeout):
-                    return await fn(self, request, call)
-            except asyncio.CancelledError:
-                call.record.code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:  # the one place these failures become responses
-                call.record.code, message = status_of(exc)
-                response = error(call.record.code, message)
-                if isinstance(exc, SlowBody):  # the rest of the body may still come: the connection cannot go on
-                    response.status_code, response.headers["connection"] = 408, "close"
-                return response
-            finally:
-                call.finish()
-
-        return endpoint
-
-    return wrap
+    """Counted as GRPCInferenceService/method over HTTP, every failure answered {"error": ...}."""
+    return route(SERVICE, method, error)
 
 
 class Routes:

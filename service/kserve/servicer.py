@@ -15,7 +15,7 @@ from google.protobuf.descriptor import FileDescriptor
 from service.cores import Cores
 from service.errors import deadline_of, grpc_errors
 from service.kserve import converters, repository
-from service.kserve.dataplane import SERVER_NAME, DataPlane, server_version
+from service.kserve.dataplane import SERVER_NAME, DataPlane, input_texts, server_version
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 
@@ -52,7 +52,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
         model = self.plane.admit(request.model_name, request.model_version)
-        texts = converters.input_texts(request)
+        texts = input_texts(converters.input_tensors(request))
         outputs, values = [o.name for o in request.outputs], converters.parameters(request)
         done = await self.plane.infer(model, texts, outputs, values, deadline_of(context))
         return converters.infer_response(request, done)

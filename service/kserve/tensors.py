@@ -188,13 +188,13 @@ def _input(spec: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
                 f"{where}.parameters.binary_data_size={_shown(size)} must be the size of "
                 f"its binary data, at most the {len(binary)} bytes left after the JSON"
             )
-        return Tensor(name, datatype, _from_binary(binary[:size], datatype, shape, where)), size
+        return Tensor(name, datatype, from_binary(binary[:size], datatype, shape, where)), size
     if "data" not in spec:
         raise InvalidArgument(f"{where} has neither data nor parameters.binary_data_size")
     return Tensor(name, datatype, _from_json(spec["data"], datatype, shape, where)), 0
 
 
-def _from_binary(raw: memoryview, datatype: str, shape: list[int], where: str) -> np.ndarray:
+def from_binary(raw: memoryview, datatype: str, shape: list[int], where: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         elements = split_bytes(raw, where)
@@ -223,7 +223,7 @@ def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
         array = np.empty(count, dtype=object)
         array[:] = [v.encode() for v in flat]
         return array.reshape(shape)
-    return _numbers(flat, datatype, where).reshape(shape)
+    return numbers(flat, datatype, where).reshape(shape)
 
 
 def _flatten(data: Any) -> list:
@@ -244,7 +244,7 @@ def _flatten(data: Any) -> list:
     return flat
 
 
-def _numbers(flat: list, datatype: str, where: str) -> np.ndarray:
+def numbers(flat: list, datatype: str, where: str) -> np.ndarray:
     dtype = DATATYPES[datatype]
     if datatype == "BOOL":
         ok = all(type(v) is bool for v in flat)

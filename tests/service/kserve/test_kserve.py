@@ -211,7 +211,7 @@ async def test_bad_requests_get_clear_statuses(client, model, inputs, params, ou
 
 RAW_BAD = [
     ([2], b"\x02\x00\x00\x00hi\x09\x00\x00\x00cut", "raw BYTES content is cut"),
-    ([3], b"\x02\x00\x00\x00hi", "has shape [3] but 1 elements"),
+    ([3], b"\x02\x00\x00\x00hi", "shape=[3] holds 3 elements but its binary data 1"),
     ([0], b"", "is empty"),
     ([1], b"\x01\x00\x00\x00\xff", "not UTF-8"),
 ]
@@ -224,6 +224,37 @@ async def test_raw_contents_must_match_the_shape(server, shape, raw, message):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await oip_grpc.GRPCInferenceServiceStub(server.channel).ModelInfer(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in caught.value.details()
+
+
+CONTENTS_BAD = [
+    ("BYTES", [3], [b"a", b"b"], "shape=[3] holds 3 elements but its contents 2"),
+    ("BYTES", [-1], [b"a"], "shape=[-1] must hold non-negative sizes"),
+    ("FP16", [1], [], "FP16 travels only in raw_input_contents"),
+    ("STRING", [1], [], "datatype='STRING' is not one of"),
+    ("INT32", [1], [7], "has datatype 'INT32'; it must be BYTES"),
+]
+
+
+@pytest.mark.parametrize("datatype, shape, values, message", CONTENTS_BAD)
+async def test_typed_contents_are_checked_like_rest_tensors(server, datatype, shape, values, message):
+    """contents.* decode to the same plain tensor the REST binding reads; the data plane checks both."""
+    request = oip.ModelInferRequest(model_name="tiny-embed")
+    tensor = request.inputs.add(name="text", datatype=datatype, shape=shape)
+    if values:
+        field = "bytes_contents" if datatype == "BYTES" else "int_contents"
+        getattr(tensor.contents, field).extend(values)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await oip_grpc.GRPCInferenceServiceStub(server.channel).ModelInfer(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in caught.value.details()
+
+
+async def test_one_raw_content_per_input(server):
+    request = oip.ModelInferRequest(model_name="tiny-embed", raw_input_contents=[b"", b""])
+    request.inputs.add(name="text", datatype="BYTES", shape=[0])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await oip_grpc.GRPCInferenceServiceStub(server.channel).ModelInfer(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "2 raw_input_contents for 1 inputs; send one per input" in caught.value.details()
 
 
 async def test_reflection_describes_the_service(server):
