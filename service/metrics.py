@@ -65,7 +65,12 @@ PADDING_RATIO = Histogram(
     ["model"],
     buckets=PADDING_BUCKETS,
 )
-TOKENS = Counter("ts_tokens", "tokens read (input) and generated (output)", ["model", "direction"])
+TOKENS = Counter(
+    "ts_tokens",
+    "tokens read (input: counted when the model computes them, every kind: an encoder batch, a "
+    "translation's source encoding, a prompt's prefill; none for a call dropped first) and generated (output)",
+    ["model", "direction"],
+)
 MODEL_INFO = Gauge(
     "ts_model_info",
     "1 per served model; labels say what runs where",

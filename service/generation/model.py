@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from service import metrics, tokenizing
+from service import tokenizing
 from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError
 from service.generation.decoding import ParamError, SamplingParams, check_params
@@ -211,7 +211,6 @@ class GenerationModel:
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
         seq = Sequence(ids, params, self.eos_id, self.tokenizer)
-        metrics.TOKENS.labels(self.name, "input").inc(len(ids))
         return self.scheduler.submit(seq)
 
     def expire(self, handle: GenerationHandle, error: ServiceError) -> None:

@@ -250,6 +250,7 @@ class Scheduler:
                 newcomers[i].score_prompt(logits[i])
             logits = logits[np.arange(len(prompts)), [len(p) - 1 for p in prompts]]  # (n, V)
         self._observe(t0, newcomers, len(prompts) * max(map(len, prompts)), prefill=True)
+        self._series.input_tokens.inc(sum(len(s.prompt_ids) for s in newcomers if not s.retried))  # computed
         sampled = [i for i, s in enumerate(newcomers) if not s.params.score_only]
         out = self._sample(
             [newcomers[i] for i in sampled], logits if len(sampled) == len(newcomers) else logits[sampled]

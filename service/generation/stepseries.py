@@ -20,6 +20,7 @@ class Series:
         self.batch = metrics.BATCH_SIZE.labels(name)
         self.batch_tokens = metrics.BATCH_TOKENS.labels(name)
         self.decode_batch = gen_metrics.GENERATION_BATCH_SIZE.labels(name)
+        self.input_tokens = metrics.TOKENS.labels(name, "input")
         self.output_tokens = metrics.TOKENS.labels(name, "output")
         self.in_flight = gen_metrics.IN_FLIGHT.labels(name)
 

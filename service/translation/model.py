@@ -175,7 +175,6 @@ class TranslationModel:
                     it.future.cancel()  # frees queued and running sources of an abandoned call
                 self.scheduler.poke()
         texts = self._detokenize(outputs)
-        metrics.TOKENS.labels(self.name, "input").inc(sum(map(len, encoded)))
         out_tokens = sum(len(h.tokens) for h in outputs)
         metrics.TOKENS.labels(self.name, "output").inc(out_tokens)
         timings = Timings(

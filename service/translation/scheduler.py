@@ -239,6 +239,7 @@ class Seq2SeqScheduler:
             cross = self.encoder.run(None, feeds)  # each (n, H, S, D), packed or not; mask (n, S)
             self._inference.observe(time.perf_counter() - t0)
             metrics.BATCH_TOKENS.labels(self.name).observe(computed)
+            metrics.TOKENS.labels(self.name, "input").inc(sum(map(len, seqs)))  # read by the encoder
             metrics.PADDING_RATIO.labels(self.name).observe(computed / sum(map(len, seqs)))
             self.batch.join([it.search for it in items], cross, mask)
             return []

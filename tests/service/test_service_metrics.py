@@ -9,8 +9,11 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import embed_request
+from client import embed_request, generate_request, translate_request
+from service.errors import DeadlineExceeded
+from service.generation.decoding import SamplingParams
 from service.proto import inference_pb2 as pb
+from tests.fixtures.server import metric
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
@@ -70,3 +73,29 @@ async def test_errors_counted_with_their_code(server):
     after = await asyncio.to_thread(scrape, server.metrics_url)
     labels = dict(service="EmbeddingService", method="Embed", model="-", code="NOT_FOUND", protocol="grpc")
     assert value(after, "ts_requests_total", **labels) == value(before, "ts_requests_total", **labels) + 2
+
+
+async def test_input_tokens_count_what_was_computed_for_every_kind(server):
+    """ts_tokens_total{direction="input"} counts when the model computes, for every kind: a call adds its
+    usage.input_tokens; a generation dropped while queued adds nothing (it was counted at submit)."""
+
+    def read(model: str) -> float:
+        return metric("ts_tokens_total", {"model": model, "direction": "input"})
+
+    calls = {
+        "tiny-embed": lambda: server.embedding.Embed(embed_request(["a few words here"])),
+        "tiny-gpt": lambda: server.generation.Generate(generate_request("Once upon a time", max_new_tokens=2)),
+        "tiny-translate": lambda: server.translation.Translate(translate_request(["Hello world.", "Yes"])),
+    }
+    for model, call in calls.items():
+        before = read(model)
+        reply = await call()
+        assert reply.usage.input_tokens > 0
+        assert read(model) - before == reply.usage.input_tokens, model
+    generation = server.server.registry.get("generation")
+    before = read("tiny-gpt")
+    handle = generation.submit("Once upon a time", SamplingParams(max_new_tokens=4))  # no await: still queued
+    generation.expire(handle, DeadlineExceeded("expired while queued (test)"))
+    with pytest.raises(DeadlineExceeded):
+        await handle.collect()
+    assert read("tiny-gpt") == before
