@@ -131,11 +131,11 @@ class Encoder:
         self.tokenizer = tokenizer
         self._huge = asyncio.Lock()
 
-    async def encode(self, texts: list[str]) -> list[Encoding]:
+    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
         chars = sum(map(len, texts))
         if chars <= INLINE_CHARS:
-            return [self.tokenizer.encode(t) for t in texts]
+            return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         if chars < HUGE_CHARS:
-            return await asyncio.to_thread(self.tokenizer.encode_batch, texts)
+            return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens=add_special_tokens)
         async with self._huge:
-            return await asyncio.to_thread(self.tokenizer.encode_batch, texts)
+            return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens=add_special_tokens)

@@ -18,7 +18,7 @@ from service.errors import DeadlineExceeded, InvalidArgument, label_model
 from service.generation import scoring
 from service.generation.decoding import SamplingParams
 from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle
-from service.generation.tokens import TokenizerInfo, Tokens
+from service.generation.tokens import INLINE_TOKENS, TOKENIZE_MAX_CHARS, Detokenized, Tokenized, TokenizerInfo
 from service.registry import ModelRegistry
 from service.timings import Timings
 
@@ -27,12 +27,13 @@ __all__ = [
     "LENGTH",
     "STOP",
     "Chunk",
+    "Detokenized",
     "GenerateQuery",
     "Generation",
     "GenerationCore",
     "Timings",
+    "Tokenized",
     "TokenizerInfo",
-    "Tokens",
     "join_chunks",
 ]
 
@@ -54,9 +55,10 @@ class GenerateQuery:
 class Generation:
     """One admitted generation: `async for chunk in generation`, `ready()`, `collect()`, `cancel()`."""
 
-    def __init__(self, model, handle: GenerationHandle, interval_s: float, deadline: float | None):
+    def __init__(self, model, handle: GenerationHandle, interval_s: float, deadline: float | None, prompt_text: str):
         self.model = model.name
         self.interval_s = interval_s
+        self.prompt_text = prompt_text  # the prompt as text (token ids decoded, special tokens left out)
         self._handle, self._expire, self._deadline = handle, model.expire, deadline
         self._timer = None
         if deadline is not None:
@@ -133,13 +135,43 @@ class GenerationCore:
         label_model(model.name)
         handles = await model.submit_many([(q.prompt, q.params, q.prompt_name) for q in queries])
         return [
-            Generation(model, handle, q.stream_interval_ms / 1e3, deadline)
+            Generation(model, handle, q.stream_interval_ms / 1e3, deadline, _text(model, q.prompt))
             for q, handle in zip(queries, handles, strict=True)
         ]
 
-    def tokens(self, model: str = "") -> Tokens:
-        """The model's tokenizer as a door needs it (takes no queue place: refused only while draining)."""
+    def _model(self, name: str) -> GenerationModel:
+        """The generation model a tokenizer call names (no queue place: refused only while draining)."""
         self.registry.admit()
-        backend = self.registry.get("generation", model)
-        label_model(backend.name)
-        return Tokens(backend)
+        model = cast("GenerationModel", self.registry.get("generation", name))
+        label_model(model.name)
+        return model
+
+    def tokenizer_info(self, model: str = "") -> TokenizerInfo:
+        """The model's tokenizer settings: special tokens, whether a prompt gets a start token, lengths."""
+        return self._model(model).tokenizer_info
+
+    async def tokenize(self, text: str, model: str = "", add_special_tokens: bool = True) -> Tokenized:
+        """text -> its token ids and their tokenizer strings (with add_special_tokens, the start token a
+        prompt gets). A text over TOKENIZE_MAX_CHARS is INVALID_ARGUMENT (a longer one than the context
+        is not: vLLM's /tokenize counts any text); long texts tokenize off the event loop (tokenizing.Encoder)."""
+        backend = self._model(model)
+        if len(text) > TOKENIZE_MAX_CHARS:
+            raise InvalidArgument(
+                f"prompt is {len(text)} characters; the tokenizer takes at most {TOKENIZE_MAX_CHARS} "
+                "characters a call: split the text"
+            )
+        (encoding,) = await backend.text_encoder.encode([text], add_special_tokens)
+        return Tokenized(backend.name, list(encoding.ids), list(encoding.tokens), backend.context)
+
+    async def detokenize(self, ids: list[int], model: str = "") -> Detokenized:
+        """Token ids (checked: INVALID_ARGUMENT naming `tokens`) -> their text, special tokens left out."""
+        backend = self._model(model)
+        if ids:
+            backend.check_ids(ids, "tokens")
+        if len(ids) <= INLINE_TOKENS:
+            return Detokenized(backend.name, backend.tokenizer.decode(ids))
+        return Detokenized(backend.name, await asyncio.to_thread(backend.tokenizer.decode, ids))
+
+
+def _text(model: GenerationModel, prompt: str | list[int]) -> str:
+    return prompt if isinstance(prompt, str) else model.tokenizer.decode(prompt)

@@ -24,6 +24,7 @@ from service.generation.decoding import ParamError, SamplingParams, check_params
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
 from service.generation.sequence import GenerationHandle, Sequence
+from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import CUDA, Runtime
@@ -61,6 +62,9 @@ class GenerationModel:
         self.max_prompt_chars = tokenizing.max_chars(self.max_prompt, tokenizing.chars_per_token(tokenizer))
         self.max_scored_chars = tokenizing.max_chars(self.context - 1, tokenizing.chars_per_token(tokenizer))
         self.text_encoder = tokenizing.Encoder(tokenizer)
+        self.tokenizer_info = tokenizer_info(
+            self.name, tokenizer, special, self.context, self.max_prompt, self.vocab_size
+        )
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         if not self.io.buffer_kv:
             raise ValueError(

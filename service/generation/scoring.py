@@ -9,6 +9,7 @@ its position's top-n are read from one array: when the token is the top-1 the tw
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,12 +20,18 @@ MAX_TOP = 20  # alternatives per position the engine computes at most (OpenAI's 
 @dataclass
 class TokenLogprobs:
     """Per position: the token, its log-probability (None: a prompt's first token, which nothing
-    predicts) and its position's most likely tokens, most likely first, with theirs."""
+    predicts) and its position's most likely tokens, most likely first, with theirs. What a door
+    shows of them the Sequence adds where it detokenizes: each token's text (special tokens spelled
+    out) and the characters it adds to the decoded text (0 while a character is split, or for a
+    special token the text leaves out)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)  # token_ids' texts
+    top_tokens: list[list[str]] = field(default_factory=list)  # top_ids' texts
+    widths: list[int] = field(default_factory=list)  # characters each of token_ids adds to the text
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -34,11 +41,15 @@ class TokenLogprobs:
         self.logprobs += other.logprobs
         self.top_ids += other.top_ids
         self.top_logprobs += other.top_logprobs
+        self.tokens += other.tokens
+        self.top_tokens += other.top_tokens
+        self.widths += other.widths
 
     def take(self) -> TokenLogprobs:
         """The positions so far, leaving this one empty."""
-        out = TokenLogprobs(self.token_ids, self.logprobs, self.top_ids, self.top_logprobs)
-        self.token_ids, self.logprobs, self.top_ids, self.top_logprobs = [], [], [], []
+        out = dataclasses.replace(self)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, [])
         return out
 
 

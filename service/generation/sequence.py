@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams  # max_new_tokens already resolved and capped
     eos_id: int | None
-    tokenizer: object
+    tokenizer: Any  # tokenizers.Tokenizer
     arrived: float = field(default_factory=time.perf_counter)
     timings: Timings = field(default_factory=Timings)
     generated: list[int] = field(default_factory=list)
@@ -103,7 +104,10 @@ class Sequence:
     def score_prompt(self, logits: np.ndarray) -> None:
         """Compute thread: the prompt's scores from its prefill logits (T, V), once (not again at a retry)."""
         if self.prompt_scores is None:
-            self.prompt_scores = prompt_scores(logits, self.prompt_ids, self.params.prompt_logprobs or 0)
+            scores = prompt_scores(logits, self.prompt_ids, self.params.prompt_logprobs or 0)
+            detok = IncrementalDetokenizer(self.tokenizer, [])  # the prompt's text from its start
+            scores.widths = [len(detok.push(t)) for t in self.prompt_ids]
+            self.prompt_scores = self._spelled(scores)
 
     def scored(self) -> Chunk:
         """The only chunk of a score-only request (no new token): empty, finished, with the prompt's scores."""
@@ -114,27 +118,38 @@ class Sequence:
 
     def _with_scores(self, chunk: Chunk) -> Chunk:
         if self._unsent_scores is not None:
-            chunk.logprobs = self._unsent_scores.take()
+            chunk.logprobs = self._spelled(self._unsent_scores.take())
         if self.prompt_scores is not None and not self._prompt_sent:
             chunk.prompt_logprobs, self._prompt_sent = self.prompt_scores, True
         return chunk
+
+    def _spelled(self, scores: TokenLogprobs) -> TokenLogprobs:
+        """scores with each token's and alternative's text, special tokens spelled out (as OpenAI
+        shows a token), from one batch decode."""
+        ids = sorted({*scores.token_ids, *(t for row in scores.top_ids for t in row)})
+        names = dict(zip(ids, self.tokenizer.decode_batch([[t] for t in ids], skip_special_tokens=False), strict=True))
+        scores.tokens = [names[t] for t in scores.token_ids]
+        scores.top_tokens = [[names[t] for t in row] for row in scores.top_ids]
+        return scores
 
     def accept(self, token: int, scores: TokenLogprobs | None = None) -> Chunk | None:
         """Records a generated token; returns the chunk to send, if any. Text work is skipped where
         it cannot change anything: no detokenising of EOS, no stop matching without stop sequences."""
         self.generated.append(token)
         self._unsent.append(token)
-        if self._unsent_scores is not None and scores is not None:
-            self._unsent_scores.extend(scores)
         if self._penalised:
             self.sampling.seen = np.append(self.sampling.seen, token)
-        text = ""
+        text = decoded = ""
         if token == self.eos_id:
             self.finished = EOS
         else:
-            text = self._released(self.detok.push(token))
+            decoded = self.detok.push(token)
+            text = self._released(decoded)
             if self.finished is None and len(self.generated) >= self.params.max_new_tokens:
                 self.finished = LENGTH
+        if self._unsent_scores is not None and scores is not None:
+            scores.widths = [len(decoded)]  # the token's own text, before stop sequences cut it
+            self._unsent_scores.extend(scores)
         if self.finished is not None and self.finished != STOP:
             text += self._released(self.detok.flush())
             if self.stops is not None and not self.stops.stopped:

@@ -63,19 +63,19 @@ class Routes:
         query = completions.parse(await self._json(request))  # service/http/completions.py
         if query.stream:
             call.method = "GenerateStream"
-        tokens = self.cores.generation.tokens(query.model)  # token texts, text offsets; before any place is taken
         runs = await self._generate(query, call.deadline)  # refusals here, before any 200
         try:
             completion = completions.Completion(runs[0][1].model)
             if query.stream:
-                choice = completions.Choice(tokens, query.prompts[0], query.echo, query.logprobs)
+                choice = completions.Choice(runs[0][1].prompt_text, query.echo, query.logprobs)
                 return call.stream(self._chunks(runs[0][1], completion, choice), on_close=runs[0][1].cancel)
             try:
                 results = await call.unless_gone(request, _collect(runs))  # one wake-up per choice, at its end
             finally:
                 for _, generation in runs:
                     generation.cancel()
-            return JSONResponse(completions.response(query, completion, tokens, results))
+            prompts = [generation.prompt_text for (_, j), generation in runs if j == 0]
+            return JSONResponse(completions.response(query, completion, prompts, results))
         except BaseException:  # nothing admitted runs on for a call that failed before its stream took it
             for _, generation in runs:
                 generation.cancel()
@@ -108,7 +108,7 @@ class Routes:
 
     @route("GenerationService", "ChatCompletions")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
-        model = self.cores.generation.tokens(schemas.field(await self._json(request), "model", str, "")).model
+        model = self.cores.generation.tokenizer_info(schemas.field(await self._json(request), "model", str, "")).model
         raise InvalidArgument(
             f"model {model!r} is a plain language model without a chat template: it cannot turn "
             "messages into a prompt; send the text to POST /v1/completions"
@@ -117,19 +117,17 @@ class Routes:
     @route("GenerationService", "Tokenize")
     async def tokenize(self, request: Request, call: HttpCall) -> Response:
         body = await self._json(request)
-        tokens = self.cores.generation.tokens(schemas.field(body, "model", str, ""))
-        return JSONResponse(await tokenization.tokenize(tokens, body))
+        return JSONResponse(await tokenization.tokenize(self.cores.generation, body, self.settings.max_message_bytes))
 
     @route("GenerationService", "Detokenize")
     async def detokenize(self, request: Request, call: HttpCall) -> Response:
         body = await self._json(request)
-        tokens = self.cores.generation.tokens(schemas.field(body, "model", str, ""))
-        return JSONResponse(tokenization.detokenize(tokens, body))
+        return JSONResponse(await tokenization.detokenize(self.cores.generation, body, self.settings.max_message_bytes))
 
     @route("GenerationService", "TokenizerInfo")
     async def tokenizer_info(self, request: Request, call: HttpCall) -> Response:
         name = schemas.text("model", request.query_params.get("model", ""))
-        return JSONResponse(tokenization.tokenizer_info(self.cores.generation.tokens(name)))
+        return JSONResponse(tokenization.tokenizer_info(self.cores.generation, name))
 
     @route("ModelService", "ListModels")
     async def list_models(self, request: Request, call: HttpCall) -> Response:

@@ -1,9 +1,10 @@
 """OpenAI's completions request and response beyond one prompt: prompts as text or token ids, `n`
 choices, `logprobs`, `echo` (docs/design/scoring.md).
 
-`parse(body)` checks the JSON and returns the plain request; `choice_params(request, prompt, j)` the
-SamplingParams of choice j of a prompt; `Choice` turns one choice's chunks into OpenAI's `text` and
-`logprobs` object, chunk by chunk (a stream) or all at once:
+`parse(body)` checks the JSON and returns the plain request; `choice_params(request, j)` the
+SamplingParams of choice j of a prompt; `Choice` turns one choice's chunks (the core's token texts
+and widths, no tokenizer here) into OpenAI's `text` and `logprobs` object, chunk by chunk (a stream)
+or all at once:
 
     "logprobs": {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...],
                  "text_offset": [...]}
@@ -23,8 +24,8 @@ import uuid
 from dataclasses import dataclass
 
 from service.errors import InvalidArgument
-from service.generation.core import EOS, LENGTH, STOP, Chunk, Tokens
-from service.generation.decoding import IncrementalDetokenizer, SamplingParams
+from service.generation.core import EOS, LENGTH, STOP, Chunk
+from service.generation.decoding import SamplingParams
 from service.generation.scoring import TokenLogprobs
 from service.http.schemas import FLOAT32, UINT64, field, refuse_unsupported, strings, text
 
@@ -126,17 +127,17 @@ def runs(request: CompletionRequest) -> list[tuple[int, int]]:
 
 
 def response(
-    request: CompletionRequest, completion: Completion, tokens: Tokens, results: dict[tuple[int, int], Chunk]
+    request: CompletionRequest, completion: Completion, prompts: list[str], results: dict[tuple[int, int], Chunk]
 ) -> dict:
-    """The completion response: results (prompt, choice) -> the choice's joined chunk; a
-    score-only request's choice 0 stands for all n."""
+    """The completion response: prompts, each prompt as text; results (prompt, choice) -> the
+    choice's joined chunk; a score-only request's choice 0 stands for all n."""
     choices, prompt_tokens, completion_tokens = [], 0, 0
-    for i, prompt in enumerate(request.prompts):
+    for i, prompt in enumerate(prompts):
         first = results[(i, 0)]
         prompt_tokens += first.input_tokens
         for j in range(request.n):
             chunk = results.get((i, j), first)
-            choice = Choice(tokens, prompt, request.echo, request.logprobs)
+            choice = Choice(prompt, request.echo, request.logprobs)
             text, lp = choice.part(chunk, first.prompt_logprobs)
             completion_tokens += chunk.output_tokens if (i, j) in results else 0
             choices.append(
@@ -153,15 +154,13 @@ def response(
 
 
 class Choice:
-    """One choice's `text` and `logprobs`, built from its chunks in order. prompt_scores: the
-    prompt's scores when echo is on (choice 0 brings them in its first chunk; the others share them)."""
+    """One choice's `text` and `logprobs`, built from its chunks in order, from the core's values
+    alone (each token's text and width come with its scores). prompt_scores: the prompt's scores
+    when echo is on (choice 0 brings them in its first chunk; the others share them)."""
 
-    def __init__(self, tokens: Tokens, prompt: Prompt, echo: bool, top: int | None):
-        self.tokens, self.echo, self.top = tokens, echo, top
-        self.prompt_ids = prompt if isinstance(prompt, list) else None
-        self.prompt_text = prompt if isinstance(prompt, str) else tokens.decode(prompt, "prompt")
-        self.offset = len(self.prompt_text)  # the next generated token's text offset
-        self._detok: IncrementalDetokenizer | None = None
+    def __init__(self, prompt_text: str, echo: bool, top: int | None):
+        self.prompt_text, self.echo, self.top = prompt_text, echo, top
+        self.offset = len(prompt_text)  # the next generated token's text offset
         self._echoed = not echo
 
     def part(self, chunk: Chunk, prompt_scores: TokenLogprobs | None = None) -> tuple[str, dict | None]:
@@ -172,53 +171,39 @@ class Choice:
             self._echoed = True
             text = self.prompt_text + text
             if lp is not None and scores is not None:
-                self._add(lp, scores, self._offsets(scores.token_ids, [], 0))
-        if scores is not None and self.prompt_ids is None:
-            self.prompt_ids = scores.token_ids  # the tokenized text prompt: context for the offsets below
+                self._add(lp, scores, _offsets(scores.widths, 0))
         if lp is not None and chunk.logprobs is not None:
-            self._add(lp, chunk.logprobs, self._generated_offsets(chunk.logprobs.token_ids))
+            offsets = _offsets(chunk.logprobs.widths, self.offset)
+            self.offset += sum(chunk.logprobs.widths)
+            self._add(lp, chunk.logprobs, offsets)
         return text, lp
 
     @staticmethod
     def _empty() -> dict:
         return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
-    def _offsets(self, ids: list[int], context: list[int], start: int) -> list[int]:
-        """Character offsets of ids' texts, decoded after context, starting at start."""
-        detok, out, at = self.tokens.detokenizer(context), [], start
-        for t in ids:
-            out.append(at)
-            at += len(detok.push(t))
-        return out
-
-    def _generated_offsets(self, ids: list[int]) -> list[int]:
-        if self._detok is None:
-            self._detok = self.tokens.detokenizer(self.prompt_ids or [])
-        out = []
-        for t in ids:
-            out.append(self.offset)
-            self.offset += len(self._detok.push(t))
-        return out
-
     def _add(self, lp: dict, scores: TokenLogprobs, offsets: list[int]) -> None:
-        names = self._names(scores)
-        for i, (token, value) in enumerate(zip(scores.token_ids, scores.logprobs, strict=True)):
-            lp["tokens"].append(names[token])
+        for i, (name, value) in enumerate(zip(scores.tokens, scores.logprobs, strict=True)):
+            lp["tokens"].append(name)
             lp["token_logprobs"].append(value)
             lp["text_offset"].append(offsets[i])
             if value is None:  # a prompt's first token
                 lp["top_logprobs"].append(None)
                 continue
             top: dict[str, float] = {}
-            for t, v in zip(scores.top_ids[i][: self.top], scores.top_logprobs[i], strict=False):
-                top.setdefault(names[t], v)  # two ids may decode alike: the likelier one is kept
-            top.setdefault(names[token], value)
+            for t, v in zip(scores.top_tokens[i][: self.top], scores.top_logprobs[i], strict=False):
+                top.setdefault(t, v)  # two ids may decode alike: the likelier one is kept
+            top.setdefault(name, value)
             lp["top_logprobs"].append(top)
 
-    def _names(self, scores: TokenLogprobs) -> dict[int, str]:
-        """Each token id of these scores -> its text as OpenAI shows a token (special tokens spelled out)."""
-        ids = sorted({*scores.token_ids, *(t for row in scores.top_ids for t in row[: self.top])})
-        return dict(zip(ids, self.tokens.texts(ids), strict=True))
+
+def _offsets(widths: list[int], start: int) -> list[int]:
+    """Each token's character offset: start, then past the characters of the tokens before it."""
+    out, at = [], start
+    for width in widths:
+        out.append(at)
+        at += width
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -7,44 +7,64 @@
     GET  /tokenizer_info[?model=NAME] -> the tokenizer's settings (special tokens, lengths)
 
 `model` absent: the default generation model. Chat `messages` are refused: the generators here are
-plain language models without a chat template.
+plain language models without a chat template. A prompt is at most TOKENIZE_MAX_CHARS characters
+(service/generation/tokens.py) and a reply at most max_message_bytes, else 400.
 """
 
 from __future__ import annotations
 
+import json
+
 from service.errors import InvalidArgument
-from service.generation.core import Tokens
+from service.generation.core import GenerationCore
 from service.http.schemas import field, refuse_unsupported, text
 
 
-async def tokenize(tokens: Tokens, body: dict) -> dict:
+async def tokenize(core: GenerationCore, body: dict, max_bytes: int) -> dict:
+    model = field(body, "model", str, "")
     if body.get("messages") is not None:
         raise InvalidArgument(
-            f"messages: model {tokens.model!r} is a plain language model without a chat template; send a prompt"
+            f"messages: model {core.tokenizer_info(model).model!r} is a plain language model without a "
+            "chat template; send a prompt"
         )
     refuse_unsupported(body, {"add_generation_prompt": None, "chat_template": None})
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidArgument("prompt must be a string")
-    ids, strs = await tokens.encode(text("prompt", prompt), field(body, "add_special_tokens", bool, True))
-    return {
-        "count": len(ids),
-        "max_model_len": tokens.info().context,
-        "tokens": ids,
-        "token_strs": strs if field(body, "return_token_strs", bool, False) else None,
+    special = field(body, "add_special_tokens", bool, True)
+    strs = field(body, "return_token_strs", bool, False)
+    answer = await core.tokenize(text("prompt", prompt), model, special)
+    reply = {
+        "count": len(answer.ids),
+        "max_model_len": answer.context,
+        "tokens": answer.ids,
+        "token_strs": answer.tokens if strs else None,
     }
+    return held(reply, max_bytes)
 
 
-def detokenize(tokens: Tokens, body: dict) -> dict:
+async def detokenize(core: GenerationCore, body: dict, max_bytes: int) -> dict:
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise InvalidArgument("tokens must be an array of token ids (integers)")
-    return {"prompt": tokens.decode(ids, "tokens")}
+    answer = await core.detokenize(ids, field(body, "model", str, ""))
+    return held({"prompt": answer.text}, max_bytes)
 
 
-def tokenizer_info(tokens: Tokens) -> dict:
+def held(reply: dict, max_bytes: int) -> dict:
+    """reply, unless its JSON is over max_bytes (settings max_message_bytes): INVALID_ARGUMENT then."""
+    size = len(json.dumps(reply).encode())
+    if size > max_bytes:
+        raise InvalidArgument(
+            f"the response would be {size} bytes, over the server's limit of {max_bytes} "
+            "(max_message_bytes): send a shorter text"
+        )
+    return reply
+
+
+def tokenizer_info(core: GenerationCore, model: str) -> dict:
     """What vLLM's tokenizer_info gives (tokenizer_config.json's fields) that this model has."""
-    info = tokens.info()
+    info = core.tokenizer_info(model)
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model": info.model,
