@@ -213,6 +213,10 @@ async def test_a_call_is_refused_from_its_input_count_before_tokenizing(tiny, mo
     tiny.scheduler.max_queue = 3
     calls = []
     monkeypatch.setattr(tiny, "_tokenize", lambda texts: calls.append(texts))
+    with pytest.raises(InvalidArgument, match=r"needs 4 places; the translation queue .* holds 3 .*split the call"):
+        await tiny.translate(["a", "b", "c", "d"], TranslateOptions())  # can never fit: not a 429
+    tiny.scheduler.admission.take(2)  # another call's places
     with pytest.raises(ResourceExhausted, match="queue of model 'tiny-translate' is full"):
-        await tiny.translate(["a", "b", "c", "d"], TranslateOptions())
+        await tiny.translate(["a", "b"], TranslateOptions())
+    tiny.scheduler.admission.release(2)
     assert calls == [] and tiny.scheduler.reserved == 0
