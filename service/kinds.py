@@ -1,6 +1,8 @@
-"""The model kinds, in one table: kind -> its backend (loaded only when a model of it is served) and the
-gRPC services it serves. The registry, the manifest check, the settings' default models and the
-server's health all read it; a new kind is one row here plus its package (docs/design/request-paths.md).
+"""The model kinds, in one table: kind -> its backend (loaded only when a model of it is served), the
+gRPC services it serves, its model directory's graph roles and (by its package) its KServe adapter,
+service/<kind>/oip.py. The registry, the manifest check, the default-model settings, KServe and the
+server's health read it. What else a new kind names (its core in cores.py, its setting, its protos):
+docs/design/request-paths.md, "A new kind".
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ class Kind:
     name: str  # the manifest's "kind"
     backend: str  # "module:Class" of its registry backend
     services: tuple[str, ...]  # inference.v1 services that need a model of this kind to be SERVING
+    roles: tuple[str, ...]  # the model directory's graphs it needs (service/manifest.py)
+    optional_roles: tuple[str, ...] = ()  # graphs it may have besides (and the attention graph)
+
+    @property
+    def oip(self) -> str:
+        """Its Open Inference Protocol adapter (service/kserve/adapter.py): service/<kind>/oip.py."""
+        return f"{self.backend.partition(':')[0].rpartition('.')[0]}.oip"
 
     @property
     def default_setting(self) -> str:
@@ -29,10 +38,16 @@ class Kind:
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("embedding", "service.embedding.model:EmbeddingModel", ("EmbeddingService",)),
-        Kind("generation", "service.generation.model:GenerationModel", ("GenerationService",)),
-        Kind("translation", "service.translation.model:TranslationModel", ("TranslationService",)),
-        Kind("fill-mask", "service.fillmask.model:FillMaskModel", ("FillMaskService",)),
+        Kind("embedding", "service.embedding.model:EmbeddingModel", ("EmbeddingService",), ("encoder",), ("packed",)),
+        Kind("generation", "service.generation.model:GenerationModel", ("GenerationService",), ("decoder",)),
+        Kind(
+            "translation",
+            "service.translation.model:TranslationModel",
+            ("TranslationService",),
+            ("encoder", "decoder"),
+            ("packed",),
+        ),
+        Kind("fill-mask", "service.fillmask.model:FillMaskModel", ("FillMaskService",), ("encoder",), ("packed",)),
     )
 }
 

@@ -4,7 +4,7 @@ A model directory holds `model.json` (this module's `Manifest`), one or more ONN
 `tokenizer.json`. `load_model_dir` reads and verifies one without torch or onnxruntime: the
 manifest must be complete, and every file it names must exist, match its sha256 and resolve
 (links followed) inside the directory. A directory that does not match is refused with
-`ModelDirError` naming the file and the cause. Graph roles per kind (`ROLES`: encoder, decoder),
+`ModelDirError` naming the file and the cause. Graph roles per kind (`ROLES`, from service/kinds.py),
 their variants (`VARIANTS`), the optional `attention` and `packed` graphs, and every tensor name:
 docs/model-directory.md.
 """
@@ -24,16 +24,11 @@ FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
 POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
-ROLES = {
-    "embedding": ("encoder",),
-    "generation": ("decoder",),
-    "translation": ("encoder", "decoder"),
-    "fill-mask": ("encoder",),
-}
+ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 PACKED_ROLE = "packed"  # optional: several inputs per row (export/packed.py); older directories lack it
-OPTIONAL_ROLES = {"embedding": (PACKED_ROLE,), "fill-mask": (PACKED_ROLE,), "translation": (PACKED_ROLE,)}
+OPTIONAL_ROLES = {k.name: k.optional_roles for k in KIND_TABLE.values() if k.optional_roles}
 
 
 class ModelDirError(ValueError):

@@ -208,6 +208,11 @@ class ModelRegistry:
 def _defaults(backends: list[Backend], settings: Settings) -> dict[str, str]:
     out: dict[str, str] = {}
     for kind, spec in KINDS.items():
+        if not hasattr(settings, spec.default_setting):  # a kind added to service/kinds.py without its setting
+            raise ModelLoadError(
+                f"kind {kind!r} has no setting {spec.default_setting}: add that field to service/settings.py "
+                "(docs/design/request-paths.md lists what a new kind names)"
+            )
         of_kind = sorted((b for b in backends if b.kind == kind), key=lambda b: b.name)
         if not of_kind:
             continue

@@ -1,53 +1,28 @@
 """The Open Inference Protocol's operations over plain values, shared by its gRPC and REST bindings.
 
-Every served model is one OIP model, version "1", with one input and typed outputs:
-
-    every kind   input  text         BYTES [N]        UTF-8 texts
-    embedding    output embedding    FP32  [N, D]
-    generation   output text_output  BYTES [N]
-    translation  output translation  BYTES [N], score FP32 [N]
-    fill-mask    output token        BYTES [N, M, K], token_id INT64 [N, M, K], score FP32 [N, M, K]
-
-(fill-mask: M the most masks of any input, K = top_k; an input with fewer masks is padded with
-token "", token_id -1, score 0). Request parameters are named like the fields of the kind's
-inference.v1 request (parameters.py); servicer.py (gRPC) and rest.py (HTTP) convert their wire
-formats to and from these calls.
+Every served model is one OIP model, version "1", with one input `text` (BYTES [N], UTF-8 texts)
+and the outputs of its kind. What a kind adds (its outputs, its parameters named like the fields of
+its inference.v1 request, one inference over its core) is its `service/<kind>/oip.py`, found through
+service/kinds.py (adapter.py); servicer.py (gRPC) and rest.py (HTTP) convert their wire formats to
+and from these calls.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import importlib.metadata
 from dataclasses import dataclass
 
-import numpy as np
-
 from service.cores import Cores
-from service.embedding.converters import embed_query
 from service.errors import InvalidArgument, NotFound, quote
-from service.fillmask.converters import fill_mask_query
-from service.generation.converters import generate_query
-from service.generation.core import join_chunks
-from service.kserve.parameters import checked, embed_request, fill_mask_request, generate_request, translate_request
+from service.kserve.adapter import adapter
+from service.kserve.parameters import checked
 from service.kserve.tensors import Scalar, Tensor
 from service.registry import Backend
-from service.translation.converters import translate_query
 
 SERVER_NAME = "transformer-serving"
 VERSION = "1"  # models are not versioned here; "" or "1" both name the served one
 INPUT = "text"
 TEXTS = ("BYTES", [-1])
-TENSORS = {  # kind -> output -> (datatype, shape); -1: any size; an embedding's D is the model's
-    "embedding": {"embedding": ("FP32", [-1, -1])},
-    "generation": {"text_output": ("BYTES", [-1])},
-    "translation": {"translation": ("BYTES", [-1]), "score": ("FP32", [-1])},
-    "fill-mask": {
-        "token": ("BYTES", [-1, -1, -1]),
-        "token_id": ("INT64", [-1, -1, -1]),
-        "score": ("FP32", [-1, -1, -1]),
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -109,11 +84,8 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         model = self.admit(name, version)
-        dimension = self.cores.models.info(model).embedding_dimension
-        outputs = [
-            TensorSpec(output, datatype, [-1, dimension] if model.kind == "embedding" else shape)
-            for output, (datatype, shape) in TENSORS[model.kind].items()
-        ]
+        kind_outputs = adapter(model.kind).outputs(self.cores.models.info(model))
+        outputs = [TensorSpec(output, datatype, shape) for output, (datatype, shape) in kind_outputs.items()]
         return ModelMetadata(model.name, [VERSION], f"{SERVER_NAME}/{model.kind}", [TensorSpec(INPUT, *TEXTS)], outputs)
 
     def repository_index(self) -> list[dict]:
@@ -136,70 +108,12 @@ class DataPlane:
     ) -> Inference:
         """Runs `model` (from `admit`) on the `text` input's texts; outputs: the names wanted (empty:
         all). The outputs and parameters are checked before any work."""
-        wanted = requested_outputs(outputs, model.kind)
-        values = checked(parameters, model.kind)
-        run = {
-            "embedding": self._embed,
-            "generation": self._generate,
-            "translation": self._translate,
-            "fill-mask": self._fill_mask,
-        }[model.kind]
-        produced, input_tokens, output_tokens = await run(model, texts, values, deadline)
-        by_name = {t.name: t for t in produced}
-        return Inference(model.name, [by_name[n] for n in wanted], input_tokens, output_tokens)
-
-    async def _embed(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        answer = await self.cores.embedding.embed(embed_query(embed_request(texts, model.name, values)), deadline)
-        return [Tensor("embedding", "FP32", answer.vectors)], answer.input_tokens, 0
-
-    async def _generate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        """One generation per text, decoded together by the model's scheduler; admitted all or none."""
-        queries = [
-            dataclasses.replace(generate_query(generate_request(text, model.name, values)), prompt_name=f"text[{i}]")
-            for i, text in enumerate(texts)
-        ]
-        generations = await self.cores.generation.generate_many(queries, deadline)
-        try:
-            results = await asyncio.gather(*(g.collect() for g in generations))
-        finally:
-            for generation in generations:  # frees the rows of every sequence when one fails or the call ends
-                generation.cancel()
-        done = [join_chunks(chunks) for chunks in results]  # the last chunk of each carries its token counts
-        return (
-            [Tensor("text_output", "BYTES", _texts([c.text for c in done]))],
-            sum(c.input_tokens for c in done),
-            sum(c.output_tokens for c in done),
-        )
-
-    async def _translate(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        query = translate_query(translate_request(texts, model.name, values))
-        answer = await self.cores.translation.translate(query, deadline)
-        outputs = [
-            Tensor("translation", "BYTES", _texts([t.text for t in answer.translations])),
-            Tensor("score", "FP32", np.array([t.score for t in answer.translations], dtype=np.float32)),
-        ]
-        return outputs, answer.input_tokens, answer.output_tokens
-
-    async def _fill_mask(self, model: Backend, texts: list[str], values: dict, deadline: float | None) -> tuple:
-        answer = await self.cores.fill_mask.fill_mask(
-            fill_mask_query(fill_mask_request(texts, model.name, values)), deadline
-        )
-        masks = [[[(c.token, c.token_id, c.score) for c in mask] for mask in masks] for masks in answer.results]
-        return fill_mask_tensors(masks), answer.input_tokens, 0
-
-
-def fill_mask_tensors(results: list[list[list[tuple[str, int, float]]]]) -> list[Tensor]:
-    """input -> mask -> candidates (token, id, score) as three [N, M, K] tensors, padded past an input's masks."""
-    n, m = len(results), max(len(masks) for masks in results)
-    k = max((len(c) for masks in results for c in masks), default=0)
-    tokens = np.full((n, m, k), b"", dtype=object)
-    ids = np.full((n, m, k), -1, dtype=np.int64)
-    scores = np.zeros((n, m, k), dtype=np.float32)
-    for i, masks in enumerate(results):
-        for j, candidates in enumerate(masks):
-            for c, (token, token_id, score) in enumerate(candidates):
-                tokens[i, j, c], ids[i, j, c], scores[i, j, c] = token.encode(), token_id, score
-    return [Tensor("token", "BYTES", tokens), Tensor("token_id", "INT64", ids), Tensor("score", "FP32", scores)]
+        kind = adapter(model.kind)
+        wanted = requested_outputs(outputs, model.kind, list(kind.outputs(self.cores.models.info(model))))
+        values = checked(parameters, kind.PARAMETERS, model.kind)
+        produced = await kind.infer(self.cores, model.name, texts, values, deadline)
+        by_name = {t.name: t for t in produced.outputs}
+        return Inference(model.name, [by_name[n] for n in wanted], produced.input_tokens, produced.output_tokens)
 
 
 def input_texts(inputs: list[Tensor]) -> list[str]:
@@ -222,15 +136,9 @@ def input_texts(inputs: list[Tensor]) -> list[str]:
         raise InvalidArgument(f"input {INPUT!r} holds an element that is not UTF-8 ({e.reason})") from e
 
 
-def requested_outputs(names: list[str], kind: str) -> list[str]:
+def requested_outputs(names: list[str], kind: str, known: list[str]) -> list[str]:
     """The outputs to return (all when none is asked for), checked before any work."""
     for name in names:
-        if name not in TENSORS[kind]:
-            raise InvalidArgument(f"unknown output {quote(name)}; a {kind} model returns {', '.join(TENSORS[kind])}")
-    return names or list(TENSORS[kind])
-
-
-def _texts(texts: list[str]) -> np.ndarray:
-    array = np.empty(len(texts), dtype=object)
-    array[:] = [t.encode() for t in texts]
-    return array
+        if name not in known:
+            raise InvalidArgument(f"unknown output {quote(name)}; a {kind} model returns {', '.join(known)}")
+    return names or known

@@ -1,7 +1,7 @@
 """The Open Inference Protocol's request parameters -> the inference.v1 request of the model's kind.
 
-Parameters are named like the fields of the kind's v1 request (`PARAMETERS`) and set on that
-message, so a value that does not fit the field (a string temperature, a negative count) is
+Parameters are named like the fields of the kind's v1 request (its oip.py's `PARAMETERS`) and set on that
+message (`fill`), so a value that does not fit the field (a string temperature, a negative count) is
 refused here and the v1 converters and models check ranges as they do for every other door.
 Both bindings (gRPC `InferParameter`s, REST JSON values) hand in plain bool / int / float / str.
 """
@@ -15,26 +15,19 @@ from google.protobuf.message import Message
 
 from service.converters import float32
 from service.errors import InvalidArgument, quote
-from service.proto import inference_pb2 as pb
 
-PARAMETERS = {  # kind -> parameters a request may set: the inference.v1 request's field names
-    "embedding": ("normalize", "truncate", "dimensions"),
-    "generation": ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"),
-    "translation": ("beam_size", "max_length", "length_penalty"),
-    "fill-mask": ("top_k",),
-}
 IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
 
 
-def checked(parameters: dict[str, Any], kind: str) -> dict[str, Any]:
-    """The parameters a `kind` model takes; an unknown name is refused (a typo must not pass unseen)."""
+def checked(parameters: dict[str, Any], accepted: tuple[str, ...], kind: str) -> dict[str, Any]:
+    """The parameters a `kind` model takes (`accepted`); an unknown name is refused (a typo must not pass unseen)."""
     values = {}
     for name, value in parameters.items():
         if name in IGNORED:
             continue
-        if name not in PARAMETERS[kind]:
+        if name not in accepted:
             raise InvalidArgument(
-                f"unknown parameter {quote(name)} for a {kind} model; accepted: {', '.join(PARAMETERS[kind])}"
+                f"unknown parameter {quote(name)} for a {kind} model; accepted: {', '.join(accepted)}"
             )
         values[name] = value
     return values
@@ -74,19 +67,3 @@ _RANGES = {  # an integer field's range, named in the refusal
     FieldDescriptor.CPPTYPE_ENUM: "the enum's values",
 }
 _ACCEPTS: dict[str, Any] = {"bool": bool, "number": (int, float), "string": str, "integer": int}
-
-
-def embed_request(texts: list[str], model: str, values: dict[str, Any]) -> pb.EmbedRequest:
-    return fill(pb.EmbedRequest(inputs=texts, model=model, encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32), values)
-
-
-def generate_request(text: str, model: str, values: dict[str, Any]) -> pb.GenerateRequest:
-    return fill(pb.GenerateRequest(prompt=text, model=model), values)
-
-
-def translate_request(texts: list[str], model: str, values: dict[str, Any]) -> pb.TranslateRequest:
-    return fill(pb.TranslateRequest(inputs=texts, model=model), values)
-
-
-def fill_mask_request(texts: list[str], model: str, values: dict[str, Any]) -> pb.FillMaskRequest:
-    return fill(pb.FillMaskRequest(inputs=texts, model=model), values)

@@ -1,0 +1,51 @@
+"""What a kind brings to the Open Inference Protocol: its module `service/<kind>/oip.py`, named by the
+kind's row in service/kinds.py, gives its request parameters, its output tensors and one inference
+over its core. The data plane (dataplane.py) knows no kind by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import numpy as np
+
+from service.kinds import KINDS
+from service.kserve.tensors import Tensor
+
+if TYPE_CHECKING:
+    from service.cores import Cores
+    from service.models import ModelInfo
+
+
+@dataclass(frozen=True)
+class Produced:
+    outputs: list[Tensor]  # every output the kind returns
+    input_tokens: int
+    output_tokens: int
+
+
+class Adapter(Protocol):
+    PARAMETERS: tuple[str, ...]  # parameters a request may set: field names of the kind's inference.v1 request
+
+    def outputs(self, info: ModelInfo) -> dict[str, tuple[str, list[int]]]:
+        """output -> (datatype, shape), -1 for any size, as ModelMetadata describes them."""
+        ...
+
+    async def infer(
+        self, cores: Cores, model: str, texts: list[str], values: dict[str, Any], deadline: float | None
+    ) -> Produced:
+        """The `text` input's texts through the kind's core, with the checked parameters."""
+        ...
+
+
+def adapter(kind: str) -> Adapter:
+    return cast(Adapter, importlib.import_module(KINDS[kind].oip))
+
+
+def texts_tensor(name: str, texts: list[str]) -> Tensor:
+    """UTF-8 texts as a BYTES [N] tensor."""
+    array = np.empty(len(texts), dtype=object)
+    array[:] = [t.encode() for t in texts]
+    return Tensor(name, "BYTES", array)
