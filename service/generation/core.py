@@ -134,10 +134,15 @@ class GenerationCore:
         model = cast("GenerationModel", self.registry.get("generation", queries[0].model))
         label_model(model.name)
         handles = await model.submit_many([(q.prompt, q.params, q.prompt_name) for q in queries])
-        return [
-            Generation(model, handle, q.stream_interval_ms / 1e3, deadline, _text(model, q.prompt))
-            for q, handle in zip(queries, handles, strict=True)
-        ]
+        try:
+            return [
+                Generation(model, handle, q.stream_interval_ms / 1e3, deadline, _text(model, q.prompt))
+                for q, handle in zip(queries, handles, strict=True)
+            ]
+        except BaseException:
+            for handle in handles:
+                handle.cancel()
+            raise
 
     def _model(self, name: str) -> GenerationModel:
         """The generation model a tokenizer call names (no queue place: refused only while draining)."""

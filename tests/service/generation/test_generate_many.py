@@ -41,3 +41,21 @@ async def test_a_refused_prompt_admits_none_of_the_call(start_server):
     assert reply.status_code == 400 and "prompt[1][1]" in reply.json()["error"]["message"]
     await until(lambda: admission.reserved == 0 and admission.waiting() == 0, what="no place held")
     assert metric("ts_tokens_total", {"model": MODEL, "direction": "input"}) == before  # nothing was queued
+
+
+async def test_a_prompt_refused_after_tokenizing_takes_the_queued_ones_back(start_server):
+    """prompt[1] passes the character bound but not the token limit (known once tokenized, after
+    prompt[0] was queued): the call is 400, its places are given back and prompt[0] never decodes."""
+    srv = await start_server()
+    model = srv.server.registry.get("generation", MODEL)
+    admission = model.scheduler.admission
+    long = "7 " * model.max_prompt
+    assert model.max_prompt_chars is None or len(long) <= model.max_prompt_chars
+    decoded = metric("ts_tokens_total", {"model": MODEL, "direction": "output"})
+    async with httpx.AsyncClient(base_url=srv.http_url) as http:
+        body = {"model": MODEL, "prompt": ["Once upon a time", long], "max_tokens": 64}
+        reply = await http.post("/v1/completions", json=body)
+    message = reply.json()["error"]["message"]
+    assert reply.status_code == 400 and message.startswith("prompt[1] is ") and " tokens; model " in message
+    await until(lambda: admission.reserved == 0 and admission.waiting() == 0 and not model.scheduler.running)
+    assert metric("ts_tokens_total", {"model": MODEL, "direction": "output"}) == decoded  # cancelled before its prefill
