@@ -15,8 +15,8 @@ from service.proto import inference_pb2 as pb
 PARAMETERS = ("normalize", "truncate", "dimensions")
 
 
-def outputs(info: ModelInfo) -> dict[str, tuple[str, list[int]]]:
-    return {"embedding": ("FP32", [-1, info.embedding_dimension])}
+def outputs(info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:
+    return {"embedding": ("FP32", [-1, info.embedding_dimension if info else -1])}
 
 
 async def infer(cores: Cores, model: str, texts: list[str], values: dict[str, Any], deadline: float | None) -> Produced:

@@ -19,7 +19,7 @@ from service.proto import inference_pb2 as pb
 PARAMETERS = ("top_k",)
 
 
-def outputs(info: ModelInfo) -> dict[str, tuple[str, list[int]]]:
+def outputs(info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:
     return {"token": ("BYTES", [-1, -1, -1]), "token_id": ("INT64", [-1, -1, -1]), "score": ("FP32", [-1, -1, -1])}
 
 

@@ -18,7 +18,7 @@ from service.proto import inference_pb2 as pb
 PARAMETERS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed")
 
 
-def outputs(info: ModelInfo) -> dict[str, tuple[str, list[int]]]:
+def outputs(info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:
     return {"text_output": ("BYTES", [-1])}
 
 

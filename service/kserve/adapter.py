@@ -29,8 +29,9 @@ class Produced:
 class Adapter(Protocol):
     PARAMETERS: tuple[str, ...]  # parameters a request may set: field names of the kind's inference.v1 request
 
-    def outputs(self, info: ModelInfo) -> dict[str, tuple[str, list[int]]]:
-        """output -> (datatype, shape), -1 for any size, as ModelMetadata describes them."""
+    def outputs(self, info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:
+        """output -> (datatype, shape), -1 for any size, as ModelMetadata describes them for the model
+        `info` (None: any model of the kind, for the names alone)."""
         ...
 
     async def infer(

@@ -109,7 +109,7 @@ class DataPlane:
         """Runs `model` (from `admit`) on the `text` input's texts; outputs: the names wanted (empty:
         all). The outputs and parameters are checked before any work."""
         kind = adapter(model.kind)
-        wanted = requested_outputs(outputs, model.kind, list(kind.outputs(self.cores.models.info(model))))
+        wanted = requested_outputs(outputs, model.kind, list(kind.outputs(None)))
         values = checked(parameters, kind.PARAMETERS, model.kind)
         produced = await kind.infer(self.cores, model.name, texts, values, deadline)
         by_name = {t.name: t for t in produced.outputs}

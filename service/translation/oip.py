@@ -18,7 +18,7 @@ from service.translation.converters import translate_query
 PARAMETERS = ("beam_size", "max_length", "length_penalty")
 
 
-def outputs(info: ModelInfo) -> dict[str, tuple[str, list[int]]]:
+def outputs(info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:
     return {"translation": ("BYTES", [-1]), "score": ("FP32", [-1])}
 
 
