@@ -117,12 +117,12 @@ class Routes:
     @route("GenerationService", "Tokenize")
     async def tokenize(self, request: Request, call: HttpCall) -> Response:
         body = await self._json(request)
-        return JSONResponse(await tokenization.tokenize(self.cores.generation, body, self.settings.max_message_bytes))
+        return await tokenization.tokenize(self.cores.generation, body, self.settings.max_message_bytes)
 
     @route("GenerationService", "Detokenize")
     async def detokenize(self, request: Request, call: HttpCall) -> Response:
         body = await self._json(request)
-        return JSONResponse(await tokenization.detokenize(self.cores.generation, body, self.settings.max_message_bytes))
+        return await tokenization.detokenize(self.cores.generation, body, self.settings.max_message_bytes)
 
     @route("GenerationService", "TokenizerInfo")
     async def tokenizer_info(self, request: Request, call: HttpCall) -> Response:

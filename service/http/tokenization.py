@@ -13,14 +13,14 @@ plain language models without a chat template. A prompt is at most TOKENIZE_MAX_
 
 from __future__ import annotations
 
-import json
+from starlette.responses import JSONResponse
 
 from service.errors import InvalidArgument
 from service.generation.core import GenerationCore
 from service.http.schemas import field, refuse_unsupported, text
 
 
-async def tokenize(core: GenerationCore, body: dict, max_bytes: int) -> dict:
+async def tokenize(core: GenerationCore, body: dict, max_bytes: int) -> JSONResponse:
     model = field(body, "model", str, "")
     if body.get("messages") is not None:
         raise InvalidArgument(
@@ -43,7 +43,7 @@ async def tokenize(core: GenerationCore, body: dict, max_bytes: int) -> dict:
     return held(reply, max_bytes)
 
 
-async def detokenize(core: GenerationCore, body: dict, max_bytes: int) -> dict:
+async def detokenize(core: GenerationCore, body: dict, max_bytes: int) -> JSONResponse:
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise InvalidArgument("tokens must be an array of token ids (integers)")
@@ -51,15 +51,17 @@ async def detokenize(core: GenerationCore, body: dict, max_bytes: int) -> dict:
     return held({"prompt": answer.text}, max_bytes)
 
 
-def held(reply: dict, max_bytes: int) -> dict:
-    """reply, unless its JSON is over max_bytes (settings max_message_bytes): INVALID_ARGUMENT then."""
-    size = len(json.dumps(reply).encode())
+def held(reply: dict, max_bytes: int) -> JSONResponse:
+    """reply as the response (rendered once), unless it is over max_bytes (settings max_message_bytes):
+    INVALID_ARGUMENT then."""
+    response = JSONResponse(reply)
+    size = len(response.body)
     if size > max_bytes:
         raise InvalidArgument(
             f"the response would be {size} bytes, over the server's limit of {max_bytes} "
             "(max_message_bytes): send a shorter text"
         )
-    return reply
+    return response
 
 
 def tokenizer_info(core: GenerationCore, model: str) -> dict:
