@@ -22,11 +22,11 @@ from tokenizers import Tokenizer
 from service import metrics, tokenizing
 from service.engine.graphio import GraphIO
 from service.errors import DeadlineExceeded, InvalidArgument, ServiceError
-from service.generation.sequence import Timings
 from service.manifest import PACKED_ROLE, Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
+from service.timings import Timings
 from service.translation import encoder as source_encoder
 from service.translation.scheduler import Item, Seq2SeqScheduler
 from service.translation.search import MAX_LENGTH_PENALTY, Hypothesis, SourceSearch

@@ -32,7 +32,9 @@ class Exploding:
 
 @pytest.fixture
 async def srv(start_server, embed_models_root):
-    return await start_server(embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4, embed_max_inputs=4)
+    return await start_server(
+        embed_models_root, compute_workers=1, embed_max_wait_ms=0.0, embed_max_queue=4, embed_max_inputs=4
+    )
 
 
 async def test_full_queue_refuses_before_tokenizing(srv, monkeypatch):
