@@ -1,22 +1,11 @@
 """Greedy and beam search for one source at a time, advanced one decoder step at a time.
 
-Every source being translated is a `SourceSearch` owning k consecutive rows of the decoder batch
-(k = 1: greedy), with its own max_length and length_penalty, so sources with different options
-share a batch (service/translation/engine.py) and join or leave it between steps. `advance_batch`
-takes one step's logits for every row and advances every source: argmax for greedy rows and one
-log-softmax for all beam rows (per step, per batch), then each source's own bookkeeping.
-
-Beam search (fairseq-style): a source keeps k live hypotheses; each step scores all k x V
-extensions, takes the best 2k, finalises end-of-sequence candidates ranked within the top k and
-keeps the best k others alive. It is done once k hypotheses are final or max_length tokens were
-generated (its live beams are final too then). The answer is the final hypothesis with the best
-length-normalised score. With k = 1 this is exactly greedy search (argmax, `greedy=True`).
-
-Scoring: sum(log p) / len^length_penalty, len counting EOS, computed as
-sum(log p) * exp(-length_penalty * log(len)). For length_penalty >= 0 the factor lies in (0, 1]:
-it cannot overflow (1e9 underflows to 0.0 instead of raising). Requests are held to
-0 <= length_penalty <= MAX_LENGTH_PENALTY, where the factor stays above float32's smallest normal
-number for any length the decoder has positions for, so reported scores still rank (docs/api.md).
+Every source is a `SourceSearch` owning k consecutive rows of the decoder batch (k = 1: greedy)
+with its own max_length and length_penalty, so sources with different options share a batch and
+join or leave it between steps. `advance_batch` takes one step's logits for every row: argmax for
+greedy rows, one log-softmax for all beam rows, then each source's bookkeeping. Beam search is
+fairseq-style, scored sum(log p) * exp(-length_penalty * log(len)), a form that cannot overflow
+(docs/design/translation.md; the bound on length_penalty: docs/api.md).
 """
 
 from __future__ import annotations
