@@ -195,6 +195,12 @@ async def test_queue_admission_and_deadlines_are_embeds(start_server, fill_model
         assert exploding.calls == 0
         monkeypatch.undo()
         assert (await status_of(late))[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The server's deadline is the client's plus the call's transit: wait until the server has
+        # given the call up too, or the unblocked batch may still (rightly) compute it.
+        batcher = model.batcher
+        await until(
+            lambda: any(it.request.abandoned for it in batcher._queue), what="the server giving up the late call"
+        )
     assert len((await first).results) == 1 and len((await waiting).results) == 4
     await until(lambda: metric("ts_dropped_items_total", {**labels, "reason": "expired"}) == expired + 1)
 
