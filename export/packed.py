@@ -1,27 +1,12 @@
 """Packed encoder graphs (role `packed`): several inputs per row, attention confined to each input.
 
-The padded encoder graph computes every input at the batch's longest length; the packed graph
-takes rows built by `service.engine.packing.pack` (inputs side by side, longest first) with
-per-token `position_ids` (each input from 0) and `segment_ids` (1, 2, ... per input of a row, 0 for
-the padded tail), and builds a block-diagonal attention mask from the segments, so a token sees
-only its own input's tokens (docs/design/packing.md). The blocks, weights and positions are the
-model's own:
-- embedding: (input_ids, position_ids, segment_ids) (rows, length) -> `token_embeddings`
-  (rows, length, C); the service pools per input (`packing.pool`: mean, CLS or max);
-- fill-mask: + `gather_positions` (M,) flat indices into rows x length -> `logits` (M, V): the MLM
-  head runs only at the positions asked for (the service asks for the [MASK]s);
-- translation (the translator's encoder): + `unpack_index` (B, S) -> the cross-attention K/V per
-  decoder layer (B, nkv, S, hs), laid out as the padded encoder graph lays them out, so the
-  decoder graph is unchanged: K/V are projected on the packed tokens, then gathered per source
-  (`unpack_index`, service/translation/encoder.py).
-
-The gate (`embedding_parity`, `fill_mask_parity`) packs the gate's batches as the service does and
-compares every input with PyTorch's padded forward (embedding cosine, logits at every real
-position), and each input packed alone with the same input packed among others (`alone_max_abs_diff`
-<= parity.LOGITS_MAX_ABS: a row's result must not depend on its neighbours). Reduced-precision
-variants are judged on the quality sample like the padded graphs (`embedding_quality`,
-`fill_mask_quality`, `translator_quality`). The translator's packed encoder must also give the
-PyTorch greedy translations through the decoder graph (`translator_parity`).
+Rows come from `service.engine.packing.pack` (inputs side by side) with per-token `position_ids`
+(each input from 0) and `segment_ids` (1, 2, ... per input, 0 for the tail); a block-diagonal mask
+built from the segments keeps each token within its own input. Outputs per kind: embedding ->
+`token_embeddings` (the service pools per input); fill-mask -> `logits` only at `gather_positions`;
+the translator's encoder -> cross-attention K/V gathered per source by `unpack_index` into the padded
+encoder's layout, so the decoder graph is unchanged. Gated like every graph (export/parity.py);
+design and figures: docs/design/packing.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The parity gate: every exported graph must compute what the PyTorch model computes.
 
-Run at every export; a miss raises `ParityError` and no model directory is written. Checks:
-- embedding: cosine of the ONNX sentence embedding vs PyTorch >= 0.99999 on batches that mix
-  short and long (up to the maximum length) inputs, padded to the batch's longest;
-- generation / translation: logits max abs diff <= 1e-4 (fp32) at prefill (empty past) and at
-  decode steps with past > 0, on left-padded batches of different lengths (attention_mask +
-  position_ids); greedy tokens of a batched ONNX KV-cache loop identical to the PyTorch no-cache
-  reference (`GPTDecoder.generate`, `Translator.greedy_decode`, EOS stopping disabled so every
-  row runs the full length) for >= 64 new tokens.
-Derived variants (optimized, fp16, int8) are measured against the same references; their
-thresholds are in `VARIANT_LIMITS`. The figures returned go into the manifest.
-
-Reduced-precision variants (fp16, int8) cannot match PyTorch token for token, and are not asked to:
-greedy decoding amplifies any rounding at near-ties. What they must keep is the model's quality,
-measured teacher-forced on a text sample (held-out text when the build has it): perplexity of the
-variant over the PyTorch perplexity, share of positions whose most likely next token is the same,
-and the mean KL divergence (`quality` in the figures). `quality_ok` records whether the variant
-stays within `QUALITY_LIMITS`; the service serves such a variant on its own (`variant=auto`,
-service/runtime.py), never one that missed them. An encoder's reduced-precision variants are
-judged on a text sample too (`encoder_quality`): the cosine of each embedding to PyTorch's, whether
-the ranking of pairwise similarities is kept (what search and clustering read) and whether a row's
-embedding depends on its batch (`EMBEDDING_QUALITY_LIMITS`).
+Run at every export; a miss raises `ParityError` and no model directory is written. Exact variants
+(fp32, optimized) must match PyTorch: embeddings by cosine, logits by max abs difference at prefill
+and at decode steps, greedy tokens of a batched onnxruntime KV-cache loop equal to the PyTorch
+reference (`VARIANT_LIMITS`). Reduced-precision variants (fp16, int8) are judged on the model's
+quality over a text sample instead (`QUALITY_LIMITS`, `EMBEDDING_QUALITY_LIMITS`): `quality_ok`
+decides whether `variant=auto` may serve them. The figures go into the manifest; the checks and
+their thresholds are described in docs/design/export.md.
 """
 
 from __future__ import annotations
