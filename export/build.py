@@ -362,6 +362,8 @@ def build_converted(
     """A checkpoint converted onto our modules (export/convert/) -> a model directory, through the gate."""
     c = converted
     info = {"converted_from": c.source, **(extra or {})}
+    if len(c.eos_token_ids) > 1:  # several end tokens (Llama 3); special_tokens' eos is the first
+        info["eos_token_ids"] = c.eos_token_ids
     common = dict(name=name, special_tokens=c.special_tokens, variants=variants, extra=info)
     if c.kind == "embedding":
         return build_embedding(c.model, c.tokenizer, out, device=device, **common)

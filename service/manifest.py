@@ -192,6 +192,17 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         )
     if m.max_input_tokens <= 0:
         raise ModelDirError(f"{where}: max_input_tokens must be positive")
+    ends = m.extra.get("eos_token_ids")
+    if ends is not None and (
+        not isinstance(ends, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ends)
+    ):
+        raise ModelDirError(f"{where}: extra.eos_token_ids must be a list of token ids, not {ends!r}")
+
+
+def eos_token_ids(m: Manifest) -> frozenset[int]:
+    """Every id a generation ends at: special_tokens' eos and extra.eos_token_ids (several, Llama 3)."""
+    primary = [m.special_tokens["eos"]] if "eos" in m.special_tokens else []
+    return frozenset([*primary, *m.extra.get("eos_token_ids", [])])
 
 
 def discover(root: str | Path) -> list[Path]:

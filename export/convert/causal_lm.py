@@ -52,7 +52,7 @@ def served_lengths(folder: HFFolder, limit: int, limit_field: str, options) -> t
 
 
 def _token_id(value) -> int | None:
-    """A config / tokenizer token id; a list (Llama 3's several end tokens) -> its first."""
+    """A config / tokenizer token id; a list (Llama 3's several end tokens) -> its first (end_tokens keeps all)."""
     if isinstance(value, list):
         value = value[0] if value else None
     return None if value is None else int(value)
@@ -79,6 +79,24 @@ def special_tokens(folder: HFFolder, hf_tokenizer, vocab_size: int) -> dict[str,
     if wrong:
         raise ConversionError(f"{folder.where()}: token ids {wrong} are outside the vocabulary of {vocab_size}")
     return out
+
+
+def _id_list(value) -> list[int]:
+    return [int(i) for i in (value if isinstance(value, list) else [value]) if i is not None]
+
+
+def end_tokens(folder: HFFolder, eos: int, vocab_size: int) -> list[int]:
+    """Every id generation stops at, `eos` (the primary) first: generation_config.json's
+    eos_token_id where it gives one (transformers' `generate` reads it there), else config.json's;
+    Llama 3 lists several (<|end_of_text|>, <|eom_id|>, <|eot_id|>)."""
+    gen = folder.json("generation_config.json")
+    listed = _id_list(gen.get("eos_token_id")) if isinstance(gen, dict) else []
+    where = "generation_config.json" if listed else "config.json"
+    listed = listed or _id_list(folder.config.get("eos_token_id"))
+    wrong = [i for i in listed if not 0 <= i < vocab_size]
+    if wrong:
+        raise ConversionError(f"{folder.where(where)}: eos_token_id {wrong} outside the vocabulary of {vocab_size}")
+    return list(dict.fromkeys([eos, *listed]))
 
 
 def renamed(
@@ -122,6 +140,7 @@ def converted(
         model=model,
         tokenizer=tokenizer,
         special_tokens=special,
+        eos_token_ids=end_tokens(folder, special["eos"], model.config.vocab_size),
         max_input_tokens=max_in,
         max_output_tokens=max_out,
         source={

@@ -32,4 +32,5 @@ class Converted:
     special_tokens: dict[str, int]
     max_input_tokens: int
     max_output_tokens: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)  # generation: every end id, special_tokens' eos first
     source: dict[str, Any] = field(default_factory=dict)  # what was read: architecture, model_type, options

@@ -5,8 +5,9 @@ it). At conversion: the tokenizer's ids equal the folder's AutoTokenizer's on `T
 reach cosine >= parity.ENCODER_MIN_COS against transformers' pooled hidden states; logits at every
 real position are within `LOGITS_MAX_ABS` (fill-mask, generation, translation teacher-forced);
 greedy tokens equal `generate(do_sample=False)` for GREEDY_TOKENS new tokens (generation,
-translation with num_beams=1). A miss raises `parity.ParityError`; the figures go into the manifest
-(`extra.converted_from.reference`).
+translation with num_beams=1), and where ours emits one of the end ids (`Converted.eos_token_ids`),
+`generate` given that list stops at the same token. A miss raises `parity.ParityError`; the figures
+go into the manifest (`extra.converted_from.reference`).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def _generation(folder: HFFolder, c: Converted) -> dict:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(folder.path), local_files_only=True).eval()
-    figures, greedy = {}, 0
+    figures, greedy, stops = {}, 0, 0
+    ends = c.eos_token_ids or [c.special_tokens["eos"]]  # what the service stops at
     prompt_limit = min(32, c.model.config.max_positions - GREEDY_TOKENS)  # ours sees the whole sequence too
     for text in TEXTS[:4]:
         ids = torch.tensor([c.tokenizer.encode(text).ids[:prompt_limit]])
@@ -133,7 +135,26 @@ def _generation(folder: HFFolder, c: Converted) -> dict:
                 f"{mine[0, ids.shape[1] :].tolist()} vs {expected[0, ids.shape[1] :].tolist()}"
             )
         greedy += GREEDY_TOKENS
-    return {**figures, "greedy_tokens_equal": greedy}
+        new = mine[0, ids.shape[1] :].tolist()
+        stop = next((i + 1 for i, t in enumerate(new) if t in ends), None)
+        if stop is not None:  # the service stops there: so must generate, given the same end ids
+            with torch.no_grad():
+                stopped = hf.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=GREEDY_TOKENS,
+                    do_sample=False,
+                    num_beams=1,
+                    eos_token_id=ends,
+                    pad_token_id=0,
+                )[0, ids.shape[1] :].tolist()
+            if stopped != new[:stop]:
+                raise parity.ParityError(
+                    f"transformers' generate with eos_token_id {ends} stops elsewhere on {text!r}: "
+                    f"{stopped} vs the end-token cut {new[:stop]}"
+                )
+            stops += 1
+    return {**figures, "greedy_tokens_equal": greedy, "eos_stops_equal": stops}
 
 
 def _translation(folder: HFFolder, c: Converted) -> dict:

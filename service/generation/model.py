@@ -25,7 +25,7 @@ from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
 from service.generation.sequence import GenerationHandle, Sequence
 from service.generation.tokens import tokenizer_info
-from service.manifest import Manifest, ModelDir
+from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info
 from service.runtime import CUDA, Runtime
 from service.settings import Settings
@@ -55,6 +55,7 @@ class GenerationModel:
         self.io = GraphIO.inspect(session, manifest.architecture)
         special = manifest.special_tokens
         self.eos_id = special.get("eos")
+        self.eos_ids = eos_token_ids(manifest)
         self.bos_id = special.get("bos")
         self.model_context = int(manifest.architecture.get("max_positions") or manifest.max_input_tokens)
         self.context = min(self.model_context, settings.gen_max_context or self.model_context)
@@ -214,7 +215,7 @@ class GenerationModel:
         wanted = 0 if params.score_only else params.max_new_tokens or self.settings.gen_default_max_new_tokens
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))
-        seq = Sequence(ids, params, self.eos_id, self.tokenizer)
+        seq = Sequence(ids, params, self.eos_ids, self.tokenizer)
         return self.scheduler.submit(seq)
 
     def expire(self, handle: GenerationHandle, error: ServiceError) -> None:

@@ -51,7 +51,7 @@ class Chunk:
 class Sequence:
     prompt_ids: list[int]
     params: SamplingParams  # max_new_tokens already resolved and capped
-    eos_id: int | None
+    eos_ids: frozenset[int]  # generation ends (EOS) at any of them
     tokenizer: Any  # tokenizers.Tokenizer
     arrived: float = field(default_factory=time.perf_counter)
     timings: Timings = field(default_factory=Timings)
@@ -140,7 +140,7 @@ class Sequence:
         if self._penalised:
             self.sampling.seen = np.append(self.sampling.seen, token)
         text = decoded = ""
-        if token == self.eos_id:
+        if token in self.eos_ids:
             self.finished = EOS
         else:
             decoded = self.detok.push(token)

@@ -63,6 +63,13 @@ def test_graph_path_outside_the_directory_is_refused(embed_copy):
         load_model_dir(embed_copy)
 
 
+@pytest.mark.parametrize("ends", ["2", [2, "9"], [2, -1], [True]])
+def test_malformed_eos_token_ids_are_refused(embed_copy, ends):
+    _edit_manifest(embed_copy, lambda m: m["extra"].update(eos_token_ids=ends))
+    with pytest.raises(ModelDirError, match=r"extra\.eos_token_ids must be a list of token ids"):
+        load_model_dir(embed_copy)
+
+
 def test_manifest_hashes_match_files(tiny_models_root):
     for d in tiny_models_root.iterdir():
         md = load_model_dir(d)  # verifies every sha256

@@ -10,7 +10,8 @@ and a sliding window shorter than the positions, which caps the context (Mistral
 a tied head and linear rotary scaling (Qwen2). The converted directories are served by a real
 server: Generate's greedy tokens, for prompts of different lengths sent together (prefilled as
 one right-padded batch), equal transformers' `generate(do_sample=False)` on the same folder, and
-GenerateStream's chunks joined equal the unary text, multi-byte prompts included.
+GenerateStream's chunks joined equal the unary text, multi-byte prompts included. A Llama 3-style
+list of end ids stops the served generation (unary, stream, OpenAI) where `generate` stops.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -38,8 +40,9 @@ from transformers import (
 )
 
 from client import generate_request
-from export.convert import ConversionError, Options, convert
+from export.convert import ConversionError, Options, convert, reference
 from service.generation.decoding import REPLACEMENT_CHAR
+from service.proto import inference_pb2 as pb
 from tests.paths import ROOT
 
 PROMPTS = ["Once upon a time", "Le café était très bon, n'est-ce pas ?", "東京 is far away 🙂👍🏽 é", "Hi"]
@@ -262,3 +265,36 @@ def test_unsupported_configs_are_refused_naming_the_field(name, changes, options
     with pytest.raises(ConversionError, match=field):
         convert(folder, tmp_path / "out", options=Options(**options))
     assert not (tmp_path / "out").exists()
+
+
+async def test_every_end_token_of_an_eos_list_stops_generation(checkpoints, tmp_path, start_server):
+    """Llama 3 lists several end ids (config.json and generation_config.json); `generate` stops at
+    any of them, and so must the served model: here at the list's second id, first generated at a
+    later step, where the first id is never generated. The prompt is one of the conversion's
+    reference texts, so its check meets the stop too."""
+    prompt = reference.TEXTS[0]
+    free = transformers_greedy(checkpoints["llama"], prompt)  # its eos (2) is never generated here
+    assert len(free) == NEW_TOKENS
+    step = next(i for i in range(2, NEW_TOKENS) if free[i] not in free[:i])
+    never = next(i for i in range(3, 100) if i not in free)
+    ends = [never, free[step]]
+    folder = copy_with_config(checkpoints["llama"], tmp_path / "hf" / "llama3", eos_token_id=ends)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": ends}))
+    expected = transformers_greedy(folder, prompt)
+    assert expected == free[: step + 1]  # generate itself stops at the second id
+
+    convert(folder, tmp_path / "models" / "llama3", name="llama3")
+    manifest = json.loads((tmp_path / "models" / "llama3" / "model.json").read_text())
+    assert manifest["special_tokens"]["eos"] == never and manifest["extra"]["eos_token_ids"] == ends
+    assert manifest["extra"]["converted_from"]["reference"]["generation"]["eos_stops_equal"] >= 1
+    server = await start_server(tmp_path / "models")
+    request = generate_request(prompt, model="llama3", max_new_tokens=NEW_TOKENS)
+    unary = await server.generation.Generate(request)
+    assert list(unary.token_ids) == expected and unary.finish_reason == pb.FINISH_REASON_EOS
+    chunks = [c async for c in server.generation.GenerateStream(request)]
+    assert [t for c in chunks for t in c.token_ids] == expected
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_EOS
+    sdk = openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
+    reply = await sdk.completions.create(model="llama3", prompt=prompt, max_tokens=NEW_TOKENS, temperature=0)
+    assert reply.choices[0].finish_reason == "stop" and reply.choices[0].text == unary.text

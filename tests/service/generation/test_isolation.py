@@ -57,7 +57,7 @@ def in_flight(model: GenerationModel) -> float:
 
 def submit_sequence(model: GenerationModel, prompt: str, tokenizer=None, **params):
     ids = model.tokenizer.encode(prompt).ids
-    seq = Sequence(ids, SamplingParams(**params), model.eos_id, tokenizer or model.tokenizer)
+    seq = Sequence(ids, SamplingParams(**params), model.eos_ids, tokenizer or model.tokenizer)
     return model.scheduler.submit(seq)
 
 
