@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import Client, embed_request
 from service import protogen
-from tests.fixtures.process import ServiceProcess
+from tests.fixtures.process import ServiceProcess, run_service
 from tests.paths import ROOT
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -83,42 +83,13 @@ def test_serving_process_never_imports_torch(tiny_models_root):
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has CUDA")
 def test_strict_provider_refuses_to_start_on_fallback(embed_models_root):
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--models",
-        str(embed_models_root),
-        "--port",
-        "0",
-        "--metrics-port",
-        "-1",
-        "--http-port",
-        "-1",
-        "--device",
-        "cuda",
-        "--strict-provider",
-    ]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = run_service(embed_models_root, "--device", "cuda", "--strict-provider")
     assert result.returncode == 1
     assert "refusing to start" in result.stderr
 
 
 def test_bad_models_root_refuses_to_start(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--models",
-        str(tmp_path),
-        "--port",
-        "0",
-        "--metrics-port",
-        "-1",
-        "--http-port",
-        "-1",
-    ]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = run_service(tmp_path)
     assert result.returncode == 1 and "no model directories" in result.stderr
 
 
@@ -133,18 +104,5 @@ def test_port_in_use_refuses_to_start(embed_models_root):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cmd = [
-            sys.executable,
-            "-m",
-            "service",
-            "--models",
-            str(embed_models_root),
-            "--port",
-            str(port),
-            "--metrics-port",
-            "-1",
-            "--http-port",
-            "-1",
-        ]
-        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        result = run_service(embed_models_root, port=port)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr

@@ -14,7 +14,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,8 +26,7 @@ from client import embed_request, generate_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.settings import Settings
-from tests.fixtures.process import ServiceProcess
-from tests.paths import ROOT
+from tests.fixtures.process import ServiceProcess, run_service
 
 
 class WorkerGroup(ServiceProcess):
@@ -202,22 +200,7 @@ def test_sigterm_drains_every_worker_and_exits_0(tiny_models_root):
 
 
 def test_a_group_that_cannot_start_exits_1_without_restarting(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--models",
-        str(tmp_path),
-        "--port",
-        "0",
-        "--metrics-port",
-        "-1",
-        "--http-port",
-        "-1",
-        "--workers",
-        "2",
-    ]
-    result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
+    result = run_service(tmp_path, "--workers", "2", timeout=120)
     assert result.returncode == 1 and "no model directories" in result.stderr
     assert "restarting worker" not in result.stderr
 
@@ -227,22 +210,7 @@ def test_workers_refuse_a_port_in_use(embed_models_root):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cmd = [
-            sys.executable,
-            "-m",
-            "service",
-            "--models",
-            str(embed_models_root),
-            "--port",
-            str(port),
-            "--metrics-port",
-            "-1",
-            "--http-port",
-            "-1",
-            "--workers",
-            "2",
-        ]
-        result = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
+        result = run_service(embed_models_root, "--workers", "2", port=port)
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
 
 

@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import subprocess
-import sys
 
 import grpc
 import httpx2 as httpx
@@ -27,7 +25,7 @@ from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 from service.server import Server
 from tests.fixtures.models import copy_model_dir
-from tests.fixtures.process import ROOT
+from tests.fixtures.process import run_service
 from tests.fixtures.server import server_settings
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -119,21 +117,8 @@ def poison(model_dir) -> None:
 
 def test_a_failed_warm_up_never_serves_and_exits_1(tiny_models_root, tmp_path):
     poison(copy_model_dir(tiny_models_root / "tiny-embed", tmp_path))
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--models",
-        str(tmp_path),
-        "--port",
-        "0",
-        "--metrics-port",
-        "-1",
-        "--http-port",
-        "0",
-        "--no-verify-hashes",
-    ]  # the graphs changed after the export on purpose
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # --no-verify-hashes: the graphs changed after the export on purpose
+    result = run_service(tmp_path, "--http-port", "0", "--no-verify-hashes", timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "gRPC listening on" in result.stderr  # it was up, NOT_SERVING, while the warm-up ran
     assert "tiny-embed" in result.stderr and "warm-up" in result.stderr, result.stderr[-3000:]
