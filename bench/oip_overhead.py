@@ -23,7 +23,7 @@ import tritonclient.http as triton_http
 
 from bench.common import ServiceProcess, conditions, emit, summary
 from bench.procstat import cpu_seconds
-from service import packing
+from client import array
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             "oip_rest_binary": lambda: rest.infer(args.model, [binary]),
             "oip_rest_json": lambda: rest.infer(args.model, [json_text], outputs=as_json),
         }
-        reference = packing.array(stub.Embed(request))
+        reference = array(stub.Embed(request))
         same = all(np.array_equal(reference, sides[s]().as_numpy("embedding")) for s in list(sides)[1:])
         for call in sides.values():  # warm-up
             timed(server.proc.pid, call, 20)

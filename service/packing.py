@@ -4,8 +4,7 @@
 `Embedding.packed` (4 bytes per value, little-endian) instead of `Embedding.values` (one protobuf
 float per value), as OpenAI's `encoding_format=base64` and Triton's `raw_output_contents` do: one
 bytes copy per vector on the server instead of a Python float per value, and the client reads them
-with one `numpy.frombuffer`. The server's converters, the Python client and the batch job share
-these functions.
+with one `numpy.frombuffer` (client.array).
 """
 
 from __future__ import annotations
@@ -23,12 +22,3 @@ def embeddings(vectors: np.ndarray, packed: bool) -> list[pb.Embedding]:
         wire = vectors.astype(WIRE_DTYPE, copy=False)  # a no-op on little-endian hosts
         return [pb.Embedding(packed=row.tobytes()) for row in wire]
     return [pb.Embedding(values=row) for row in vectors.tolist()]
-
-
-def array(response: pb.EmbedResponse) -> np.ndarray:
-    """An EmbedResponse's vectors as one (N, D) float32 array, whichever way they travelled."""
-    rows = len(response.embeddings)
-    if rows and response.embeddings[0].packed:
-        data = np.frombuffer(b"".join(e.packed for e in response.embeddings), dtype=WIRE_DTYPE)
-        return data.astype(np.float32, copy=False).reshape(rows, -1)
-    return np.array([e.values for e in response.embeddings], dtype=np.float32).reshape(rows, -1)

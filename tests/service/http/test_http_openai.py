@@ -15,8 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from client import embed_request, generate_request
-from service import packing
+from client import array, embed_request, generate_request
 from service.proto import inference_pb2 as pb
 from service.settings import Settings
 from tests.fixtures.server import metric, until
@@ -32,7 +31,7 @@ def sdk(server) -> openai.AsyncOpenAI:
 
 async def test_embeddings_float_and_base64_equal_grpc_embed(server):
     grpc_reply = await server.embedding.Embed(embed_request(TEXTS))
-    expected = packing.array(grpc_reply)
+    expected = array(grpc_reply)
     client = sdk(server)
     floats = await client.embeddings.create(model="tiny-embed", input=TEXTS, encoding_format="float")
     assert np.array_equal(np.array([d.embedding for d in floats.data], dtype=np.float32), expected)
@@ -42,7 +41,7 @@ async def test_embeddings_float_and_base64_equal_grpc_embed(server):
     raw = np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in b64.data])
     assert np.array_equal(raw, expected)
     decoded = await client.embeddings.create(model="tiny-embed", input=TEXTS[1])  # the SDK asks base64, decodes
-    alone = packing.array(await server.embedding.Embed(embed_request([TEXTS[1]])))  # a batch of one, as here
+    alone = array(await server.embedding.Embed(embed_request([TEXTS[1]])))  # a batch of one, as here
     assert np.array_equal(np.array(decoded.data[0].embedding, dtype=np.float32), alone[0])
 
 
@@ -51,7 +50,7 @@ async def test_embeddings_dimensions(server):
         model="tiny-embed", input="hello", dimensions=4, encoding_format="float"
     )
     grpc_reply = await server.embedding.Embed(embed_request(["hello"], dimensions=4))
-    assert np.array_equal(np.array(short.data[0].embedding, dtype=np.float32), packing.array(grpc_reply)[0])
+    assert np.array_equal(np.array(short.data[0].embedding, dtype=np.float32), array(grpc_reply)[0])
 
 
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 5}], ids=["greedy", "seeded"])
