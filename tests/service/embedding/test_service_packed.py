@@ -6,8 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
-from client import AsyncClient, embed_request
-from service.packing import array
+from client import AsyncClient, array, embed_request
 
 TEXTS = ["a short one", "a somewhat longer sentence to embed, with punctuation!", "ünïcödé ✓"]
 

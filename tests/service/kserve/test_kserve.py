@@ -17,8 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
-from client import fill_mask_request, generate_request, translate_request
-from service import packing
+from client import array, fill_mask_request, generate_request, translate_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.proto import open_inference_grpc_pb2 as oip
@@ -98,7 +97,7 @@ async def test_embedding_equals_embed(server, client):
     reference = await server.embedding.Embed(pb.EmbedRequest(inputs=TEXTS, dimensions=8))
     vectors = result.as_numpy("embedding")
     assert vectors.dtype == np.float32 and vectors.shape == (3, 8)
-    assert np.array_equal(vectors, packing.array(reference))
+    assert np.array_equal(vectors, array(reference))
     assert result.get_response().parameters["input_tokens"].int64_param == reference.usage.input_tokens
     assert metric("ts_requests_total", labels) == before + 1
 
@@ -159,7 +158,7 @@ async def test_typed_contents_as_well_as_raw(server):
     response = await oip_grpc.GRPCInferenceServiceStub(server.channel).ModelInfer(request)
     reference = await server.embedding.Embed(pb.EmbedRequest(inputs=["a b", "c"]))
     vectors = np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(list(response.outputs[0].shape))
-    assert np.array_equal(vectors, packing.array(reference))
+    assert np.array_equal(vectors, array(reference))
 
 
 def bad_input(name: str = "text", datatype: str = "BYTES", shape=(1,)) -> triton.InferInput:

@@ -18,8 +18,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from client import fill_mask_request, generate_request, translate_request
-from service import packing
+from client import array, fill_mask_request, generate_request, translate_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.server import metric
@@ -117,7 +116,7 @@ async def test_embedding_equals_embed(server, client, binary):
     reference = await server.embedding.Embed(pb.EmbedRequest(inputs=TEXTS, dimensions=8))
     vectors = result.as_numpy("embedding")
     assert vectors.dtype == np.float32 and vectors.shape == (3, 8)
-    assert np.array_equal(vectors, packing.array(reference))  # JSON floats round-trip float32 exactly
+    assert np.array_equal(vectors, array(reference))  # JSON floats round-trip float32 exactly
     response = result.get_response()
     assert response["id"] == "e1" and response["model_name"] == "tiny-embed" and response["model_version"] == "1"
     assert response["parameters"]["input_tokens"] == reference.usage.input_tokens
