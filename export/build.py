@@ -367,6 +367,10 @@ def build_converted(
     common = dict(name=name, special_tokens=c.special_tokens, variants=variants, extra=info)
     if c.kind == "embedding":
         return build_embedding(c.model, c.tokenizer, out, device=device, **common)
+    if c.kind == "classification":
+        from export.build_classifier import build_classification
+
+        return build_classification(c.model, c.tokenizer, out, **common)
     if c.kind == "fill-mask":
         return build_fill_mask(c.model, c.tokenizer, out, max_input_tokens=c.max_input_tokens, **common)
     build = build_generation if c.kind == "generation" else build_translation

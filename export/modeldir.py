@@ -47,6 +47,8 @@ SOURCE_FILES = (
     "export/attention.py",
     "export/mlm.py",
     "export/fill_mask.py",
+    "export/classifier.py",
+    "export/build_classifier.py",
     "service/manifest.py",
     "export/heldout.py",
     "export/packed.py",

@@ -3,7 +3,7 @@
 `convert(path, out)` reads the folder (export/convert/folder.py), finds its converter in
 `ARCHITECTURES` by config.json's `architectures[0]` (a sentence-transformers `modules.json`
 makes an encoder an embedding model), maps its weights onto the project's own modules (one
-module per family: bert.py, gpt2.py, llama.py, marian.py), checks the result against
+module per family: bert.py, classifier.py, gpt2.py, llama.py, marian.py), checks the result against
 transformers' own forward and tokenizer (reference.py), then builds the model directory like
 any other (export/build.py: ONNX export, parity gate, variants). Anything unsupported raises
 `ConversionError` naming the file, field and value before a file is written. Nothing is downloaded.
@@ -22,7 +22,7 @@ from export.convert.folder import HFFolder
 
 log = logging.getLogger(__name__)
 
-KINDS = ("embedding", "fill-mask", "generation", "translation")
+KINDS = ("embedding", "fill-mask", "generation", "translation", "classification")
 # architectures[0] -> (converter module under export/convert/, the kind it makes by default, kinds it can make)
 ARCHITECTURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "BertModel": ("bert", "embedding", ("embedding",)),
@@ -31,6 +31,9 @@ ARCHITECTURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "RobertaForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
     "XLMRobertaModel": ("bert", "embedding", ("embedding",)),
     "XLMRobertaForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
+    "BertForSequenceClassification": ("classifier", "classification", ("classification",)),
+    "RobertaForSequenceClassification": ("classifier", "classification", ("classification",)),
+    "XLMRobertaForSequenceClassification": ("classifier", "classification", ("classification",)),
     "GPT2LMHeadModel": ("gpt2", "generation", ("generation",)),
     "LlamaForCausalLM": ("llama", "generation", ("generation",)),
     "MistralForCausalLM": ("llama", "generation", ("generation",)),

@@ -199,8 +199,13 @@ CHECKS = {"embedding": _embedding, "fill-mask": _fill_mask, "generation": _gener
 
 def check(folder: HFFolder, converted: Converted) -> dict:
     """-> figures (rounded for the manifest); raises parity.ParityError on a miss."""
-    figures = {"tokenizer": _tokenizer_figures(folder, converted)}
-    figures[converted.kind] = CHECKS[converted.kind](folder, converted)
+    if converted.kind == "classification":  # pairs and token types too: classifier_reference.py
+        from export.convert import classifier_reference
+
+        figures = classifier_reference.check(folder, converted, TEXTS)
+    else:
+        figures = {"tokenizer": _tokenizer_figures(folder, converted)}
+        figures[converted.kind] = CHECKS[converted.kind](folder, converted)
     log.info("matches transformers: %s", figures)
     return rounded(figures)
 

@@ -1,0 +1,133 @@
+"""Classification model directories (kind "classification": rerankers and sequence classifiers).
+
+`build_classification` exports a `SequenceClassifier` (export/classifier.py) as the padded graph
+(role `encoder`: input_ids, attention_mask[, token_type_ids] -> logits (batch, labels)), gates it
+on single texts and on text pairs (a query with documents, one pair long enough to be truncated),
+builds the requested variants and writes the manifest: `extra.labels` (id2label in id order) and
+`extra.activation` (sigmoid | softmax | none) tell the service how to read the logits.
+tokenizer.json never pads and truncates pairs at max_input_tokens, longest first, as transformers'
+`truncation=True` does. fp32 and optimized must match PyTorch's logits within
+`parity.LOGITS_MAX_ABS`; fp16 and int8 are judged on their scores (`SCORE_LIMITS`) and must be
+batch-invariant; `quality_ok` says whether `variant=auto` may serve them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from export import onnx_export as ox
+from export import parity
+from export.build import GATE_TEXTS, _build, _derive_variants, _exact
+from export.classifier import SequenceClassifier, export_classifier
+from export.modeldir import GraphFile
+from service.manifest import ModelDir
+
+SCORE_LIMITS = {"score_max_abs_diff": 0.01, "batch_max_abs_diff": parity.LOGITS_MAX_ABS}
+
+
+def gate_inputs(tokenizer: Tokenizer) -> list[list[tuple[list[int], list[int]]]]:
+    """Batches of (ids, type ids): single texts, and pairs of one query with every gate text."""
+    singles = [(e.ids, e.type_ids) for e in tokenizer.encode_batch(GATE_TEXTS)]
+    pairs = [(e.ids, e.type_ids) for e in tokenizer.encode_batch([(GATE_TEXTS[1], t) for t in GATE_TEXTS])]
+    return [singles, pairs, pairs[2:5], [pairs[6]]]  # mixed lengths; pairs[6] truncated at the limit
+
+
+def feeds(batch, pad_id: int, token_types: bool) -> dict[str, np.ndarray]:
+    ids, mask = parity.pad_batch([i for i, _ in batch], pad_id, left=False)
+    out = {"input_ids": ids, "attention_mask": mask}
+    if token_types:
+        out["token_type_ids"], _ = parity.pad_batch([t for _, t in batch], 0, left=False)
+    return out
+
+
+def activate(logits: np.ndarray, activation: str) -> np.ndarray:
+    """(B, L) logits -> scores, as the service applies them."""
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits))
+    if activation == "softmax":
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    return logits
+
+
+def classifier_parity(model: SequenceClassifier, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+    """ONNX logits and scores vs PyTorch's on every gate batch; each row also alone (batch invariance)."""
+    sess, head = parity.session(graph), model.head_config
+    diff, score_diff, batch_diff, rows = 0.0, 0.0, 0.0, 0
+    for batch in batches:
+        f = feeds(batch, pad_id, head.token_types)
+        with torch.no_grad():
+            ref = model(*(torch.from_numpy(f[k]) for k in f)).numpy()  # (B, L)
+        got = sess.run(["logits"], f)[0].astype(np.float32)
+        diff = max(diff, float(np.abs(ref - got).max()))
+        score_diff = max(
+            score_diff, float(np.abs(activate(ref, head.activation) - activate(got, head.activation)).max())
+        )
+        alone = np.concatenate([sess.run(["logits"], feeds([row], pad_id, head.token_types))[0] for row in batch])
+        batch_diff = max(batch_diff, float(np.abs(alone.astype(np.float32) - got).max()))
+        rows += len(batch)
+    figures = {
+        "logits_max_abs_diff": diff,
+        "score_max_abs_diff": score_diff,
+        "batch_max_abs_diff": batch_diff,
+        "inputs": rows,
+    }
+    if _exact(variant):
+        if diff > parity.LOGITS_MAX_ABS:
+            parity._fail(
+                f"{variant} classifier logits max abs diff vs PyTorch ({rows} inputs)", diff, parity.LOGITS_MAX_ABS
+            )
+    else:
+        figures["quality_ok"] = all(figures[k] <= limit for k, limit in SCORE_LIMITS.items())
+        figures["quality_limits"] = SCORE_LIMITS
+    return figures
+
+
+def build_classification(
+    model: SequenceClassifier,
+    tokenizer: Tokenizer,
+    out: Path,
+    *,
+    name: str,
+    special_tokens: dict,
+    variants=(),
+    extra: dict | None = None,
+) -> ModelDir:
+    """fp32 graph -> gate -> variants -> tokenizer.json -> model.json (kind classification)."""
+    cfg, head = model.config, model.head_config
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(cfg.max_length)
+    batches = gate_inputs(tokenizer)
+
+    def measure(variant: str, paths: dict[str, Path]) -> dict:
+        return classifier_parity(model, paths["encoder"], batches, cfg.pad_token_id, variant)
+
+    def body(staging: Path) -> dict:
+        started = time.perf_counter()
+        fp32 = {"encoder": staging / "encoder.onnx"}
+        export_classifier(model, fp32["encoder"])
+        figures = classifier_parity(model, fp32["encoder"], batches, cfg.pad_token_id)
+        figures["export_seconds"] = round(time.perf_counter() - started, 2)
+        graphs = [GraphFile("encoder", "fp32", fp32["encoder"], *ox.graph_io(fp32["encoder"]), figures)]
+        graphs += _derive_variants(
+            variants, fp32, staging, {"encoder": ("bert", cfg.n_heads, cfg.d_model)}, False, measure
+        )
+        tokenizer.save(str(staging / "tokenizer.json"))
+        return dict(
+            graphs=graphs,
+            name=name,
+            kind="classification",
+            architecture={"type": "bert-classifier", **asdict(cfg)},
+            special_tokens=special_tokens,
+            max_input_tokens=cfg.max_length,
+            parity={**figures, "thresholds": {"logits_max_abs": parity.LOGITS_MAX_ABS, **SCORE_LIMITS}},
+            extra={**(extra or {}), "labels": head.labels, "activation": head.activation},
+        )
+
+    return _build(out, body)
