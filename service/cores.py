@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.classification.core import ClassificationCore
 from service.embedding.core import EmbeddingCore
 from service.fillmask.core import FillMaskCore
 from service.generation.core import GenerationCore
@@ -17,7 +18,7 @@ from service.translation.core import TranslationCore
 
 @dataclass(frozen=True)
 class Cores:
-    """The cores over one registry (the five kinds' and the models'): what every door is built on."""
+    """The cores over one registry (each kind's and the models'): what every door is built on."""
 
     registry: ModelRegistry
     settings: Settings
@@ -27,6 +28,7 @@ class Cores:
     translation: TranslationCore
     attention: AttentionCore
     models: ModelsCore
+    classification: ClassificationCore
 
     @classmethod
     def build(cls, registry: ModelRegistry, settings: Settings, runtime: Runtime) -> Cores:
@@ -39,4 +41,5 @@ class Cores:
             TranslationCore(registry, settings),
             AttentionCore(registry, settings, runtime),
             ModelsCore(registry),
+            ClassificationCore(registry, settings),
         )

@@ -48,6 +48,12 @@ KINDS: dict[str, Kind] = {
             ("packed",),
         ),
         Kind("fill-mask", "service.fillmask.model:FillMaskModel", ("FillMaskService",), ("encoder",), ("packed",)),
+        Kind(
+            "classification",
+            "service.classification.model:ClassificationModel",
+            ("ClassificationService",),
+            ("encoder",),
+        ),
     )
 }
 
@@ -57,6 +63,7 @@ GRPC_DOORS = (
     "service.generation.grpc",
     "service.translation.grpc",
     "service.fillmask.grpc",
+    "service.grpc.classification",
     "service.inspection.grpc",
     "service.modelservice",
     "service.kserve.servicer",

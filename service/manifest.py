@@ -23,6 +23,7 @@ MANIFEST_FILE = "model.json"
 FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's inputs (above)
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
+CLASSIFIER_ACTIVATIONS = ("sigmoid", "softmax", "none")  # how a classification model's logits are read
 POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
 ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
@@ -190,6 +191,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
             f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
             f"(has: {', '.join(sorted(m.special_tokens)) or 'none'})"
         )
+    if m.kind == "classification":
+        _check_classifier(m, where)
     if m.max_input_tokens <= 0:
         raise ModelDirError(f"{where}: max_input_tokens must be positive")
     ends = m.extra.get("eos_token_ids")
@@ -197,6 +200,17 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         not isinstance(ends, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ends)
     ):
         raise ModelDirError(f"{where}: extra.eos_token_ids must be a list of token ids, not {ends!r}")
+
+
+def _check_classifier(m: Manifest, where: Path) -> None:
+    """extra.labels (one name per logit, in id order) and extra.activation (export/classifier.py)."""
+    labels, activation = m.extra.get("labels"), m.extra.get("activation")
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        raise ModelDirError(f"{where}: a classification model needs extra.labels, a list of label names")
+    if activation not in CLASSIFIER_ACTIVATIONS:
+        raise ModelDirError(
+            f"{where}: extra.activation {activation!r} is not one of {', '.join(CLASSIFIER_ACTIVATIONS)}"
+        )
 
 
 def eos_token_ids(m: Manifest) -> frozenset[int]:

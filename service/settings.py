@@ -97,6 +97,9 @@ class Settings:
     default_generation_model: str = _f("", "generation model used when a request names none")
     default_translation_model: str = _f("", "translation model used when a request names none")
     default_fill_mask_model: str = _f("", "fill-mask model used when a request names none")
+    default_classification_model: str = _f(
+        "", "classification model (reranker, classifier) used when a request names none"
+    )
     # Embeddings
     embed_max_batch_tokens: int = _f(
         0,
@@ -107,6 +110,8 @@ class Settings:
     embed_max_wait_ms: float = _f(2.0, "how long a batch waits for more inputs before it closes")
     embed_max_queue: int = _f(2048, "queued inputs per embedding model; beyond it RESOURCE_EXHAUSTED")
     embed_max_inputs: int = _f(256, "most inputs in one Embed request")
+    rerank_max_documents: int = _f(1000, "most documents in one rerank call (one query, N documents: N pairs)")
+    classify_max_inputs: int = _f(256, "most texts or pairs in one classify call")
     embed_pack_row_tokens: int = _f(
         128,
         "encoder batches (embedding, fill-mask, the translator's encoder) run "
@@ -156,6 +161,8 @@ class Settings:
             "max_message_bytes",
             "embed_max_queue",
             "embed_max_inputs",
+            "rerank_max_documents",
+            "classify_max_inputs",
             "gen_max_batch",
             "gen_default_max_new_tokens",
             "gen_max_queue",
@@ -190,7 +197,12 @@ class Settings:
                 f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
                 f"(got {self.gen_max_context})"
             )
-        for inputs, queue in (("embed_max_inputs", "embed_max_queue"), ("translate_max_inputs", "translate_max_queue")):
+        for inputs, queue in (
+            ("embed_max_inputs", "embed_max_queue"),
+            ("rerank_max_documents", "embed_max_queue"),  # a classification model queues as Embed does
+            ("classify_max_inputs", "embed_max_queue"),
+            ("translate_max_inputs", "translate_max_queue"),
+        ):
             if getattr(self, inputs) > getattr(self, queue):
                 out.append(
                     f"{inputs}={getattr(self, inputs)} is above {queue}={getattr(self, queue)}: a call that "

@@ -10,6 +10,7 @@ it mirrors (protocol="http"), gives the core its deadline and maps failures to O
     GET  /v1/models            ModelService/ListModels         GET /v1/models/{id}  ModelService/GetModel
     POST /v1/translate         TranslationService/Translate
     POST /v1/fill-mask         FillMaskService/FillMask
+    POST /rerank, /v1/rerank, /v2/rerank, /v1/score, /predict, /classify: service/http/classification.py
     GET  /health               200 while SERVING, else 503 (warming up, draining); not counted
     /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
 
@@ -33,7 +34,7 @@ from service.cores import Cores
 from service.errors import InvalidArgument
 from service.fillmask import converters as fillmask_converters
 from service.generation.core import GenerateQuery, join_chunks
-from service.http import completions, schemas, tokenization
+from service.http import classification, completions, schemas, tokenization
 from service.http.body import read_json
 from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
@@ -193,6 +194,7 @@ def build_app(
             Route("/v1/translate", r.translate, methods=["POST"]),
             Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
             Route("/health", r.health, methods=["GET"]),
+            *classification.routes(cores),
             *kserve_rest.routes(cores),
         ],
         middleware=list(middleware),

@@ -236,6 +236,102 @@ class FillMaskResponse(_message.Message):
     timings: Timings
     def __init__(self, results: _Optional[_Iterable[_Union[FilledInput, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
+class RerankRequest(_message.Message):
+    __slots__ = ("query", "documents", "model", "top_n", "raw_scores", "truncate", "return_documents", "request_id")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    documents: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    top_n: int
+    raw_scores: bool
+    truncate: bool
+    return_documents: bool
+    request_id: str
+    def __init__(self, query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_n: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ..., return_documents: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RerankResult(_message.Message):
+    __slots__ = ("index", "score", "document")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    document: str
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., document: _Optional[str] = ...) -> None: ...
+
+class RerankResponse(_message.Message):
+    __slots__ = ("results", "model", "usage", "timings", "request_id")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RerankResult]
+    model: str
+    usage: Usage
+    timings: Timings
+    request_id: str
+    def __init__(self, results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ClassifyInput(_message.Message):
+    __slots__ = ("text", "text_pair")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    text_pair: str
+    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ...) -> None: ...
+
+class ClassifyRequest(_message.Message):
+    __slots__ = ("inputs", "model", "raw_scores", "truncate", "request_id")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[ClassifyInput]
+    model: str
+    raw_scores: bool
+    truncate: bool
+    request_id: str
+    def __init__(self, inputs: _Optional[_Iterable[_Union[ClassifyInput, _Mapping]]] = ..., model: _Optional[str] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class LabelScore(_message.Message):
+    __slots__ = ("label", "score", "label_id")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    LABEL_ID_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    score: float
+    label_id: int
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., label_id: _Optional[int] = ...) -> None: ...
+
+class Classification(_message.Message):
+    __slots__ = ("labels",)
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedCompositeFieldContainer[LabelScore]
+    def __init__(self, labels: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ...) -> None: ...
+
+class ClassifyResponse(_message.Message):
+    __slots__ = ("results", "model", "usage", "timings", "request_id")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[Classification]
+    model: str
+    usage: Usage
+    timings: Timings
+    request_id: str
+    def __init__(self, results: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -440,6 +440,133 @@ class FillMaskService:
             _registered_method=True)
 
 
+class ClassificationServiceStub:
+    """---------------------------------------------------------------------------------------------
+    Classification: rerankers (cross-encoders) and sequence classifiers
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Rerank = channel.unary_unary(
+                '/inference.v1.ClassificationService/Rerank',
+                request_serializer=inference_dot_v1_dot_inference__pb2.RerankRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.RerankResponse.FromString,
+                _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/inference.v1.ClassificationService/Classify',
+                request_serializer=inference_dot_v1_dot_inference__pb2.ClassifyRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.ClassifyResponse.FromString,
+                _registered_method=True)
+
+
+class ClassificationServiceServicer:
+    """---------------------------------------------------------------------------------------------
+    Classification: rerankers (cross-encoders) and sequence classifiers
+
+    """
+
+    def Rerank(self, request, context):
+        """Scores each document against the query with a one-label model (a cross-encoder); best first.
+        A call of one query and N documents is N pairs, batched with other calls like Embed's inputs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Classify(self, request, context):
+        """Every label's score for each text or (text, text_pair), labels best first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClassificationServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.RerankRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.RerankResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.ClassifyRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.ClassifyResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'inference.v1.ClassificationService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('inference.v1.ClassificationService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ClassificationService:
+    """---------------------------------------------------------------------------------------------
+    Classification: rerankers (cross-encoders) and sequence classifiers
+
+    """
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.ClassificationService/Rerank',
+            inference_dot_v1_dot_inference__pb2.RerankRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.ClassificationService/Classify',
+            inference_dot_v1_dot_inference__pb2.ClassifyRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.ClassifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class ModelServiceStub:
     """---------------------------------------------------------------------------------------------
     Models

@@ -1,0 +1,104 @@
+"""`ClassificationModel`: the registry backend for kind "classification" (pair tokenizer + engine + batcher).
+
+`logits()` takes plain values from the classification core (core.py): a list of texts or (text,
+pair) inputs. It takes the call's queue places first (`batcher.admission`, refused at once when
+full; more than the queue holds: INVALID_ARGUMENT), tokenizes (service/classification/tokenization.py),
+queues the inputs through the same token-budget batcher as Embed (settings `embed_*`: one query
+with N documents is N rows, batched with any other call's) and returns (N, labels) logits in input
+order. Each row is computed on its own (right padding, per-row attention mask), so its logits do
+not depend on the rows it was batched with.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.classification.engine import ClassifierEngine
+from service.classification.tokenization import Input, PairTokenizer
+from service.embedding.model import queue_limits
+from service.engine.batcher import Batcher, BatchLimits
+from service.manifest import Manifest, ModelDir
+from service.registry import model_info
+from service.runtime import Runtime
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LogitsResult:
+    logits: np.ndarray  # (N, L) float32, in input order
+    input_tokens: int
+    tokenize_s: float
+    queue_s: float
+    inference_s: float
+
+
+class ClassificationModel:
+    kind = "classification"
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        tokenizer: PairTokenizer,
+        engine: ClassifierEngine,
+        runtime: Runtime,
+        limits: BatchLimits,
+        variant: str,
+    ):
+        self.name, self.manifest, self.variant = manifest.name, manifest, variant
+        self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime
+        self.provider = engine.provider
+        self.labels: list[str] = list(manifest.extra["labels"])
+        self.activation: str = manifest.extra["activation"]
+        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, kind="classification", gate=runtime.gate)
+
+    @classmethod
+    def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> ClassificationModel:
+        m = model_dir.manifest
+        variant = runtime.choose_variant(m, "encoder")
+        session = runtime.create_session(model_dir.file(m.graph("encoder", variant).file))
+        engine = ClassifierEngine(session, int(m.special_tokens.get("pad", 0)), m.name)
+        tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+        log.info("classification model %s: %s padded graph, labels %s", m.name, variant, m.extra["labels"])
+        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime), variant)
+
+    async def start(self) -> None:
+        self.batcher.start()
+
+    async def warmup(self) -> None:
+        """One real forward pass of a pair through the executor; raises if the graph cannot run."""
+        out = await self.runtime.run(self.engine.forward, self.tokenizer.encode([("warm", "up")]))
+        if out.shape != (1, len(self.labels)) or not np.isfinite(out).all():
+            raise RuntimeError(
+                f"model {self.name!r}: warm-up gave logits of shape {out.shape}, expected (1, {len(self.labels)})"
+            )
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+
+    def info(self) -> dict:
+        info = model_info(self, vocab_size=self.tokenizer.vocab_size)
+        info["manifest"].update({"labels": ",".join(self.labels), "activation": self.activation})
+        return info
+
+    async def logits(
+        self, inputs: list[Input], truncate: bool, what: str, deadline: float | None = None
+    ) -> LogitsResult:
+        """(N, L) logits of the inputs; `deadline`: time.monotonic() after which queued work is dropped."""
+        self.batcher.admission.take(len(inputs))
+        start = time.perf_counter()
+        try:
+            if not truncate:
+                self.tokenizer.check_chars(inputs, what, self.name)
+            encoded = await self.tokenizer.encode_async(inputs, truncate, what)
+        except BaseException:
+            self.batcher.admission.release(len(inputs))
+            raise
+        tokenize_s = time.perf_counter() - start
+        outcome = await self.batcher.enqueue(encoded, deadline)
+        return LogitsResult(outcome.outputs, outcome.input_tokens, tokenize_s, outcome.queue_s, outcome.inference_s)
