@@ -19,11 +19,12 @@ class Kind:
     services: tuple[str, ...]  # inference.v1 services that need a model of this kind to be SERVING
     roles: tuple[str, ...]  # the model directory's graphs it needs (service/manifest.py)
     optional_roles: tuple[str, ...] = ()  # graphs it may have besides (and the attention graph)
+    adapter: str = ""  # its KServe adapter module when not service/<kind>/oip.py
 
     @property
     def oip(self) -> str:
         """Its Open Inference Protocol adapter (service/kserve/adapter.py): service/<kind>/oip.py."""
-        return f"{self.backend.partition(':')[0].rpartition('.')[0]}.oip"
+        return self.adapter or f"{self.backend.partition(':')[0].rpartition('.')[0]}.oip"
 
     @property
     def default_setting(self) -> str:
@@ -53,6 +54,7 @@ KINDS: dict[str, Kind] = {
             "service.classification.model:ClassificationModel",
             ("ClassificationService",),
             ("encoder",),
+            adapter="service.kserve.classification",
         ),
     )
 }
