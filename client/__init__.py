@@ -11,6 +11,7 @@ Ray engine of the batch job is the one exception (client/batch/local.py).
 
 from client.attention import attention_request
 from client.channel import Credentials, open_channel
+from client.classification import classify_request, rerank_request
 from client.clients import DEFAULT_ADDRESS, AsyncClient, Client, array, embed_request, fill_mask_request, vectors
 from client.generation import generate_request
 from client.translation import translate_request
@@ -22,10 +23,12 @@ __all__ = [
     "Credentials",
     "array",
     "attention_request",
+    "classify_request",
     "embed_request",
     "fill_mask_request",
     "generate_request",
     "open_channel",
+    "rerank_request",
     "translate_request",
     "vectors",
 ]

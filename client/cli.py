@@ -4,7 +4,8 @@
 
 Commands: `embed TEXT...`, `fill-mask TEXT... [--top-k K] [--json]` (a table unless --json),
 `models [NAME]`, `health [--service S]` (exit 0 only when SERVING), `generate` (client/generation.py),
-`translate` (client/translation.py), `attention` (client/attention.py), `batch` (client/batch/cli.py).
+`translate` (client/translation.py), `rerank`, `classify` (client/classification.py), `attention`
+(client/attention.py), `batch` (client/batch/cli.py).
 Exit codes: 0 done, 1 not SERVING, 2 a bad argument or the server's error (`error: CODE: details`).
 """
 
@@ -24,6 +25,7 @@ from client import args as types
 from client import channel as channels
 from client.attention import add_attention_parser
 from client.batch.cli import add_batch_parser
+from client.classification import add_classification_parsers
 from client.clients import DEFAULT_ADDRESS, Client
 from client.generation import add_generate_parser
 from client.translation import add_translate_parser
@@ -102,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(handler=_cmd_health)
     add_generate_parser(sub)  # each sets handler(args, client) -> int
     add_translate_parser(sub)
+    add_classification_parsers(sub)
     add_batch_parser(sub)  # resumable batch embedding of a large file
     add_attention_parser(sub)  # attention maps as pictures or JSON
     return parser

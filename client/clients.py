@@ -7,6 +7,8 @@
         filled = c.fill_mask(["The cat sat on the [MASK]."], top_k=5)   # the FillMaskResponse
         text = c.generate("Once upon a time", max_new_tokens=50).text   # client/generation.py
         pairs = c.translate(["Hello."], beam_size=4)                  # client/translation.py
+        ranked = c.rerank("a query", ["doc one", "doc two"], top_n=1)   # client/classification.py
+        labels = c.classify(["a text", ("a text", "its pair")])        # the ClassifyResponse
     async with AsyncClient("127.0.0.1:50051") as c:
         vectors = await c.embed(["a sentence"])
     Client("host:50051", token="...", tls_ca="ca.pem")   # TLS + bearer token (docs/design/security.md)
@@ -24,6 +26,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import channel as channels
+from client.classification import AsyncClassificationClientMixin, ClassificationClientMixin
 from client.generation import AsyncGenerationClientMixin, GenerationClientMixin
 from client.translation import AsyncTranslationClientMixin, TranslationClientMixin
 from service.proto import inference_pb2 as pb
@@ -86,6 +89,7 @@ class _Stubs:
         self.generation_stub = pb_grpc.GenerationServiceStub(channel)
         self.translation_stub = pb_grpc.TranslationServiceStub(channel)
         self.inspection_stub = pb_grpc.InspectionServiceStub(channel)
+        self.classification_stub = pb_grpc.ClassificationServiceStub(channel)
         self.health_stub = health_pb2_grpc.HealthStub(channel)
 
 
@@ -93,7 +97,7 @@ def _channel_options() -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
 
-class Client(_Stubs, GenerationClientMixin, TranslationClientMixin):
+class Client(_Stubs, GenerationClientMixin, TranslationClientMixin, ClassificationClientMixin):
     """Blocking client; `timeout` (seconds) is the deadline of every call. `token`: bearer token;
     `tls_ca`: PEM CA of the server's certificate (TLS on); `tls_cert`/`tls_key`: client certificate (mTLS);
     `credentials`: all of these at once (client/channel.py), e.g. `Credentials.from_env()`."""
@@ -153,7 +157,7 @@ class Client(_Stubs, GenerationClientMixin, TranslationClientMixin):
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-class AsyncClient(_Stubs, AsyncGenerationClientMixin, AsyncTranslationClientMixin):
+class AsyncClient(_Stubs, AsyncGenerationClientMixin, AsyncTranslationClientMixin, AsyncClassificationClientMixin):
     """asyncio client (grpc.aio); same arguments and methods as Client, awaited."""
 
     def __init__(
