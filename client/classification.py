@@ -85,7 +85,8 @@ class AsyncClassificationClientMixin:
 
 
 def _print(response) -> int:
-    text = json.dumps(MessageToDict(response, preserving_proto_field_name=True), indent=2, ensure_ascii=False)
+    fields = MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    text = json.dumps(fields, indent=2, ensure_ascii=False)  # every index and score, 0 included
     sys.stdout.write(text + "\n")
     return 0
 
