@@ -1,0 +1,88 @@
+"""`python -m export convert` on sequence-classification and CrossEncoder folders (tests/fixtures/classifiers.py).
+
+What the manifest records (labels, activation, the gate's figures: pair ids and token type ids
+equal to transformers' for a BERT folder whose tokenizer is only a vocab.txt), and what is refused,
+naming the file, the field and the value, before any file is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from export.convert import ConversionError, convert, load
+
+
+def test_manifest_records_head_labels_and_activation(classifier_folders):
+    models = classifier_folders / "models"
+    bert = json.loads((models / "bert-ce" / "model.json").read_text())
+    assert bert["kind"] == "classification" and bert["extra"]["labels"] == ["LABEL_0"]
+    assert bert["extra"]["activation"] == "sigmoid"
+    assert [i["name"] for i in bert["graphs"][0]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    reference = bert["extra"]["converted_from"]["reference"]
+    assert reference["tokenizer"]["same_type_ids"] and reference["tokenizer"]["pairs"]
+    assert reference["classification"]["logits_max_abs_diff"] <= 1e-3
+    assert {g["variant"] for g in bert["graphs"]} == {"fp32", "optimized"}
+    xlmr = json.loads((models / "xlmr-ce" / "model.json").read_text())
+    assert [i["name"] for i in xlmr["graphs"][0]["inputs"]] == ["input_ids", "attention_mask"]
+    assert xlmr["architecture"]["position_offset"] == 2
+    three = json.loads((models / "bert-cls3" / "model.json").read_text())
+    assert three["extra"]["labels"] == ["negative", "neutral", "positive"]
+    assert three["extra"]["activation"] == "softmax"
+    assert not three["extra"]["converted_from"]["cross_encoder"]
+
+
+def copy(source: Path, dst: Path) -> Path:
+    shutil.copytree(source, dst)
+    return dst
+
+
+def edit(folder: Path, name: str, change) -> None:
+    path = folder / name
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+REFUSALS = [
+    (
+        "bert-ce",
+        "config_sentence_transformers.json",
+        lambda c: {**c, "activation_fn": "torch.nn.Tanh"},
+        "activation_fn",
+    ),
+    ("bert-cls3", "config.json", lambda c: {**c, "id2label": {"0": "a", "2": "c"}}, "id2label"),
+    ("bert-cls3", "config.json", lambda c: {**c, "problem_type": "ranking"}, "problem_type"),
+    ("bert-cls3", "config.json", lambda c: {**c, "hidden_act": "mish"}, "hidden_act"),
+    (
+        "bert-ce",
+        "modules.json",
+        lambda m: [*m, {"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.models.Dense"}],
+        "Dense",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, file, change, field", REFUSALS)
+def test_unsupported_options_are_refused_naming_file_and_field(name, file, change, field, classifier_folders, tmp_path):
+    folder = copy(classifier_folders / "hf" / name, tmp_path / "bad")
+    edit(folder, file, change)
+    with pytest.raises(ConversionError, match=field) as refused:
+        convert(folder, tmp_path / "out" / "bad", name="bad")
+    assert file in str(refused.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_activation_follows_the_folder(classifier_folders, tmp_path):
+    """An Identity CrossEncoder activation serves logits; multi-label classifiers use sigmoid per label."""
+    folder = copy(classifier_folders / "hf" / "bert-ce", tmp_path / "identity")
+    edit(
+        folder,
+        "config_sentence_transformers.json",
+        lambda c: {**c, "activation_fn": "torch.nn.modules.linear.Identity"},
+    )
+    assert load(folder).source["activation"] == "none"
+    folder = copy(classifier_folders / "hf" / "bert-cls3", tmp_path / "multi")
+    edit(folder, "config.json", lambda c: {**c, "problem_type": "multi_label_classification"})
+    assert load(folder).source["activation"] == "sigmoid"
