@@ -43,6 +43,8 @@ VALID = {
     "ModelService/GetModel": pb.GetModelRequest(name="tiny-embed"),
     "InspectionService/Attention": pb.AttentionRequest(text="fuzz"),
     "FillMaskService/FillMask": pb.FillMaskRequest(inputs=["fuzz [MASK]"]),
+    "ClassificationService/Rerank": pb.RerankRequest(query="fuzz", documents=["fuzz"]),
+    "ClassificationService/Classify": pb.ClassifyRequest(inputs=[pb.ClassifyInput(text="fuzz")]),
 }
 EXPLICIT = [(r, VALID[r.name]) for r in rpcs() if r.name in VALID]
 
@@ -62,6 +64,8 @@ def test_every_rpc_of_the_proto_is_fuzzed():
         "ModelService/GetModel",
         "ModelService/ListModels",
         "FillMaskService/FillMask",
+        "ClassificationService/Rerank",
+        "ClassificationService/Classify",
     } <= names
 
 
@@ -100,7 +104,8 @@ def _explicit_examples(test):
     return test
 
 
-async def test_fuzzed_requests_end_with_documented_statuses(server):
+async def test_fuzzed_requests_end_with_documented_statuses(all_kinds_root, start_server):
+    server = await start_server(all_kinds_root)  # a model of every kind: every RPC can get through
     client, seen = Client(server.address), Counter()
     try:
         await asyncio.to_thread(
