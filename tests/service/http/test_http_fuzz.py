@@ -40,9 +40,15 @@ FIELDS = {
     "/detokenize": ["tokens", "model"],
     "/v1/translate": ["inputs", "model", "beam_size", "max_length", "length_penalty"],
     "/v1/fill-mask": ["inputs", "model", "top_k"],
+    "/rerank": ["query", "texts", "model", "raw_scores", "return_text", "truncate"],
+    "/v1/rerank": ["query", "documents", "model", "top_n", "return_documents", "raw_scores"],
+    "/v2/rerank": ["query", "documents", "model", "top_n", "return_documents", "truncate"],
+    "/v1/score": ["text_1", "text_2", "model", "truncate"],
+    "/predict": ["inputs", "model", "raw_scores", "truncate"],
+    "/classify": ["input", "model", "raw_scores"],
 }
 DOCUMENTED = {200, 400, 404, 429}
-NO_USAGE = {"/tokenize", "/detokenize"}  # vLLM's shapes: no token accounting
+NO_USAGE = {"/tokenize", "/detokenize", "/rerank", "/predict"}  # vLLM's and TEI's shapes: no token accounting
 EXAMPLES = 150
 SCALARS = (
     st.none()
@@ -53,7 +59,18 @@ SCALARS = (
     | st.text(max_size=20)
     | st.just("\ud800")
     | st.sampled_from(
-        ["tiny-embed", "tiny-gpt", "tiny-translate", "tiny-fill-mask", "float", "base64", "", "a [MASK] b"]
+        [
+            "tiny-embed",
+            "tiny-gpt",
+            "tiny-translate",
+            "tiny-fill-mask",
+            "bert-ce",
+            "bert-cls3",
+            "float",
+            "base64",
+            "",
+            "a [MASK] b",
+        ]
     )
 )
 VALUES = st.recursive(
@@ -96,7 +113,8 @@ def run_property(url: str) -> None:
     ends_with_a_documented_status()
 
 
-async def test_random_bodies_never_get_a_500(server):
+async def test_random_bodies_never_get_a_500(all_kinds_root, start_server):
+    server = await start_server(all_kinds_root)  # a model of every kind
     await asyncio.to_thread(run_property, server.http_url)
     async with httpx.AsyncClient(base_url=server.http_url) as http:  # still serving afterwards
         assert (await http.get("/health")).status_code == 200
