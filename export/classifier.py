@@ -10,7 +10,9 @@ the cross-encoder: query and passage as one pair input, one relevance logit.
 activation: the service applies the manifest's `activation` (sigmoid for one label, softmax for
 several, or none) unless the caller asks for raw scores. The exported graph (role `encoder`) takes
 token_type_ids only when the tokenizer produces them (BERT pairs: 0 for the first text, 1 for the
-second; RoBERTa and XLM-R use one type).
+second; RoBERTa and XLM-R use one type). The packed graph (role `packed`, export/packed.py's rows:
+several inputs per row, attention kept within each) also takes `first_index`, the flat position of
+each input's first token, and returns the logits of each input.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from torch import nn
 
 from export import onnx_export as ox
 from export.encoder import EncoderConfig, SentenceEncoder
+from export.packed import segment_mask
+from service.engine.packing import pack
 from service.manifest import TensorSpec
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")  # what the service applies to the logits
@@ -93,4 +97,43 @@ def export_classifier(model: SequenceClassifier, path: Path) -> tuple[list[Tenso
     ids = ox._example_ids(model.config.vocab_size, ox._B, ox._T)
     args = (ids, torch.ones_like(ids)) + ((torch.zeros_like(ids),) if model.head_config.token_types else ())
     ox._export(ClassifierGraph(model), args, path, inputs, outputs)
+    return inputs, outputs
+
+
+class PackedClassifierGraph(nn.Module):
+    """(input_ids, position_ids, segment_ids[, token_type_ids]) (R, L) and first_index (B,) -> logits (B, L)."""
+
+    def __init__(self, model: SequenceClassifier):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, segment_ids, first_index, token_type_ids=None):
+        enc = self.model.encoder
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        x = enc.embeddings(input_ids, types, position_ids)  # (R, L, C)
+        mask = segment_mask(segment_ids, x.dtype)  # (R, 1, L, L)
+        for block in enc.blocks:
+            x = block(x, mask)
+        first = x.reshape(-1, x.shape[-1])[first_index]  # (B, C)
+        return self.model.head(first)  # (B, labels)
+
+
+def packed_specs(model: SequenceClassifier) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    names = ["input_ids", "position_ids", "segment_ids"]
+    inputs = [TensorSpec(n, "int64", ["rows", "length"]) for n in names]
+    inputs.append(TensorSpec("first_index", "int64", ["batch"]))
+    if model.head_config.token_types:
+        inputs.append(TensorSpec("token_type_ids", "int64", ["rows", "length"]))
+    return inputs, [TensorSpec("logits", "float32", ["batch", model.head_config.num_labels])]
+
+
+def export_packed_classifier(model: SequenceClassifier, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Traced on two rows of distinct segments and lengths (no axis frozen to an example size)."""
+    inputs, outputs = packed_specs(model)
+    example = pack([list(range(3, 8)), list(range(3, 6)), list(range(3, 10))], 9, model.config.pad_token_id)
+    args = [torch.from_numpy(a) for a in (example.input_ids, example.position_ids, example.segment_ids)]
+    args.append(torch.from_numpy(example.row * example.input_ids.shape[1] + example.start))
+    if model.head_config.token_types:
+        args.append(torch.from_numpy((example.position_ids > 2).astype("int64")))  # (R, L): both types
+    ox._export(PackedClassifierGraph(model), tuple(args), path, inputs, outputs)
     return inputs, outputs

@@ -54,6 +54,7 @@ KINDS: dict[str, Kind] = {
             "service.classification.model:ClassificationModel",
             ("ClassificationService",),
             ("encoder",),
+            ("packed",),
             adapter="service.kserve.classification",
         ),
     )

@@ -4,9 +4,10 @@
 pair) inputs. It takes the call's queue places first (`batcher.admission`, refused at once when
 full; more than the queue holds: INVALID_ARGUMENT), tokenizes (service/classification/tokenization.py),
 queues the inputs through the same token-budget batcher as Embed (settings `embed_*`: one query
-with N documents is N rows, batched with any other call's) and returns (N, labels) logits in input
-order. Each row is computed on its own (right padding, per-row attention mask), so its logits do
-not depend on the rows it was batched with.
+with N documents is N inputs, batched with any other call's; packed rows when the directory has
+the packed graph and `embed_pack_row_tokens` is not 0, else padded) and returns (N, labels) logits
+in input order. Each input attends only to its own tokens (a per-row mask, or its segment in a
+packed row), so its logits do not depend on what it was batched with.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.classification.engine import ClassifierEngine
+from service.classification.engine import ClassifierEngine, PackedClassifierEngine
 from service.classification.tokenization import Input, PairTokenizer
-from service.embedding.model import queue_limits
+from service.embedding.model import encoder_graph, queue_limits
 from service.engine.batcher import Batcher, BatchLimits
+from service.engine.packing import alignment
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
@@ -45,7 +47,7 @@ class ClassificationModel:
         self,
         manifest: Manifest,
         tokenizer: PairTokenizer,
-        engine: ClassifierEngine,
+        engine: ClassifierEngine | PackedClassifierEngine,
         runtime: Runtime,
         limits: BatchLimits,
         variant: str,
@@ -60,12 +62,16 @@ class ClassificationModel:
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> ClassificationModel:
         m = model_dir.manifest
-        variant = runtime.choose_variant(m, "encoder")
-        session = runtime.create_session(model_dir.file(m.graph("encoder", variant).file))
-        engine = ClassifierEngine(session, int(m.special_tokens.get("pad", 0)), m.name)
+        variant, execution, session = encoder_graph(model_dir, settings, runtime)
+        pad = int(m.special_tokens.get("pad", 0))
+        engine: ClassifierEngine | PackedClassifierEngine
+        if execution == "packed":
+            engine = PackedClassifierEngine(session, pad, settings.embed_pack_row_tokens, m.name, alignment(variant))
+        else:
+            engine = ClassifierEngine(session, pad, m.name)
         tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
-        log.info("classification model %s: %s padded graph, labels %s", m.name, variant, m.extra["labels"])
-        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime), variant)
+        log.info("classification model %s: %s %s graph, labels %s", m.name, variant, execution, m.extra["labels"])
+        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
 
     async def start(self) -> None:
         self.batcher.start()
@@ -84,6 +90,7 @@ class ClassificationModel:
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"].update({"labels": ",".join(self.labels), "activation": self.activation})
+        info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
         return info
 
     async def logits(

@@ -129,7 +129,9 @@ async def test_classify_equals_transformers_softmax(classifier_folders, srv):
         pair_only = (await c.post("/predict", json={"model": "bert-cls3", "inputs": [QUERY, DOCS[2]]})).json()
         np.testing.assert_allclose(sorted(x["score"] for x in pair_only), sorted(want[2]), atol=ATOL)
         infinity = (await c.post("/classify", json={"model": "bert-cls3", "input": [DOCS[1]]})).json()
-        assert infinity["data"][0] == batch[1] and infinity["model"] == "bert-cls3"
+        assert [x["label"] for x in infinity["data"][0]] == [x["label"] for x in batch[1]]
+        np.testing.assert_allclose([x["score"] for x in infinity["data"][0]], [x["score"] for x in batch[1]], atol=1e-6)
+        assert infinity["model"] == "bert-cls3"
         oip = await c.post(
             "/v2/models/bert-cls3/infer",
             json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": DOCS[:2]}]},
@@ -138,12 +140,18 @@ async def test_classify_equals_transformers_softmax(classifier_folders, srv):
         np.testing.assert_allclose(np.reshape(scores["data"], scores["shape"]), want[:2], atol=ATOL)
 
 
-async def test_rerank_scores_do_not_depend_on_batch_neighbours(classifier_folders, start_server):
+@pytest.mark.parametrize("row_tokens", [128, 0])  # packed rows, padded rows
+async def test_rerank_scores_do_not_depend_on_batch_neighbours(row_tokens, classifier_folders, start_server):
     """One call alone, then the same call among others of other lengths (batched together: a long
-    batch wait): its scores do not change."""
+    batch wait): its scores do not change, packed or padded, and equal CrossEncoder's."""
     srv = await start_server(
-        classifier_folders / "models", default_classification_model="bert-ce", embed_max_wait_ms=200
+        classifier_folders / "models",
+        default_classification_model="bert-ce",
+        embed_max_wait_ms=200,
+        embed_pack_row_tokens=row_tokens,
     )
+    info = await srv.models.GetModel(pb.GetModelRequest(name="bert-ce"))
+    assert info.manifest["serving.execution"] == ("packed" if row_tokens else "padded")
     stub = pb_grpc.ClassificationServiceStub(srv.channel)
     request = pb.RerankRequest(query=QUERY, documents=DOCS)
     alone = await stub.Rerank(request)
@@ -151,6 +159,8 @@ async def test_rerank_scores_do_not_depend_on_batch_neighbours(classifier_folder
     crowd = await asyncio.gather(stub.Rerank(request), *(stub.Rerank(r) for r in others))
     assert [r.index for r in crowd[0].results] == [r.index for r in alone.results]
     np.testing.assert_allclose([r.score for r in crowd[0].results], [r.score for r in alone.results], atol=1e-6)
+    want = cross_encoder(classifier_folders, "bert-ce").predict([(QUERY, d) for d in DOCS])
+    np.testing.assert_allclose([r.score for r in alone.results], np.sort(want)[::-1], atol=ATOL)
 
 
 async def test_python_client_and_cli(classifier_folders, srv):
