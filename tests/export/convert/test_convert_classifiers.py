@@ -11,9 +11,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from export.convert import ConversionError, convert, load
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
 
 
 def test_manifest_records_head_labels_and_activation(classifier_folders):
@@ -86,3 +91,40 @@ def test_activation_follows_the_folder(classifier_folders, tmp_path):
     folder = copy(classifier_folders / "hf" / "bert-cls3", tmp_path / "multi")
     edit(folder, "config.json", lambda c: {**c, "problem_type": "multi_label_classification"})
     assert load(folder).source["activation"] == "sigmoid"
+
+
+async def test_reduced_precision_variants_are_judged_and_served(classifier_folders, tmp_path, start_server):
+    """fp16 and int8 graphs (padded and packed) carry their score figures and a quality verdict;
+    served (int8: packed in aligned rows), their scores stay near transformers'."""
+    out = tmp_path / "bert-cls3"
+    convert(classifier_folders / "hf" / "bert-cls3", out, name="bert-cls3", variants=("fp16", "int8"))
+    manifest = json.loads((out / "model.json").read_text())
+    reduced = [g for g in manifest["graphs"] if g["variant"] in ("fp16", "int8")]
+    assert {(g["role"], g["variant"]) for g in reduced} == {
+        (r, v) for r in ("encoder", "packed") for v in ("fp16", "int8")
+    }
+    for graph in reduced:
+        figures = graph["parity"]
+        assert isinstance(figures["quality_ok"], bool) and figures["packed"]["score_max_abs_diff"] >= 0
+        assert figures["quality_ok"] == (
+            figures["score_max_abs_diff"] <= 0.01
+            and figures["batch_max_abs_diff"] <= 1e-4
+            and figures["packed"]["score_max_abs_diff"] <= 0.01
+            and figures["packed"]["batch_max_abs_diff"] <= 1e-4
+        )
+    texts = ["The cat sat on the mat.", "Once upon a time, there was a little girl who loved books."]
+    folder = str(classifier_folders / "hf" / "bert-cls3")
+    tok, hf = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)
+    with torch.no_grad():
+        want = torch.softmax(hf(**tok(texts, padding=True, return_tensors="pt")).logits, -1).numpy()
+    for variant in ("fp16", "int8"):
+        srv = await start_server(tmp_path, variant=variant)
+        info = await srv.models.GetModel(pb.GetModelRequest(name="bert-cls3"))
+        assert info.variant == variant and info.manifest["serving.execution"] == "packed"
+        stub = pb_grpc.ClassificationServiceStub(srv.channel)
+        reply = await stub.Classify(pb.ClassifyRequest(inputs=[pb.ClassifyInput(text=t) for t in texts]))
+        got = np.zeros_like(want)
+        for row, result in enumerate(reply.results):
+            for s in result.labels:
+                got[row, s.label_id] = s.score
+        np.testing.assert_allclose(got, want, atol=0.05)
