@@ -72,7 +72,8 @@ def build(root: Path, sentences: list[str], layers: int, hidden: int) -> tuple[P
     return root / "hf", root / "models"
 
 
-async def _service_run(address: str, work: list, clients: int) -> float:
+async def _service_run(address: str, pid: int, work: list, clients: int) -> tuple[float, float]:
+    """(wall seconds, the server's CPU seconds) of the work after a warm-up round."""
     import grpc
 
     from client import rerank_request
@@ -92,17 +93,15 @@ async def _service_run(address: str, work: list, clients: int) -> float:
         await asyncio.gather(*(client() for _ in range(clients)))
         for item in work:
             queue.put_nowait(item)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds(pid)
         await asyncio.gather(*(client() for _ in range(clients)))
-        return time.perf_counter() - start
+        return time.perf_counter() - start, cpu_seconds(pid) - cpu
 
 
 def service_side(models: Path, work: list, clients: int, flags: list[str]) -> dict:
     service = ServiceProcess(models, flags)
     try:
-        before = cpu_seconds(service.proc.pid)
-        seconds = asyncio.run(_service_run(service.address, work, clients))
-        cpu = cpu_seconds(service.proc.pid) - before
+        seconds, cpu = asyncio.run(_service_run(service.address, service.proc.pid, work, clients))
     finally:
         service.stop()
     pairs = sum(len(d) for _, d in work)
