@@ -197,12 +197,7 @@ class Settings:
                 f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
                 f"(got {self.gen_max_context})"
             )
-        for inputs, queue in (
-            ("embed_max_inputs", "embed_max_queue"),
-            ("rerank_max_documents", "embed_max_queue"),  # a classification model queues as Embed does
-            ("classify_max_inputs", "embed_max_queue"),
-            ("translate_max_inputs", "translate_max_queue"),
-        ):
+        for inputs, queue in (("embed_max_inputs", "embed_max_queue"), ("translate_max_inputs", "translate_max_queue")):
             if getattr(self, inputs) > getattr(self, queue):
                 out.append(
                     f"{inputs}={getattr(self, inputs)} is above {queue}={getattr(self, queue)}: a call that "

@@ -2,8 +2,8 @@
 
 Empty query or documents, a blank document, top_n 0, a three-label classifier asked to rerank (its
 labels named), a pair past the context with truncate false (refused) or true (cut as the source
-library cuts it), too many documents or inputs (the settings named), a full queue
-(RESOURCE_EXHAUSTED / 429 at once), and health and reflection naming the new service.
+library cuts it), too many documents or inputs (the settings named), a call larger than the queue
+(INVALID_ARGUMENT), a full queue (RESOURCE_EXHAUSTED / 429 at once), and health and reflection naming the new service.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from sentence_transformers import CrossEncoder
 
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
-from service.settings import Settings
 from tests.fixtures.server import metric, status_of, until
 from tests.service.embedding.test_service_batching import BlockedExecutor
 
@@ -30,7 +29,7 @@ async def srv(classifier_folders, start_server):
     return await start_server(
         classifier_folders / "models",
         default_classification_model="bert-ce",
-        rerank_max_documents=4,
+        rerank_max_documents=6,
         classify_max_inputs=3,
         embed_max_queue=4,
         embed_max_inputs=4,
@@ -44,7 +43,8 @@ BAD_RERANKS = [
     (dict(query="q", documents=[]), "documents is empty"),
     (dict(query="q", documents=["a", " "]), "documents[1] is empty"),
     (dict(query="q", documents=["a"], top_n=0), "top_n=0"),
-    (dict(query="q", documents=["a"] * 5), "rerank_max_documents"),
+    (dict(query="q", documents=["a"] * 7), "rerank_max_documents"),
+    (dict(query="q", documents=["a"] * 5), "needs 5 places; the classification queue of model 'bert-ce' holds 4"),
     (dict(query="q", documents=["a"], model="bert-cls3"), "3 labels (negative, neutral, positive)"),
     (dict(query="q", documents=[LONG], truncate=False), "over this model's limit of 64"),
 ]
@@ -114,13 +114,6 @@ async def test_a_full_queue_is_refused_at_once(srv):
             reply = await c.post("/rerank", json={"query": "q", "texts": ["one more"]})
         assert reply.status_code == 429
     assert len((await first).results) == 1 and len((await waiting).results) == 4
-
-
-def test_limits_above_the_queue_are_refused_at_start():
-    with pytest.raises(ValueError, match="rerank_max_documents=5000 is above embed_max_queue"):
-        Settings(rerank_max_documents=5000)
-    with pytest.raises(ValueError, match="classify_max_inputs=9000 is above embed_max_queue"):
-        Settings(classify_max_inputs=9000)
 
 
 async def test_health_and_reflection_name_the_service(srv):
