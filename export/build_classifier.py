@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from export import onnx_export as ox
 from export import packed, parity
+from export.attention import attention_graph
 from export.build import GATE_TEXTS, _build, _derive_variants, _exact
 from export.classifier import SequenceClassifier, export_classifier, export_packed_classifier
 from export.modeldir import GraphFile
@@ -136,7 +137,7 @@ def build_classification(
     variants=(),
     extra: dict | None = None,
 ) -> ModelDir:
-    """fp32 graphs (padded, packed) -> gate -> variants -> tokenizer.json -> model.json (kind classification)."""
+    """fp32 graphs (padded, packed) -> gate -> variants -> attention graph -> tokenizer.json -> model.json."""
     cfg, head = model.config, model.head_config
     tokenizer.no_padding()
     tokenizer.enable_truncation(cfg.max_length)
@@ -155,6 +156,9 @@ def build_classification(
         graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
         optimize = dict.fromkeys(fp32, ("bert", cfg.n_heads, cfg.d_model))
         graphs += _derive_variants(variants, fp32, staging, optimize, False, measure)
+        # the encoder's attention maps (InspectionService): single texts, token type 0, as the RPC reads them
+        attention_graphs, attention = attention_graph(model.encoder, staging, [[i for i, _ in b] for b in batches])
+        graphs += attention_graphs
         tokenizer.save(str(staging / "tokenizer.json"))
         return dict(
             graphs=graphs,
@@ -163,7 +167,16 @@ def build_classification(
             architecture={"type": "bert-classifier", **asdict(cfg)},
             special_tokens=special_tokens,
             max_input_tokens=cfg.max_length,
-            parity={**figures, "thresholds": {"logits_max_abs": parity.LOGITS_MAX_ABS, **SCORE_LIMITS}},
+            parity={
+                **figures,
+                "attention_max_abs_diff": attention["attention_max_abs_diff"],
+                "attention_ok": attention["ok"],
+                "thresholds": {
+                    "logits_max_abs": parity.LOGITS_MAX_ABS,
+                    **SCORE_LIMITS,
+                    "attention_max_abs": attention["limit"],
+                },
+            },
             extra={**(extra or {}), "labels": head.labels, "activation": head.activation},
         )
 

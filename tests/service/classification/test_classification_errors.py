@@ -124,3 +124,8 @@ async def test_health_and_reflection_name_the_service(srv):
     reflect = reflection_pb2_grpc.ServerReflectionStub(srv.channel)
     async for answer in reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
         assert name in [s.name for s in answer.list_services_response.service]
+
+
+async def test_attention_inspection_reads_a_classifier(srv):
+    reply = await srv.inspection.Attention(pb.AttentionRequest(model="bert-ce", text="the cat sat", layers=[0]))
+    assert reply.maps and all(m.layer == 0 for m in reply.maps)
