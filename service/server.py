@@ -1,7 +1,7 @@
 """The server: models, the cores and every door over them, health, reflection, metrics and the drain.
 
 `Server.start` loads every model directory, builds the cores (service/cores.py), registers every
-gRPC service one way (`register(server, cores)` of each module in service/kinds.py `GRPC_DOORS`),
+gRPC service one way (`register(server, cores)` of each module in `GRPC_DOORS`),
 binds with health NOT_SERVING, warms every model up, then serves (a worker of several warms up
 before it binds, so the kernel never hands a connection to a cold one). SIGTERM / SIGINT start
 `shutdown`: health NOT_SERVING, new calls UNAVAILABLE (the drain gate, service/admission.py),
@@ -13,7 +13,6 @@ The lifecycle, security and workers are in docs/design/service.md, security.md a
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import signal
 from collections.abc import Callable
@@ -26,12 +25,13 @@ from starlette.middleware import Middleware
 
 from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
-from service.cores import Cores
+from service.cores import BACKENDS, Cores
+from service.grpc import embedding, fillmask, generation, inspection, models, translation
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
 from service.http.server import LAST_SECONDS, HttpServer
 from service.inflight import Inflight, TrackCalls
-from service.kinds import GRPC_DOORS, KINDS
+from service.kinds import KINDS
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.memory import MemoryTrimmer
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
 SERVICES[kserve.SERVICE] = kserve.SERVICE_NAME  # the Open Inference Protocol (KServe v2), service/kserve
 SERVICE_KINDS = {service: kind.name for kind in KINDS.values() for service in kind.services}
+# The gRPC doors, each a module with `register(server, cores)`: every service is registered this one way.
+GRPC_DOORS = (embedding, generation, translation, fillmask, inspection, models, kserve)
 
 
 class Server:
@@ -97,7 +99,7 @@ class Server:
         tokens, credentials = Tokens.from_settings(settings), server_credentials(settings)  # bad files: fail fast
         runtime = Runtime(settings)
         try:
-            registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime)
+            registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
         except BaseException:
             runtime.close()
             raise
@@ -119,7 +121,7 @@ class Server:
 
     async def _bind(self, status: int = health_pb2.HealthCheckResponse.NOT_SERVING) -> None:
         for door in GRPC_DOORS:  # every service registered one way: its module's register(server, cores)
-            importlib.import_module(door).register(self.grpc, self.cores)
+            door.register(self.grpc, self.cores)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (
             *SERVICES.values(),

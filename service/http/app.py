@@ -31,15 +31,15 @@ from starlette.routing import Route
 
 from service.cores import Cores
 from service.errors import InvalidArgument
-from service.fillmask import converters as fillmask_converters
 from service.generation.core import GenerateQuery, join_chunks
+from service.grpc.fillmask import fill_mask_query, fill_mask_response
+from service.grpc.translation import translate_query, translate_response
 from service.http import completions, schemas, tokenization
 from service.http.body import read_json
 from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 from service.kserve import rest as kserve_rest
-from service.translation import converters as translation_converters
 
 
 class Routes:
@@ -140,15 +140,15 @@ class Routes:
 
     @route("TranslationService", "Translate")
     async def translate(self, request: Request, call: HttpCall) -> Response:
-        query = translation_converters.translate_query(schemas.translate_request(await self._json(request)))
+        query = translate_query(schemas.translate_request(await self._json(request)))
         answer = await call.unless_gone(request, self.cores.translation.translate(query, call.deadline))
-        return JSONResponse(schemas.message_json(translation_converters.translate_response(answer)))
+        return JSONResponse(schemas.message_json(translate_response(answer)))
 
     @route("FillMaskService", "FillMask")
     async def fill_mask(self, request: Request, call: HttpCall) -> Response:
-        query = fillmask_converters.fill_mask_query(schemas.fill_mask_request(await self._json(request)))
+        query = fill_mask_query(schemas.fill_mask_request(await self._json(request)))
         answer = await call.unless_gone(request, self.cores.fill_mask.fill_mask(query, call.deadline))
-        reply = fillmask_converters.fill_mask_response(answer, self.settings.max_message_bytes)
+        reply = fill_mask_response(answer, self.settings.max_message_bytes)
         return JSONResponse(schemas.message_json(reply))
 
     async def health(self, request: Request) -> Response:

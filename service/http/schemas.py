@@ -17,11 +17,11 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from service.converters import float32
 from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
+from service.grpc.converters import float32
+from service.grpc.packing import WIRE_DTYPE
 from service.models import ModelInfo
-from service.packing import WIRE_DTYPE
 from service.proto import inference_pb2 as pb
 
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
@@ -92,7 +92,7 @@ def embed_request(body: dict) -> tuple[EmbedQuery, bool]:
 
 
 def embed_response(answer: Embeddings, packed: bool) -> dict:
-    """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/packing.py)."""
+    """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/grpc/packing.py)."""
     rows = answer.vectors.astype(WIRE_DTYPE, copy=False) if packed else answer.vectors.tolist()
     data = [
         {

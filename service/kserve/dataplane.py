@@ -2,9 +2,9 @@
 
 Every served model is one OIP model, version "1", with one input `text` (BYTES [N], UTF-8 texts)
 and the outputs of its kind. What a kind adds (its outputs, its parameters named like the fields of
-its inference.v1 request, one inference over its core) is its `service/<kind>/oip.py`, found through
-service/kinds.py (adapter.py); servicer.py (gRPC) and rest.py (HTTP) convert their wire formats to
-and from these calls.
+its inference.v1 request, one inference over its core) is its module `service/kserve/<kind>.py`
+(adapter.py), in the table `ADAPTERS`; servicer.py (gRPC) and rest.py (HTTP) convert their wire
+formats to and from these calls.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from service.cores import Cores
 from service.errors import InvalidArgument, NotFound, quote
-from service.kserve.adapter import adapter
+from service.kserve import embedding, fillmask, generation, translation
+from service.kserve.adapter import Adapter
 from service.kserve.parameters import checked
 from service.kserve.tensors import Scalar, Tensor
 from service.registry import Backend
@@ -23,6 +24,12 @@ SERVER_NAME = "transformer-serving"
 VERSION = "1"  # models are not versioned here; "" or "1" both name the served one
 INPUT = "text"
 TEXTS = ("BYTES", [-1])
+ADAPTERS: dict[str, Adapter] = {  # kind (service/kinds.py) -> its adapter
+    "embedding": embedding,
+    "fill-mask": fillmask,
+    "generation": generation,
+    "translation": translation,
+}
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         model = self.admit(name, version)
-        kind_outputs = adapter(model.kind).outputs(self.cores.models.info(model))
+        kind_outputs = ADAPTERS[model.kind].outputs(self.cores.models.info(model))
         outputs = [TensorSpec(output, datatype, shape) for output, (datatype, shape) in kind_outputs.items()]
         return ModelMetadata(model.name, [VERSION], f"{SERVER_NAME}/{model.kind}", [TensorSpec(INPUT, *TEXTS)], outputs)
 
@@ -108,7 +115,7 @@ class DataPlane:
     ) -> Inference:
         """Runs `model` (from `admit`) on the `text` input's texts; outputs: the names wanted (empty:
         all). The outputs and parameters are checked before any work."""
-        kind = adapter(model.kind)
+        kind = ADAPTERS[model.kind]
         wanted = requested_outputs(outputs, model.kind, list(kind.outputs(None)))
         values = checked(parameters, kind.PARAMETERS, model.kind)
         produced = await kind.infer(self.cores, model.name, texts, values, deadline)

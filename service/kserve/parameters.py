@@ -13,8 +13,8 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from service.converters import float32
 from service.errors import InvalidArgument, quote
+from service.grpc.converters import float32
 
 IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
 

@@ -1,11 +1,11 @@
-"""Embedding over the Open Inference Protocol (service/kserve/adapter.py): output `embedding` FP32 [N, D]."""
+"""Embedding over the Open Inference Protocol (adapter.py): output `embedding` FP32 [N, D]."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from service.cores import Cores
-from service.embedding.converters import embed_query
+from service.grpc.embedding import embed_query
 from service.kserve.adapter import Produced
 from service.kserve.parameters import fill
 from service.kserve.tensors import Tensor

@@ -1,5 +1,5 @@
 """Protobuf pieces every kind's converters share (`usage`, `timings`, `stage_timings`, `model_info`, `float32`); each
-kind's own request and response conversions are in its package's converters.py."""
+kind's own request and response conversions are in its module here, service/grpc/<kind>.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,18 @@
-"""FillMaskRequest / FillMaskResponse <-> the fill-mask core's plain values (service/fillmask/core.py)."""
+"""FillMaskService over gRPC: protobuf -> the fill-mask core (service/fillmask/core.py) -> protobuf.
+The HTTP door's /v1/fill-mask and the KServe door use these converters too."""
 
 from __future__ import annotations
 
-from service.converters import timings, usage
-from service.errors import InvalidArgument
-from service.fillmask.core import FilledMasks, FillMaskQuery
+import grpc
+
+from service.cores import Cores
+from service.errors import InvalidArgument, deadline_of, grpc_errors
+from service.fillmask.core import FilledMasks, FillMaskCore, FillMaskQuery
+from service.grpc.converters import timings, usage
 from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+
+SERVICE = "FillMaskService"
 
 
 def fill_mask_query(request: pb.FillMaskRequest) -> FillMaskQuery:
@@ -41,3 +48,18 @@ def fill_mask_response(answer: FilledMasks, max_bytes: int) -> pb.FillMaskRespon
             "(max_message_bytes): lower top_k or split the call"
         )
     return response
+
+
+class FillMaskServicer(pb_grpc.FillMaskServiceServicer):
+    def __init__(self, core: FillMaskCore, max_bytes: int):
+        self.core, self.max_bytes = core, max_bytes
+
+    @grpc_errors(SERVICE)
+    async def FillMask(self, request: pb.FillMaskRequest, context: grpc.aio.ServicerContext) -> pb.FillMaskResponse:
+        answer = await self.core.fill_mask(fill_mask_query(request), deadline_of(context))
+        return fill_mask_response(answer, self.max_bytes)
+
+
+def register(server: grpc.aio.Server, cores: Cores) -> None:
+    servicer = FillMaskServicer(cores.fill_mask, cores.settings.max_message_bytes)
+    pb_grpc.add_FillMaskServiceServicer_to_server(servicer, server)

@@ -1,8 +1,8 @@
 """EmbeddingService over gRPC: protobuf -> the embedding core (service/embedding/core.py) -> protobuf.
 
-Each RPC method is a few lines (MLServer `grpc/servicers.py`): `converters` for protobuf <-> plain
-values, the core for validation, admission and the work, and `@grpc_errors` mapping ServiceError to
-status codes and counting the call.
+Each RPC method is a few lines (MLServer `grpc/servicers.py`): the converters below for protobuf <->
+plain values (the HTTP and KServe doors use `embed_query` too), the core for validation, admission
+and the work, and `@grpc_errors` mapping ServiceError to status codes and counting the call.
 """
 
 from __future__ import annotations
@@ -13,13 +13,50 @@ from collections.abc import AsyncIterator
 import grpc
 
 from service.cores import Cores
-from service.embedding import converters
-from service.embedding.core import EmbeddingCore
-from service.errors import deadline_of, grpc_errors
+from service.embedding.core import EmbeddingCore, Embeddings, EmbedQuery
+from service.errors import InvalidArgument, deadline_of, grpc_errors
+from service.grpc import packing
+from service.grpc.converters import timings, usage
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
 STREAM_WINDOW = 8  # EmbedStream: requests of one stream in flight at once (keeps batches full)
+ENCODINGS = {
+    pb.EMBEDDING_ENCODING_UNSPECIFIED: False,
+    pb.EMBEDDING_ENCODING_FLOAT: False,
+    pb.EMBEDDING_ENCODING_PACKED_FLOAT32: True,
+}  # encoding -> packed
+
+
+def packed(request: pb.EmbedRequest) -> bool:
+    """Whether the reply's vectors go as little-endian float32 bytes (EMBEDDING_ENCODING_PACKED_FLOAT32)."""
+    if request.encoding not in ENCODINGS:
+        raise InvalidArgument(
+            f"encoding={request.encoding} is not an EmbeddingEncoding; use "
+            "EMBEDDING_ENCODING_FLOAT or EMBEDDING_ENCODING_PACKED_FLOAT32"
+        )
+    return ENCODINGS[request.encoding]
+
+
+def embed_query(request: pb.EmbedRequest) -> EmbedQuery:
+    """An EmbedRequest as plain values, optional fields resolved to their defaults."""
+    return EmbedQuery(
+        inputs=list(request.inputs),
+        model=request.model,
+        normalize=request.normalize if request.HasField("normalize") else True,
+        truncate=request.truncate if request.HasField("truncate") else True,
+        dimensions=int(request.dimensions),
+    )
+
+
+def embed_response(answer: Embeddings, request_id: str, packed: bool = False) -> pb.EmbedResponse:
+    return pb.EmbedResponse(
+        embeddings=packing.embeddings(answer.vectors, packed),
+        model=answer.model,
+        usage=usage(answer.input_tokens),
+        timings=timings(answer.total_s, answer.tokenize_s, answer.queue_s, answer.inference_s),
+        request_id=request_id,
+    )
 
 
 class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
@@ -63,9 +100,9 @@ class EmbeddingServicer(pb_grpc.EmbeddingServiceServicer):
             await window.put(None)  # ends the response loop, which then re-raises a read failure
 
     async def _embed(self, request: pb.EmbedRequest, deadline: float | None) -> pb.EmbedResponse:
-        packed = converters.packed(request)
-        answer = await self.core.embed(converters.embed_query(request), deadline)
-        return converters.embed_response(answer, request.request_id, packed)
+        as_bytes = packed(request)
+        answer = await self.core.embed(embed_query(request), deadline)
+        return embed_response(answer, request.request_id, as_bytes)
 
 
 def register(server: grpc.aio.Server, cores: Cores) -> None:

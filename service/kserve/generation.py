@@ -1,4 +1,4 @@
-"""Generation over the Open Inference Protocol (service/kserve/adapter.py): one generation per text,
+"""Generation over the Open Inference Protocol (adapter.py): one generation per text,
 output `text_output` BYTES [N]."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 from typing import Any
 
 from service.cores import Cores
-from service.generation.converters import generate_query
 from service.generation.core import join_chunks
+from service.grpc.generation import generate_query
 from service.kserve.adapter import Produced, texts_tensor
 from service.kserve.parameters import fill
 from service.models import ModelInfo

@@ -1,4 +1,4 @@
-"""Fill-mask over the Open Inference Protocol (service/kserve/adapter.py): outputs `token` BYTES,
+"""Fill-mask over the Open Inference Protocol (adapter.py): outputs `token` BYTES,
 `token_id` INT64 and `score` FP32, each [N, M, K]: M the most masks of any input, K = top_k; an input
 with fewer masks is padded with token "", token_id -1, score 0."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from service.cores import Cores
-from service.fillmask.converters import fill_mask_query
+from service.grpc.fillmask import fill_mask_query
 from service.kserve.adapter import Produced
 from service.kserve.parameters import fill
 from service.kserve.tensors import Tensor

@@ -1,4 +1,4 @@
-"""Translation over the Open Inference Protocol (service/kserve/adapter.py): outputs `translation`
+"""Translation over the Open Inference Protocol (adapter.py): outputs `translation`
 BYTES [N] and `score` FP32 [N]."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 
 from service.cores import Cores
+from service.grpc.translation import translate_query
 from service.kserve.adapter import Produced, texts_tensor
 from service.kserve.parameters import fill
 from service.kserve.tensors import Tensor
 from service.models import ModelInfo
 from service.proto import inference_pb2 as pb
-from service.translation.converters import translate_query
 
 PARAMETERS = ("beam_size", "max_length", "length_penalty")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from service import converters
 from service.cores import Cores
 from service.errors import grpc_errors
+from service.grpc import converters
 from service.models import ModelsCore
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc

@@ -1,12 +1,17 @@
-"""AttentionRequest / AttentionResponse <-> the attention core's plain values (service/inspection/core.py)."""
+"""InspectionService over gRPC: protobuf -> the attention core (service/inspection/core.py) -> protobuf."""
 
 from __future__ import annotations
 
-from service.converters import timings, usage
+import grpc
+
+from service.cores import Cores
+from service.errors import deadline_of, grpc_errors
+from service.grpc.converters import timings, usage
 from service.inspection.attention import AttentionQuery
-from service.inspection.core import AttentionMaps
+from service.inspection.core import AttentionCore, AttentionMaps
 from service.inspection.stats import FIELDS
 from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
 
 KINDS = {"self": pb.SELF, "causal": pb.CAUSAL, "cross": pb.CROSS}
 
@@ -45,3 +50,17 @@ def attention_response(answer: AttentionMaps) -> pb.AttentionResponse:
         usage=usage(result.input_tokens, result.output_tokens),
         timings=timings(total_s, result.tokenize_s, inference_s=result.inference_s),
     )
+
+
+class InspectionServicer(pb_grpc.InspectionServiceServicer):
+    def __init__(self, core: AttentionCore):
+        self.core = core
+
+    @grpc_errors("InspectionService")
+    async def Attention(self, request: pb.AttentionRequest, context: grpc.aio.ServicerContext) -> pb.AttentionResponse:
+        answer = await self.core.attention(attention_query(request), deadline_of(context))
+        return attention_response(answer)
+
+
+def register(server: grpc.aio.Server, cores: Cores) -> None:
+    pb_grpc.add_InspectionServiceServicer_to_server(InspectionServicer(cores.attention), server)
