@@ -32,6 +32,7 @@ from service.http.security import BearerAuth, ssl_options
 from service.http.server import LAST_SECONDS, HttpServer
 from service.inflight import Inflight, TrackCalls
 from service.kinds import KINDS
+from service.kserve import rest as kserve_rest
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.memory import MemoryTrimmer
@@ -150,7 +151,13 @@ class Server:
         )
         if self.settings.http_port >= 0:
             guard = [Middleware(BearerAuth, tokens=self.tokens)] if self.tokens.enabled else []
-            app = build_app(self.cores, lambda: self.serving, middleware=guard, worker_calls=self._worker_calls)
+            app = build_app(
+                self.cores,
+                lambda: self.serving,
+                middleware=guard,
+                worker_calls=self._worker_calls,
+                extra_routes=kserve_rest.routes(self.cores),
+            )
             self.http = await HttpServer.start(
                 app,
                 self.settings.http_address,

@@ -1,4 +1,4 @@
-"""Protobuf pieces every kind's converters share (`usage`, `timings`, `stage_timings`, `model_info`, `float32`); each
+"""Protobuf pieces every kind's converters share (`usage`, `timings`, `model_info`, `float32`); each
 kind's own request and response conversions are in its module here, service/grpc/<kind>.py."""
 
 from __future__ import annotations
@@ -29,25 +29,8 @@ def usage(input_tokens: int, output_tokens: int = 0) -> pb.Usage:
     return pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens)
 
 
-def timings(
-    total_s: float,
-    tokenize_s: float = 0.0,
-    queue_s: float = 0.0,
-    inference_s: float = 0.0,
-    time_to_first_token_s: float = 0.0,
-) -> pb.Timings:
-    """Seconds in, milliseconds out (the proto's unit)."""
-    return pb.Timings(
-        tokenize_ms=tokenize_s * 1e3,
-        queue_ms=queue_s * 1e3,
-        inference_ms=inference_s * 1e3,
-        total_ms=total_s * 1e3,
-        time_to_first_token_ms=time_to_first_token_s * 1e3,
-    )
-
-
-def stage_timings(t: Timings) -> pb.Timings:
-    """A decoder call's Timings (already milliseconds) as the message."""
+def timings(t: Timings) -> pb.Timings:
+    """A core's Timings (milliseconds, service/timings.py) as the message."""
     return pb.Timings(
         tokenize_ms=t.tokenize_ms,
         queue_ms=t.queue_ms,

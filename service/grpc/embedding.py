@@ -54,7 +54,7 @@ def embed_response(answer: Embeddings, request_id: str, packed: bool = False) ->
         embeddings=packing.embeddings(answer.vectors, packed),
         model=answer.model,
         usage=usage(answer.input_tokens),
-        timings=timings(answer.total_s, answer.tokenize_s, answer.queue_s, answer.inference_s),
+        timings=timings(answer.timings),
         request_id=request_id,
     )
 

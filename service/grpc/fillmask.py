@@ -39,7 +39,7 @@ def fill_mask_response(answer: FilledMasks, max_bytes: int) -> pb.FillMaskRespon
         ],
         model=answer.model,
         usage=usage(answer.input_tokens),
-        timings=timings(answer.total_s, answer.tokenize_s, answer.queue_s, answer.inference_s),
+        timings=timings(answer.timings),
     )
     size = response.ByteSize()
     if size > max_bytes:

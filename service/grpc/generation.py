@@ -22,7 +22,7 @@ from service.errors import deadline_of, grpc_errors
 from service.generation.core import GenerateQuery, GenerationCore, join_chunks
 from service.generation.decoding import SamplingParams
 from service.generation.sequence import EOS, LENGTH, STOP, Chunk
-from service.grpc.converters import stage_timings, usage
+from service.grpc.converters import timings, usage
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -57,7 +57,7 @@ def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
         reason, times = chunk.ending()
         msg.finish_reason = FINISH_REASONS[reason]
         msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
-        msg.timings.CopyFrom(stage_timings(times))
+        msg.timings.CopyFrom(timings(times))
     return msg
 
 
@@ -70,7 +70,7 @@ def generate_response(chunks: list[Chunk], model: str) -> pb.GenerateResponse:
         token_ids=[t for c in chunks for t in c.token_ids],
         finish_reason=FINISH_REASONS[reason],
         usage=usage(last.input_tokens, last.output_tokens),
-        timings=stage_timings(times),
+        timings=timings(times),
         model=model,
     )
 

@@ -27,7 +27,7 @@ def attention_query(request: pb.AttentionRequest) -> AttentionQuery:
 
 
 def attention_response(answer: AttentionMaps) -> pb.AttentionResponse:
-    result, model, kind, total_s = answer.result, answer.model, answer.kind, answer.total_s
+    result, model, kind = answer.result, answer.model, answer.kind
     maps = [
         pb.AttentionMap(
             kind=KINDS[m.kind],
@@ -48,7 +48,7 @@ def attention_response(answer: AttentionMaps) -> pb.AttentionResponse:
         target=result.target,
         maps=maps,
         usage=usage(result.input_tokens, result.output_tokens),
-        timings=timings(total_s, result.tokenize_s, inference_s=result.inference_s),
+        timings=timings(answer.timings),
     )
 
 

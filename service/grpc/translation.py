@@ -7,7 +7,7 @@ import grpc
 
 from service.cores import Cores
 from service.errors import deadline_of, grpc_errors
-from service.grpc.converters import stage_timings, usage
+from service.grpc.converters import timings, usage
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.translation.core import TranslateQuery, TranslationCore, Translations
@@ -31,7 +31,7 @@ def translate_response(answer: Translations) -> pb.TranslateResponse:
         translations=[pb.Translation(text=t.text, score=t.score) for t in answer.translations],
         model=answer.model,
         usage=usage(answer.input_tokens, answer.output_tokens),
-        timings=stage_timings(answer.timings),
+        timings=timings(answer.timings),
     )
 
 

@@ -11,7 +11,8 @@ it mirrors (protocol="http"), gives the core its deadline and maps failures to O
     POST /v1/translate         TranslationService/Translate
     POST /v1/fill-mask         FillMaskService/FillMask
     GET  /health               200 while SERVING, else 503 (warming up, draining); not counted
-    /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
+    /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py,
+                               whose routes the server hands in (`build_app(extra_routes=...)`)
 
 Authentication (anything every route must pass) goes in `build_app(middleware=...)`.
 """
@@ -27,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from service.cores import Cores
 from service.errors import InvalidArgument
@@ -39,7 +40,6 @@ from service.http.body import read_json
 from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
-from service.kserve import rest as kserve_rest
 
 
 class Routes:
@@ -175,10 +175,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(
-    cores: Cores, is_serving: Callable[[], bool], middleware: Sequence[Middleware] = (), worker_calls=None
+    cores: Cores,
+    is_serving: Callable[[], bool],
+    middleware: Sequence[Middleware] = (),
+    worker_calls=None,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The ASGI app; `app.state.inflight` counts the calls the drain waits for; worker_calls (a
-    worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does."""
+    worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does;
+    extra_routes are another door's on the same port (KServe's REST binding)."""
     r = Routes(cores, is_serving)
     app = Starlette(
         routes=[
@@ -193,7 +198,7 @@ def build_app(
             Route("/v1/translate", r.translate, methods=["POST"]),
             Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
             Route("/health", r.health, methods=["GET"]),
-            *kserve_rest.routes(cores),
+            *extra_routes,
         ],
         middleware=list(middleware),
         exception_handlers={HTTPException: _http_error},

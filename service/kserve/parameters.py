@@ -1,8 +1,9 @@
 """The Open Inference Protocol's request parameters -> the inference.v1 request of the model's kind.
 
-Parameters are named like the fields of the kind's v1 request (its oip.py's `PARAMETERS`) and set on that
-message (`fill`), so a value that does not fit the field (a string temperature, a negative count) is
-refused here and the v1 converters and models check ranges as they do for every other door.
+Parameters are named like the fields of the kind's v1 request (the `PARAMETERS` of its module,
+service/kserve/<kind>.py) and set on that message (`fill`), so a value that does not fit the field
+(a string temperature, a negative count) is refused here and the v1 converters and models check
+ranges as they do for every other door.
 Both bindings (gRPC `InferParameter`s, REST JSON values) hand in plain bool / int / float / str.
 """
 

@@ -136,7 +136,7 @@ def _model(request: Request) -> tuple[str, str]:
 
 
 def routes(cores: Cores) -> list[Route]:
-    """The protocol's routes over the cores, for the HTTP app (service/http/app.py)."""
+    """The protocol's routes over the cores, which the server adds to the HTTP app (service/http/app.py)."""
     r = Routes(cores)
     model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
     return [
