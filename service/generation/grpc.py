@@ -41,7 +41,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateChunk]:
-        generation = await self.core.generate(converters.generate_query(request), deadline_of(context))
+        generation = await self.core.generate(converters.generate_query(request, stream=True), deadline_of(context))
         interval = generation.interval_s
         try:
             sent = None
