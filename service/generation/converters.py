@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from service.converters import stage_timings, usage
 from service.errors import InvalidArgument
-from service.generation.core import GenerateQuery
+from service.generation.core import EOS, LENGTH, STOP, Chunk, GenerateQuery
 from service.generation.decoding import SamplingParams
 from service.generation.scoring import TokenLogprobs
-from service.generation.sequence import EOS, LENGTH, STOP, Chunk
 from service.proto import inference_pb2 as pb
 
 FINISH_REASONS = {

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, cast
 
 from service.errors import DeadlineExceeded, InvalidArgument, label_model
 from service.generation import scoring
+from service.generation.handle import GenerationHandle
+from service.generation.output import EOS, LENGTH, STOP, Chunk
 from service.generation.query import GenerateQuery, Shaper, check_query, choice_params
-from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle
 from service.generation.tokens import INLINE_TOKENS, TOKENIZE_MAX_CHARS, Detokenized, Tokenized, TokenizerInfo
 from service.registry import ModelRegistry
 from service.timings import Timings

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from service.errors import InvalidArgument
 from service.generation.decoding import SamplingParams
+from service.generation.output import Chunk
 from service.generation.scoring import TokenLogprobs
-from service.generation.sequence import Chunk
 
 MAX_STREAM_INTERVAL_MS = 1000
 MAX_N = 16  # choices per prompt
