@@ -53,9 +53,11 @@ class Generation:
         self.interval_s = query.stream_interval_ms / 1e3
         self.n = query.n
         self._handles, self._expire, self._deadline = handles, model.expire, deadline
-        prompt_text = _text(model, query.prompt) if query.shaped else ""
-        self._shapers = [Shaper(prompt_text, query.echo, query.params.logprobs is not None) for _ in handles]
         self._shaped = query.shaped
+        self._shapers: list[Shaper] = []
+        if self._shaped:
+            prompt_text = _text(model, query.prompt)
+            self._shapers = [Shaper(prompt_text, query.echo, query.params.logprobs is not None) for _ in handles]
         self._timer = None
         if deadline is not None:
             loop = asyncio.get_running_loop()
