@@ -21,9 +21,10 @@ from service import tokenizing
 from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError
 from service.generation.decoding import ParamError, SamplingParams, check_params
+from service.generation.handle import GenerationHandle
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
-from service.generation.sequence import GenerationHandle, Sequence
+from service.generation.sequence import Sequence
 from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info

@@ -32,12 +32,12 @@ from starlette.routing import BaseRoute, Route
 
 from service.cores import Cores
 from service.errors import InvalidArgument
-from service.generation.core import GenerateQuery, join_chunks
+from service.generation.core import Chunk, Generation, join_chunks
 from service.grpc.fillmask import fill_mask_query, fill_mask_response
 from service.grpc.translation import translate_query, translate_response
 from service.http import completions, schemas, tokenization
 from service.http.body import read_json
-from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
+from service.http.completions import Completion  # for annotations: a method shadows the module's name
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 
@@ -63,48 +63,30 @@ class Routes:
         query = completions.parse(await self._json(request))  # service/http/completions.py
         if query.stream:
             call.method = "GenerateStream"
-        runs = await self._generate(query, call.deadline)  # refusals here, before any 200
+        # Every choice of every prompt admitted at once; refusals here, before any 200.
+        generations = await self.cores.generation.generate_many(query.queries, call.deadline)
         try:
-            completion = completions.Completion(runs[0][1].model)
+            completion = completions.Completion(generations[0].model)
             if query.stream:
-                choice = completions.Choice(runs[0][1].prompt_text, query.echo, query.logprobs)
-                return call.stream(self._chunks(runs[0][1], completion, choice), on_close=runs[0][1].cancel)
+                return call.stream(self._chunks(generations[0], completion), on_close=generations[0].cancel)
             try:
-                results = await call.unless_gone(request, _collect(runs))  # one wake-up per choice, at its end
+                results = await call.unless_gone(request, _collect(generations))  # one wake-up per choice
             finally:
-                for _, generation in runs:
+                for generation in generations:
                     generation.cancel()
-            prompts = [generation.prompt_text for (_, j), generation in runs if j == 0]
-            return JSONResponse(completions.response(query, completion, prompts, results))
+            return JSONResponse(completions.response(query, completion, results))
         except BaseException:  # nothing admitted runs on for a call that failed before its stream took it
-            for _, generation in runs:
+            for generation in generations:
                 generation.cancel()
             raise
 
-    async def _generate(self, query: CompletionRequest, deadline: float | None) -> list:
-        """Every choice of every prompt as its own generation, admitted all or none (the core's generate_many)."""
-        keys = completions.runs(query)
-        generations = await self.cores.generation.generate_many(
-            [
-                GenerateQuery(
-                    query.prompts[i],
-                    completions.choice_params(query, j),
-                    query.model,
-                    prompt_name="prompt" if len(query.prompts) == 1 else f"prompt[{i}]",
-                )
-                for i, j in keys
-            ],
-            deadline,
-        )
-        return list(zip(keys, generations, strict=True))
-
     @staticmethod
-    async def _chunks(generation, completion: Completion, choice: Choice):
+    async def _chunks(generation: Generation, completion: Completion):
         # The response cancels the generation when it ends: a client gone frees its cache row; the
         # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
         async for chunk in generation:
             # Chunks that queued up while the previous event was written go out as one.
-            yield completions.event(completion, choice, join_chunks([chunk, *generation.ready()]))
+            yield completions.event(completion, join_chunks([chunk, *generation.ready()]))
 
     @route("GenerationService", "ChatCompletions")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
@@ -156,10 +138,9 @@ class Routes:
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
 
 
-async def _collect(runs: list) -> dict:
-    """(prompt, choice) -> the choice's chunks joined, once every generation has ended."""
-    chunks = await asyncio.gather(*(generation.collect() for _, generation in runs))
-    return {key: join_chunks(c) for (key, _), c in zip(runs, chunks, strict=True)}
+async def _collect(generations: list[Generation]) -> list[list[Chunk]]:
+    """Each prompt's choices (one joined chunk each), once every generation has ended."""
+    return list(await asyncio.gather(*(generation.collect() for generation in generations)))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
