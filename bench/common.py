@@ -20,11 +20,15 @@ import sys
 import threading
 import urllib.request
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, TYPE_CHECKING, TypeVar, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 ROOT = Path(__file__).resolve().parents[1]
+M = TypeVar("M")
 
 
 def run_worker(module: str, *args: str, timeout: float = 900) -> dict:
@@ -187,17 +191,18 @@ def served_quality(model_dir: Path, variant: str) -> dict | None:
     return {**figures["quality"], "quality_ok": figures["quality_ok"]} if "quality" in figures else None
 
 
-def snapshot_checkpoint(checkpoint: Path, out: Path) -> tuple[Path, object, dict, object, str]:
+def snapshot_checkpoint(checkpoint: Path, out: Path, expect: type[M]) -> tuple[Path, M, dict, Tokenizer, str]:
     """Copies a trained checkpoint into out/checkpoint (a training job may overwrite the original
-    while the sides load it) and loads it: -> (snapshot path, model, meta, tokenizer, description)."""
+    while the sides load it) and loads it, a model of class `expect`:
+    -> (snapshot path, model, meta, tokenizer, description)."""
     import shutil
-
-    from tokenizers import Tokenizer
 
     from export.checkpoint import load_checkpoint
 
     snapshot = Path(shutil.copytree(checkpoint, out / "checkpoint"))
     model, meta = load_checkpoint(snapshot)
+    if not isinstance(model, expect):
+        raise ValueError(f"{checkpoint} holds a {meta['architecture']} checkpoint, not a {expect.__name__}")
     tokenizer = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
     source = f"trained checkpoint {checkpoint} ({meta.get('training', {}).get('steps')} steps)"
     return snapshot, model, meta, tokenizer, source

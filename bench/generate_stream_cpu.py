@@ -76,11 +76,18 @@ async def measure(address: str, pid: int, args) -> dict:
         await asyncio.wait_for(channel.channel_ready(), 120)
     rounds = [await _round(address, pid, args) for _ in range(args.rounds)]
     out = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
-    out["range_cpu_us_per_token"] = [
+    spread = [
         round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
         round(max(r["server_cpu_us_per_token"] for r in rounds), 2),
     ]
-    return {**out, "streams": args.streams, "calls": args.calls, "new_tokens": args.new_tokens, "rounds": args.rounds}
+    return {
+        **out,
+        "range_cpu_us_per_token": spread,
+        "streams": args.streams,
+        "calls": args.calls,
+        "new_tokens": args.new_tokens,
+        "rounds": args.rounds,
+    }
 
 
 def main() -> None:
