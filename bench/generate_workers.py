@@ -84,7 +84,8 @@ async def engine_side(args: argparse.Namespace) -> dict:
 
     async def decode() -> tuple[float, list[int]]:
         handle = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=args.new_tokens))
-        tokens, first_at = [], None
+        tokens: list[int] = []
+        first_at = 0.0
         async for chunk in handle:
             first_at = first_at or time.perf_counter()
             tokens += chunk.token_ids

@@ -46,7 +46,7 @@ def generation_perplexity(model_dir, variant: str) -> dict:
     nll, count, started = 0.0, 0, time.perf_counter()
     for s in range(0, len(stream) - 1, context):
         chunk = stream[s : s + context + 1]
-        logits = forced_logits(step, chunk)  # (T, V) for inputs chunk[:-1]
+        logits = forced_logits(step, chunk.tolist())  # (T, V) for inputs chunk[:-1]
         nll -= float(log_softmax(logits)[np.arange(len(chunk) - 1), chunk[1:]].sum())
         count += len(chunk) - 1
     return {

@@ -41,7 +41,7 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
 
     if (checkpoint / "config.json").is_file():
-        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out)
+        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out, Translator)
         special = meta["special_tokens"]
         sample = heldout_sample(meta, model.config, tokenizer, checkpoint)  # as `make models` judges int8
     else:

@@ -28,10 +28,13 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
 
     from export import data
     from export.checkpoint import load_checkpoint
+    from export.seq2seq import Translator
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    model, _ = load_checkpoint(args.checkpoint)
+    model, meta = load_checkpoint(args.checkpoint)
+    if not isinstance(model, Translator):
+        raise SystemExit(f"{args.checkpoint}: a {meta['architecture']} checkpoint, not a translator")
     dev = torch.device(args.device)
     model = model.to(dev, torch.float16 if args.dtype == "fp16" else torch.float32)
     cfg = model.config

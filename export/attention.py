@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -32,17 +33,19 @@ from service.manifest import TensorSpec
 log = logging.getLogger(__name__)
 
 ATTENTION_MAX_ABS = 1e-5
+Model = SentenceEncoder | GPTDecoder | Translator  # the kinds with an attention graph
 FILE = "attention.onnx"
 
 
 def recorded(groups: Sequence[Sequence[MultiHeadAttention]], run: Callable[[], object]) -> list[torch.Tensor]:
     """Runs run() with every module of groups recording; -> their probabilities, group by group."""
     modules = [m for group in groups for m in group]
-    for m in modules:
-        m.record = []
+    records: list[list[torch.Tensor]] = [[] for _ in modules]
+    for m, record in zip(modules, records):
+        m.record = record
     try:
         run()
-        return [m.record[0] for m in modules]  # each module runs once per forward
+        return [record[0] for record in records]  # each module runs once per forward
     finally:
         for m in modules:
             m.record = None
@@ -94,17 +97,17 @@ def _maps(prefix: str, n: int, heads: int, queries: str, keys: str) -> list[Tens
     return [TensorSpec(f"{prefix}.{i}", "float32", ["batch", heads, queries, keys]) for i in range(n)]
 
 
-def attention_specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def attention_specs(model: Model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The attention graph's inputs and outputs (module doc)."""
-    cfg = model.config
     ids = [
         TensorSpec("input_ids", "int64", ["batch", "sequence"]),
         TensorSpec("attention_mask", "int64", ["batch", "sequence"]),
     ]
     if isinstance(model, SentenceEncoder):
-        return ids, _maps("self_attention", cfg.n_layers, cfg.n_heads, "sequence", "sequence")
+        return ids, _maps("self_attention", model.config.n_layers, model.config.n_heads, "sequence", "sequence")
     if isinstance(model, GPTDecoder):
-        return ids, _maps("causal_attention", cfg.n_layers, cfg.n_heads, "sequence", "sequence")
+        return ids, _maps("causal_attention", model.config.n_layers, model.config.n_heads, "sequence", "sequence")
+    cfg = model.config
     src = [TensorSpec(t.name, t.dtype, ["batch", "source_sequence"]) for t in ids]
     tgt = [TensorSpec(f"decoder_{t.name}", t.dtype, t.shape) for t in ids]
     outputs = (
@@ -115,7 +118,7 @@ def attention_specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec
     return src + tgt, outputs
 
 
-def _graph(model: nn.Module) -> nn.Module:
+def _graph(model: Model) -> nn.Module:
     if isinstance(model, SentenceEncoder):
         return EncoderAttentionGraph(model)
     if isinstance(model, GPTDecoder):
@@ -123,18 +126,19 @@ def _graph(model: nn.Module) -> nn.Module:
     return TranslatorAttentionGraph(model)
 
 
-def _feeds(model: nn.Module, rows: Sequence[Sequence[int]] | Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
+def _feeds(model: Model, rows: Sequence[Sequence[int]] | Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
     """Right-padded inputs: rows of ids, or (source ids, decoder input ids) pairs for a translator."""
     pad = model.config.pad_token_id
     if not isinstance(model, Translator):
-        ids, mask = parity.pad_batch(rows, pad, left=False)
+        ids, mask = parity.pad_batch(cast(Sequence[Sequence[int]], rows), pad, left=False)
         return {"input_ids": ids, "attention_mask": mask}
-    src, src_mask = parity.pad_batch([s for s, _ in rows], pad, left=False)
-    tgt, tgt_mask = parity.pad_batch([t for _, t in rows], pad, left=False)
+    pairs = cast(Sequence[tuple[Sequence[int], Sequence[int]]], rows)
+    src, src_mask = parity.pad_batch([s for s, _ in pairs], pad, left=False)
+    tgt, tgt_mask = parity.pad_batch([t for _, t in pairs], pad, left=False)
     return {"input_ids": src, "attention_mask": src_mask, "decoder_input_ids": tgt, "decoder_attention_mask": tgt_mask}
 
 
-def export_attention(model: nn.Module, path: Path, example) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_attention(model: Model, path: Path, example) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Exports the attention graph, traced on example rows (see `_feeds`) of distinct lengths."""
     inputs, outputs = attention_specs(model)
     feeds = _feeds(model, example)
@@ -151,7 +155,7 @@ def _key_mask(output: str, feeds: dict) -> np.ndarray:
     return feeds["attention_mask"]
 
 
-def attention_parity(model: nn.Module, path: Path, batches) -> dict:
+def attention_parity(model: Model, path: Path, batches) -> dict:
     """ONNX vs PyTorch probabilities on right-padded batches -> figures (`ok`: within ATTENTION_MAX_ABS)."""
     sess, graph = parity.session(path), _graph(model).eval()
     names = [o.name for o in sess.get_outputs()]
@@ -178,7 +182,7 @@ def attention_parity(model: nn.Module, path: Path, batches) -> dict:
     return figures
 
 
-def attention_graph(model: nn.Module, staging: Path, batches) -> tuple[list[GraphFile], dict]:
+def attention_graph(model: Model, staging: Path, batches) -> tuple[list[GraphFile], dict]:
     """Export + gate: ([the `attention` graph (fp32)] or [] when over the limit, its figures)."""
     path = staging / FILE
     export_attention(model, path, batches[0])

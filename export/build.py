@@ -83,7 +83,7 @@ def _derive_variants(
     for variant in [v for v in VARIANT_ORDER if v in variants]:
         paths = {role: staging / f"{role}.{variant}.onnx" for role in fp32}
         started = time.perf_counter()
-        extra = {}
+        extra: dict[str, object] = {}
         for role, dst in paths.items():
             if variant == "optimized":
                 extra[f"{role}_fused_ops"] = ox.make_optimized(base[role], dst, *optimize_args[role])

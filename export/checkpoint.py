@@ -28,7 +28,8 @@ from export.mlm import MaskedLM
 from export.seq2seq import Seq2SeqConfig, Translator
 from service.manifest import ModelDir
 
-ARCHITECTURES = {
+Checkpointed = GPTDecoder | Translator | MaskedLM  # the models a checkpoint holds
+ARCHITECTURES: dict[str, tuple[type[Checkpointed], type, str]] = {
     "gpt-decoder": (GPTDecoder, DecoderConfig, "generation"),
     "seq2seq": (Translator, Seq2SeqConfig, "translation"),
     "bert-mlm": (MaskedLM, EncoderConfig, "fill-mask"),
@@ -75,7 +76,7 @@ def save_checkpoint(
     return out
 
 
-def load_checkpoint(path) -> tuple[torch.nn.Module, dict]:
+def load_checkpoint(path) -> tuple[Checkpointed, dict]:
     """-> (model in eval mode with fp32 weights, the config.json dict). The tokenizer is path/tokenizer.json."""
     path = Path(path)
     meta = json.loads((path / "config.json").read_text())

@@ -31,7 +31,9 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]]:
     """(name, kind, input files, build(out, variants, extra)) for MiniLM and every complete checkpoint."""
-    jobs = [(minilm.DIR_NAME, "embedding", [minilm.weights_path(), *minilm.quality_files()], minilm.build_minilm)]
+    jobs: list[tuple[str, str, list[Path], Callable]] = [
+        (minilm.DIR_NAME, "embedding", [minilm.weights_path(), *minilm.quality_files()], minilm.build_minilm)
+    ]
     for ckpt in sorted(p for p in checkpoints.iterdir() if p.is_dir()) if checkpoints.is_dir() else []:
         missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
         if missing:

@@ -118,7 +118,9 @@ def token_batches(lengths: list[int], max_tokens: int, seed: int, epoch: int) ->
     within max_tokens; lengths are sorted with a seeded jitter and the batch order is shuffled."""
     rng = random.Random(seed * 100_003 + epoch)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches, current, longest = [], [], 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
     for i in order:
         longest_if_added = max(longest, lengths[i])
         if current and longest_if_added * (len(current) + 1) > max_tokens:

@@ -107,6 +107,9 @@ class Rotary(nn.Module):
     """cos / sin tables (max_positions, hs), looked up by position id; `forward` is the
     `MultiHeadAttention.rotate` hook."""
 
+    cos: torch.Tensor  # buffers, registered in __init__
+    sin: torch.Tensor
+
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         inv_freq = rope_frequencies(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)

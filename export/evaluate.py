@@ -17,7 +17,9 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import sacrebleu
 import torch
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from export import data
+from export.decoder import GPTDecoder
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,8 @@ def translation_scores(hyps: list[str], refs: list[list[str]]) -> dict:
     width = max(len(r) for r in refs)
     streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
-    bleu, chrf = bleu_metric.corpus_score(hyps, streams), chrf_metric.corpus_score(hyps, streams)
+    refs_by_stream = cast(list[Sequence[str]], streams)  # sacrebleu skips None (a missing reference); its hint says str
+    bleu, chrf = bleu_metric.corpus_score(hyps, refs_by_stream), chrf_metric.corpus_score(hyps, refs_by_stream)
     return {
         "bleu": round(bleu.score, 2),
         "chrf": round(chrf.score, 2),
@@ -261,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             result["greedy" if beam == 1 else f"beam{beam}"] = scores
             texts += [f"[beam {beam}] {en}\t{h}" for (en, _), h in zip(items, hyps)]
     else:
+        if not isinstance(model, GPTDecoder):
+            raise SystemExit(f"{args.checkpoint}: a {meta['architecture']} checkpoint, not a generator (--kind)")
         _, held = data.split_stories(data.load_stories(path), seed=seed)
         stream = data.story_stream([e.ids[1:] for e in tok.encode_batch(held)], model.config.eos_token_id)
         result["heldout"] = perplexity(model, data.stream_windows(stream, model.config.max_positions))

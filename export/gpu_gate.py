@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -47,7 +48,10 @@ def _session(path: Path, device: str) -> ort.InferenceSession | None:
     return sess
 
 
-def _half(model: torch.nn.Module, device: str) -> torch.nn.Module:
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def _half(model: M, device: str) -> M:
     return copy.deepcopy(model).to(device, torch.float16).eval()
 
 

@@ -79,14 +79,14 @@ def heldout_sample(meta: dict, cfg, tok: Tokenizer, checkpoint: Path | None = No
         texts = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
         where = f"{file.parent.name}/{HELDOUT_FILE}"
     else:
-        texts = heldout_texts(meta, cfg, tok)
-        if texts is None:
+        from_corpus = heldout_texts(meta, cfg, tok)
+        if from_corpus is None:
             log.warning(
                 "quality sample: no %s and no training corpus; reduced-precision variants are judged on the gate texts",
                 HELDOUT_FILE,
             )
             return None
-        where = "the training corpus"
+        texts, where = from_corpus, "the training corpus"
     if meta["kind"] == "generation":
         from export import data
 

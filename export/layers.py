@@ -205,6 +205,8 @@ POSITION_LAYOUTS = {"interleaved": sinusoidal_table, "marian": sines_then_cosine
 class SinusoidalPositions(nn.Module):
     """Looks positions up in a fixed (non-trained) sinusoidal table, of one of `POSITION_LAYOUTS`."""
 
+    table: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, n_positions: int, d_model: int, layout: str = "interleaved"):
         super().__init__()
         self.register_buffer("table", POSITION_LAYOUTS[layout](n_positions, d_model), persistent=False)

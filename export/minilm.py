@@ -48,7 +48,10 @@ def convert_minilm(folder: Path | None = None) -> Converted:
 
 def load_minilm(folder: Path | None = None) -> SentenceEncoder:
     """The SentenceEncoder with MiniLM's weights (every weight mapped, none missing)."""
-    return convert_minilm(folder).model
+    model = convert_minilm(folder).model
+    if not isinstance(model, SentenceEncoder):
+        raise TypeError(f"MiniLM converted onto {type(model).__name__}, not SentenceEncoder")
+    return model
 
 
 # English texts the repository ships (held out from its own models' training), on which MiniLM's

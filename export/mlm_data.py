@@ -81,7 +81,8 @@ def split_passages(
 def pack(token_lists: list[list[int]], width: int) -> list[list[int]]:
     """Consecutive passages packed greedily into chunks of <= width tokens; a passage longer than
     width is cut into width-sized pieces (the last piece starts a new chunk's packing)."""
-    chunks, current = [], []
+    chunks: list[list[int]] = []
+    current: list[int] = []
     for ids in token_lists:
         for start in range(0, len(ids), width):
             piece = ids[start : start + width]

@@ -129,25 +129,26 @@ def checkpoint_figures(
     rows = [json.loads(line) for line in lines if line.strip()][::every]
     log_unigram = unigram_log_probs(load_unigram(checkpoint), n_special=len(meta["special_tokens"]))
     special, length = meta["special_tokens"], meta["max_length"]
-    result = {}
+    result: dict[str, dict] = {}
     for corpus in ["all", *sorted({r["corpus"] for r in rows})]:
         masked = masked_rows(tok, [r["text"] for r in rows if corpus in ("all", r["corpus"])], length, special)
         result[corpus] = evaluate(model, masked, log_unigram)
         if neighbours is not None:
             result[corpus]["neighbour_accuracy"] = neighbours.accuracy(masked, int(np.argmax(log_unigram)))
-    result["passages"] = len(rows)
-    return result
+    return {**result, "passages": len(rows)}
 
 
 @torch.no_grad()
-def fill(model, tok: Tokenizer, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+def fill(model, tok: Tokenizer, text: str, top_k: int = 5) -> list[list[tuple[str | None, float]]]:
     """PyTorch reference fill-mask: per [MASK] in text, the top_k (token, probability), best first."""
     enc = tok.encode(text)
     ids = torch.tensor([enc.ids])
     probs = torch.softmax(model.eval()(ids, torch.ones_like(ids))[0], dim=-1)  # (T, V)
     mask_id = tok.token_to_id("[MASK]")
+    if mask_id is None:
+        raise ValueError("the tokenizer has no [MASK] token")
     out = []
-    for pos in (ids[0] == mask_id).nonzero().flatten().tolist():
+    for pos in torch.eq(ids[0], mask_id).nonzero().flatten().tolist():
         p, i = probs[pos].topk(top_k)
         out.append([(tok.id_to_token(int(t)), round(float(q), 3)) for q, t in zip(p, i)])
     return out

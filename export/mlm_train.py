@@ -75,7 +75,7 @@ class MLMTask:
         self.log_unigram = mlm_eval.unigram_log_probs(self.counts, N_SPECIAL)
         self.heldout = [{"corpus": name, "text": p} for name, passages in held.items() for p in passages]
         self.eval_rows = mlm_eval.masked_rows(self.tok, [h["text"] for h in self.heldout], args.max_len, SPECIAL)
-        continuation = [self.tok.id_to_token(i).startswith("##") for i in range(vocab)]
+        continuation = [(self.tok.id_to_token(i) or "").startswith("##") for i in range(vocab)]
         self.continuation = torch.tensor(continuation)
         self.cfg = EncoderConfig(
             vocab_size=vocab,

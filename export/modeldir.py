@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
 
 
-def source_hash(inputs: list[Path] = (), salt: str = "") -> str:
+def source_hash(inputs: Sequence[Path] = (), salt: str = "") -> str:
     """sha256 over the export sources, library versions, the given input files (weights) and a salt."""
     h = hashlib.sha256()
     for rel in SOURCE_FILES:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import onnx
 import torch
 from torch import nn
 
-from export.decoder import GPTDecoder, rotate_half
+from export.decoder import DecoderBlock, GPTDecoder, rotate_half
 from export.encoder import SentenceEncoder
 from export.seq2seq import Translator
 from service.manifest import TensorSpec
@@ -120,7 +122,7 @@ class DecoderGraph(nn.Module):
         super().__init__()
         self.model = model
         self.qkv = nn.ModuleList()
-        for block in model.blocks:
+        for block in cast(Iterable[DecoderBlock], model.blocks):
             attn = block.attn
             parts = (attn.query, attn.key, attn.value)
             fused = nn.Linear(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from service.manifest import TensorSpec
 from service.translation import encoder as translation_encoder
 
 FILE = "packed.onnx"
+Model = SentenceEncoder | MaskedLM | Translator  # the kinds with a packed encoder graph
 GATE_ROW_TOKENS = (64, 0)  # rows of 64 tokens (several inputs each), and of the longest input (0)
 
 
@@ -91,19 +93,18 @@ class PackedTranslatorEncoderGraph(nn.Module):
         return tuple(out)
 
 
-def specs(model: nn.Module) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    cfg = model.config
+def specs(model: Model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs = [TensorSpec(n, "int64", ["rows", "length"]) for n in ("input_ids", "position_ids", "segment_ids")]
     if isinstance(model, Translator):
         inputs.append(TensorSpec("unpack_index", "int64", ["batch", "source_sequence"]))
         return inputs, ox.translator_specs(model)["encoder"][1]
     if isinstance(model, MaskedLM):
         inputs.append(TensorSpec("gather_positions", "int64", ["positions"]))
-        return inputs, [TensorSpec("logits", "float32", ["positions", cfg.vocab_size])]
-    return inputs, [TensorSpec("token_embeddings", "float32", ["rows", "length", cfg.d_model])]
+        return inputs, [TensorSpec("logits", "float32", ["positions", model.config.vocab_size])]
+    return inputs, [TensorSpec("token_embeddings", "float32", ["rows", "length", model.config.d_model])]
 
 
-def export_packed(model: nn.Module, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_packed(model: Model, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Traced on two rows of distinct segments and lengths (no axis frozen to an example size)."""
     inputs, outputs = specs(model)
     example = pack([list(range(3, 8)), list(range(3, 6)), list(range(3, 10))], 9, model.config.pad_token_id)
@@ -185,7 +186,7 @@ def embedding_quality(
     alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0], align) for s in sample[:chunk]])
     cos, limits = parity._cos(ref, got), parity.EMBEDDING_QUALITY_LIMITS
     diff = float(np.abs(alone - got[: len(alone)]).max())
-    figures = {
+    figures: dict[str, Any] = {
         "sample": sample_name,
         "texts": len(sample),
         "cos_min": round(float(cos.min()), 5),
@@ -243,7 +244,7 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant
                 alone_diff = max(alone_diff, float(np.abs(alone[i] - g).max()))
                 same += int((r.argmax(-1) == g.argmax(-1)).sum())
                 total += len(g)
-    figures = {
+    figures: dict[str, Any] = {
         "logits_max_abs_diff": diff,
         "top1_agreement": same / total,
         "alone_max_abs_diff": alone_diff,
@@ -336,7 +337,7 @@ def translator_parity(
                     for a, c in zip(alone, cross, strict=True)
                 ),
             )
-    figures = {
+    figures: dict[str, Any] = {
         "cross_kv_max_abs_diff": diff,
         "alone_max_abs_diff": alone_diff,
         "inputs": len(sources),

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -148,7 +149,7 @@ def encoder_quality(
     alone = np.concatenate([embed([seq])[1] for seq in sample[:batch_size]])
     batch_diff = float(np.abs(alone - got[: len(alone)]).max())
     limits = EMBEDDING_QUALITY_LIMITS
-    figures = {
+    figures: dict[str, Any] = {
         "sample": sample_name,
         "texts": len(sample),
         "cos_min": round(float(cos.min()), 5),
@@ -381,7 +382,7 @@ def quality_figures(rows, sample: str, batch_max_abs_diff: float) -> dict:
         same += int((ref.argmax(-1) == got.argmax(-1)).sum())
         tokens += len(targets)
     ppl_ref, ppl = float(np.exp(nll_ref / tokens)), float(np.exp(nll_got / tokens))
-    figures = {
+    figures: dict[str, Any] = {
         "sample": sample,
         "tokens": tokens,
         "perplexity_pytorch": round(ppl_ref, 4),
@@ -507,13 +508,14 @@ def translator_parity(
     ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(src_mask)))
     start_id = cfg.decoder_start_token_id
     prompts = [[start_id, *s[: i + 1]] for i, s in enumerate(sources)]  # target prefixes, lengths differ
-    figures = {
+    figures: dict[str, Any] = {
         "cross_kv_max_abs_diff": cross_diff,
         **logits_parity(ref, got, prompts, cfg.pad_token_id, cfg.vocab_size),
     }
     _check_logits(figures, variant, "translator decoder logits")
-    if VARIANT_LIMITS[variant][1] is not None and cross_diff > VARIANT_LIMITS[variant][1]:
-        _fail(f"{variant} translator encoder cross K/V max abs diff", cross_diff, VARIANT_LIMITS[variant][1])
+    cross_limit = VARIANT_LIMITS[variant][1]
+    if cross_limit is not None and cross_diff > cross_limit:
+        _fail(f"{variant} translator encoder cross K/V max abs diff", cross_diff, cross_limit)
     reference = reference or reference_translations(model, sources, n_new)
     start = np.full((len(sources), 1), start_id, np.int64)
     tokens = greedy_loop(got, start, np.ones_like(start), np.zeros_like(start), n_new)

@@ -20,7 +20,9 @@ The model exports as two graphs:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -149,7 +151,7 @@ class Translator(nn.Module):
         for layer in self.encoder_layers:
             x = layer(x, mask)
         memory = self.encoder_norm(x)  # (B, S, C)
-        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        return [layer.cross_attn.project_kv(memory) for layer in cast(Iterable[DecoderLayer], self.decoder_layers)]
 
     def decode(self, tgt_ids, attention_mask, position_ids, past: list[KV] | None, cross_kv: list[KV], src_mask):
         """tgt_ids (B, T); attention_mask (B, P+T) over the target; position_ids (B, T);
@@ -178,7 +180,8 @@ class Translator(nn.Module):
         source, without the decoder start token, up to and including EOS."""
         cross = self.encode(src_ids, src_mask)
         B = src_ids.shape[0]
-        ys = torch.full((B, 1), self.config.decoder_start_token_id, dtype=torch.long, device=src_ids.device)
+        start = cast(int, self.config.decoder_start_token_id)  # never None after __post_init__
+        ys = torch.full((B, 1), start, dtype=torch.long, device=src_ids.device)
         done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
         for _ in range(max_length):
             positions = torch.arange(ys.shape[1], device=ys.device)[None, :].expand_as(ys)

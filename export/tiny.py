@@ -98,9 +98,9 @@ def tiny_model(kind: str, vocab_size: int) -> nn.Module:
         )
         return _widen(MaskedLM(cfg), 0.3)
     if kind == "generation":
-        cfg = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
-        return _widen(GPTDecoder(cfg), 0.3)
-    cfg = Seq2SeqConfig(
+        gen = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
+        return _widen(GPTDecoder(gen), 0.3)
+    s2s = Seq2SeqConfig(
         vocab_size=vocab_size,
         d_model=32,
         n_encoder_layers=2,
@@ -110,7 +110,7 @@ def tiny_model(kind: str, vocab_size: int) -> nn.Module:
         max_positions=160,
         dropout=0.0,
     )
-    return _widen(Translator(cfg), 0.3)
+    return _widen(Translator(s2s), 0.3)
 
 
 def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelDir:

@@ -98,8 +98,8 @@ def build_tokenizer(
     if kind == "mlm":
         from export import mlm_data
 
-        train, _ = mlm_data.split_passages(mlm_data.load_passages(data_path), seed=seed)
-        return train_wordpiece_tokenizer([p for passages in train.values() for p in passages], vocab_size)
+        passages, _ = mlm_data.split_passages(mlm_data.load_passages(data_path), seed=seed)
+        return train_wordpiece_tokenizer([p for ps in passages.values() for p in ps], vocab_size)
     split = data.split_tatoeba(data.load_tatoeba(data_path), seed=seed, n_test=n_test, n_dev=n_dev)
     texts = [t for en, fr in split.train for t in (en, fr)]
     return train_translator_tokenizer(texts, vocab_size)

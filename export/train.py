@@ -256,7 +256,7 @@ def evaluate_and_save(task, model, opt, sched: dict, prog: Progress, args, lr: f
     record = {
         "step": prog.step,
         "total": sched["total"],
-        "loss": round(prog.smooth, 4),
+        "loss": None if prog.smooth is None else round(prog.smooth, 4),
         "lr": lr,
         "tokens": prog.tokens,
         "minutes": round(prog.elapsed / 60, 2),
@@ -365,7 +365,11 @@ DEFAULTS = {  # kind -> model / batch defaults (the shipped models)
         out=Path("checkpoints/mlm-encoder"),
     ),
 }
-TASKS = {"translator": TranslatorTask, "generator": GeneratorTask, "mlm": MLMTask}
+TASKS: dict[str, type[TranslatorTask | GeneratorTask | MLMTask]] = {
+    "translator": TranslatorTask,
+    "generator": GeneratorTask,
+    "mlm": MLMTask,
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
