@@ -164,7 +164,7 @@ def snapshot_checkpoint(checkpoint: Path, out: Path) -> tuple[Path, object, dict
 
     from tokenizers import Tokenizer
 
-    from export.checkpoint import load_checkpoint
+    from export.train.checkpoint import load_checkpoint
 
     snapshot = Path(shutil.copytree(checkpoint, out / "checkpoint"))
     model, meta = load_checkpoint(snapshot)

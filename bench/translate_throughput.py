@@ -35,10 +35,10 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     import torch
 
     from export.build import build_translation
-    from export.checkpoint import save_checkpoint
-    from export.heldout import heldout_sample
-    from export.seq2seq import Seq2SeqConfig, Translator
-    from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
+    from export.models.seq2seq import Seq2SeqConfig, Translator
+    from export.train.checkpoint import save_checkpoint
+    from export.train.heldout import heldout_sample
+    from export.train.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
 
     if (checkpoint / "config.json").is_file():
         checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out)
@@ -126,7 +126,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from export import data
+    from export.train import data
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     args = parse_args(sys.argv[1:] if argv is None else argv)

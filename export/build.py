@@ -2,7 +2,7 @@
 
 `build_embedding`, `build_fill_mask`, `build_generation`, `build_translation` (and `build_converted`
 for converted folders) make every model directory: fp32 graphs -> the parity gate -> the requested
-variants, each measured (export/parity.py) -> tokenizer.json -> model.json, written in a staging
+variants, each measured (export/gate/parity.py) -> tokenizer.json -> model.json, written in a staging
 folder and moved into place only when everything passed. tokenizer.json never pads (the service
 pads each batch); only an embedding model's truncates, at max_input_tokens as sentence-transformers
 does; its post-processor adds exactly the special tokens the model expects, so
@@ -20,11 +20,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from export import fill_mask as fm
-from export import gpu_gate, packed, parity
-from export import onnx_export as ox
-from export.attention import attention_graph
+from export.gate import gpu_gate, parity
 from export.modeldir import GraphFile, publish, staging_dir, write_manifest
+from export.onnx import fill_mask as fm
+from export.onnx import graphs as ox
+from export.onnx import packed
+from export.onnx.attention import attention_graph
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ GATE_TEXTS = [
 
 def _parity_figures(figures: dict, attention: dict) -> dict:
     """The model's gate figures: its fp32 graph's, plus the attention graph's largest difference
-    (and whether it passed: a graph over the limit is left out, export/attention.py)."""
+    (and whether it passed: a graph over the limit is left out, export/onnx/attention.py)."""
     figures = {
         **figures,
         "attention_max_abs_diff": attention["attention_max_abs_diff"],
@@ -75,7 +76,7 @@ def _derive_variants(
     fp16 starts from the optimized graph when it was built (fused graphs run faster), and so does a
     decoder's int8; an encoder's int8 starts from fp32, whose attention projections are plain
     MatMuls (the optimized graph folds them into one fused Attention node that the row-wise
-    quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, onnx_export.make_int8).
+    quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, graphs.make_int8).
     decoder_model (generation, translation): fp16 graphs take and return float16 tensors; an
     embedding model keeps float32 inputs and outputs in fp16.
     """
@@ -124,7 +125,7 @@ def build_embedding(
     quality_sample: tuple[str, list[str]] | None = None,
 ) -> ModelDir:
     """quality_sample: (description, texts) on which reduced-precision variants are judged (default:
-    the gate texts). device "cuda": the fp16 graph is also measured on the GPU (export/gpu_gate.py)."""
+    the gate texts). device "cuda": the fp16 graph is also measured on the GPU (export/gate/gpu_gate.py)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.enable_truncation(cfg.max_length)
@@ -203,7 +204,7 @@ def build_generation(
 ) -> ModelDir:
     """quality_sample: (description, token sequences) on which reduced-precision variants are judged
     teacher-forced (default: the gate texts). device "cuda": the fp16 graph is also measured on the
-    GPU (export/gpu_gate.py)."""
+    GPU (export/gate/gpu_gate.py)."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()

@@ -24,7 +24,7 @@ import onnx
 import onnxruntime
 import torch
 
-from export.onnx_export import OPSET
+from export.onnx.graphs import OPSET
 from service.manifest import GraphSpec, Manifest, ModelDir, ModelDirError, TensorSpec, load_model_dir, sha256_file
 
 log = logging.getLogger(__name__)
@@ -32,24 +32,24 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 # The files whose content decides what an export writes (model code, exporter, gate, contract).
 SOURCE_FILES = (
-    "export/layers.py",
-    "export/encoder.py",
-    "export/decoder.py",
-    "export/seq2seq.py",
-    "export/checkpoint.py",
-    "export/onnx_export.py",
-    "export/parity.py",
+    "export/models/layers.py",
+    "export/models/encoder.py",
+    "export/models/decoder.py",
+    "export/models/seq2seq.py",
+    "export/train/checkpoint.py",
+    "export/onnx/graphs.py",
+    "export/gate/parity.py",
     "export/modeldir.py",
-    "export/minilm.py",
+    "export/convert/minilm.py",
     "export/tiny.py",
     "export/build.py",
-    "export/gpu_gate.py",
-    "export/attention.py",
-    "export/mlm.py",
-    "export/fill_mask.py",
+    "export/gate/gpu_gate.py",
+    "export/onnx/attention.py",
+    "export/models/mlm.py",
+    "export/onnx/fill_mask.py",
     "service/manifest.py",
-    "export/heldout.py",
-    "export/packed.py",
+    "export/train/heldout.py",
+    "export/onnx/packed.py",
     "service/engine/packing.py",
     "service/translation/encoder.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "export" / "convert").glob("*.py")),  # converters

@@ -21,10 +21,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from torch import nn
 
 from export.build import build_embedding, build_fill_mask, build_generation, build_translation
-from export.decoder import DecoderConfig, GPTDecoder
-from export.encoder import EncoderConfig, SentenceEncoder
-from export.mlm import MaskedLM
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.models.decoder import DecoderConfig, GPTDecoder
+from export.models.encoder import EncoderConfig, SentenceEncoder
+from export.models.mlm import MaskedLM
+from export.models.seq2seq import Seq2SeqConfig, Translator
 from service.manifest import ModelDir
 
 NAMES = {

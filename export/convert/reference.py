@@ -16,9 +16,9 @@ import logging
 
 import torch
 
-from export import parity
 from export.convert.errors import Converted
 from export.convert.folder import HFFolder
+from export.gate import parity
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The attention graphs (export/attention.py): parity with PyTorch, rows summing to 1, causal and
+"""The attention graphs (export/onnx/attention.py): parity with PyTorch, rows summing to 1, causal and
 padding masks respected, gate figures in the manifest; the serving graphs unaffected."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from export import attention, parity
+from export.gate import parity
+from export.onnx import attention
 from export.tiny import NAMES, byte_tokenizer, tiny_model
 from service.manifest import load_model_dir
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from export import parity
+from export.gate import parity
 from export.modeldir import is_current, source_hash
 from export.tiny import build_tiny
 from service.manifest import ModelDirError, load_model_dir

@@ -21,11 +21,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from export.build import build_fill_mask, build_generation, build_translation
-from export.decoder import DecoderConfig, GPTDecoder
-from export.encoder import EncoderConfig
-from export.heldout import fill_mask_texts, heldout_sample
-from export.mlm import MaskedLM
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.models.decoder import DecoderConfig, GPTDecoder
+from export.models.encoder import EncoderConfig
+from export.models.mlm import MaskedLM
+from export.models.seq2seq import Seq2SeqConfig, Translator
+from export.train.heldout import fill_mask_texts, heldout_sample
 from service.manifest import ModelDir
 
 ARCHITECTURES = {
@@ -122,7 +122,7 @@ def load_training_state(path, *, model, optimizer) -> dict:
 
 
 def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
-    """A trained checkpoint directory (export/checkpoint.py) -> a model directory, through the gate.
+    """A trained checkpoint directory (export/train/checkpoint.py) -> a model directory, through the gate.
 
     Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
     = max_length, so a request can never run past the learned positions; a translator takes sources

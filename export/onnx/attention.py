@@ -1,7 +1,7 @@
 """Attention graphs: every layer's attention probabilities, for inspection (role `attention`, fp32).
 
 Each model kind gets one extra graph that runs the model's own modules with their attention
-probabilities recorded (`MultiHeadAttention.record`, export/layers.py) and outputs them, one
+probabilities recorded (`MultiHeadAttention.record`, export/models/layers.py) and outputs them, one
 (batch, heads, queries, keys) tensor per layer and attention kind (`self_attention.{i}`,
 `causal_attention.{i}`, `cross_attention.{i}`; the translator's teacher-forced). The serving graphs
 are untouched. The gate (`attention_parity`) compares every probability with PyTorch's on
@@ -20,13 +20,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from export import onnx_export as ox
-from export import parity
-from export.decoder import GPTDecoder
-from export.encoder import SentenceEncoder
-from export.layers import MultiHeadAttention
+from export.gate import parity
 from export.modeldir import GraphFile
-from export.seq2seq import Translator
+from export.models.decoder import GPTDecoder
+from export.models.encoder import SentenceEncoder
+from export.models.layers import MultiHeadAttention
+from export.models.seq2seq import Translator
+from export.onnx import graphs as ox
 from service.manifest import TensorSpec
 
 log = logging.getLogger(__name__)

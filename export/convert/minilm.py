@@ -20,8 +20,8 @@ from pathlib import Path
 
 from export.build import build_embedding
 from export.convert import Converted, load
-from export.encoder import SentenceEncoder
 from export.modeldir import ROOT
+from export.models.encoder import SentenceEncoder
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from export.decoder import _init_weights
-from export.layers import (
+from export.models.decoder import _init_weights
+from export.models.layers import (
     POSITION_LAYOUTS,
     FeedForward,
     MultiHeadAttention,
