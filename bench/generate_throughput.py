@@ -36,7 +36,7 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     returns the checkpoint both sides load and a description of the weights."""
     import torch
 
-    from export.build import build_generation
+    from export.build import build_model_dir
     from export.models.decoder import DecoderConfig, GPTDecoder
     from export.train.checkpoint import save_checkpoint
     from export.train.heldout import heldout_sample
@@ -64,7 +64,8 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
             fp16=False,
         )
     cfg = model.config
-    build_generation(
+    build_model_dir(
+        "generation",
         model,
         tokenizer,
         out / "models" / "bench-gpt",

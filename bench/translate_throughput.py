@@ -34,7 +34,7 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     returns the checkpoint both sides load and a description of the weights."""
     import torch
 
-    from export.build import build_translation
+    from export.build import build_model_dir
     from export.models.seq2seq import Seq2SeqConfig, Translator
     from export.train.checkpoint import save_checkpoint
     from export.train.heldout import heldout_sample
@@ -62,7 +62,8 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
             fp16=False,
         )
     cfg = model.config
-    build_translation(
+    build_model_dir(
+        "translation",
         model.eval(),
         tokenizer,
         out / "models" / "bench-translate",

@@ -18,7 +18,7 @@ import logging
 from importlib.metadata import version
 from pathlib import Path
 
-from export.build import build_embedding
+from export.build import build_model_dir
 from export.convert import Converted, load
 from export.modeldir import ROOT
 from export.models.encoder import SentenceEncoder
@@ -86,7 +86,8 @@ def build_minilm(out: Path, variants=(), extra: dict | None = None, device: str 
         **(extra or {}),
     }
     log.info("exporting %s from %s", MODEL_ID, folder)
-    return build_embedding(
+    return build_model_dir(
+        "embedding",
         converted.model,
         converted.tokenizer,
         Path(out),

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from export.build import build_fill_mask, build_generation, build_translation
+from export.build import build_model_dir
 from export.models.decoder import DecoderConfig, GPTDecoder
 from export.models.encoder import EncoderConfig
 from export.models.mlm import MaskedLM
@@ -133,42 +133,25 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
     special = {k: int(v) for k, v in meta["special_tokens"].items()}
     info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
-    length = int(meta["max_length"])
-    if meta["kind"] == "fill-mask":
-        return build_fill_mask(
-            model,
-            tok,
-            out,
-            name=meta["name"],
-            special_tokens=special,
-            max_input_tokens=length,
-            variants=variants,
-            extra=info,
-            quality_texts=fill_mask_texts(Path(path)),
-        )
-    sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
-    if meta["kind"] == "generation":
-        return build_generation(
-            model,
-            tok,
-            out,
-            name=meta["name"],
-            special_tokens=special,
-            max_input_tokens=length // 2,
-            max_output_tokens=length - length // 2,
-            variants=variants,
-            extra=info,
-            quality_sample=sample,
-            device=device,
-        )
-    return build_translation(
+    length, kind = int(meta["max_length"]), meta["kind"]
+    limits = {  # kind -> (max_input_tokens, max_output_tokens)
+        "fill-mask": (length, None),
+        "generation": (length // 2, length - length // 2),
+        "translation": (length, min(model.config.max_positions, 2 * length)),
+    }
+    if kind == "fill-mask":
+        sample = fill_mask_texts(Path(path))
+    else:
+        sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
+    return build_model_dir(
+        kind,
         model,
         tok,
         out,
         name=meta["name"],
         special_tokens=special,
-        max_input_tokens=length,
-        max_output_tokens=min(model.config.max_positions, 2 * length),
+        max_input_tokens=limits[kind][0],
+        max_output_tokens=limits[kind][1],
         variants=variants,
         extra=info,
         quality_sample=sample,
