@@ -62,7 +62,7 @@ def _imports(path: Path, name: str, root: Path) -> set[str]:
     """The modules that the file's import statements name, those inside functions included (lazy
     imports run in a build too); `from a import b` names a.b where that is a module, else a."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
@@ -79,7 +79,9 @@ def source_files(root: Path = ROOT) -> tuple[str, ...]:
     module of `export` that BUILD_COMMANDS import at any depth (with the packages around them), and
     the modules outside `export` that those import directly (service's manifest contract and the
     packing the packed graphs are gated with), not what those import in turn."""
-    seen, outside, todo = set(), set(), list(BUILD_COMMANDS)
+    seen: set[str] = set()
+    outside: set[str] = set()
+    todo = list(BUILD_COMMANDS)
     while todo:
         name = todo.pop()
         path = _module_file(name, root)
