@@ -197,7 +197,9 @@ def snapshot_checkpoint(checkpoint: Path, out: Path, expect: type[M]) -> tuple[P
     -> (snapshot path, model, meta, tokenizer, description)."""
     import shutil
 
-    from export.checkpoint import load_checkpoint
+    from tokenizers import Tokenizer
+
+    from export.train.checkpoint import load_checkpoint
 
     snapshot = Path(shutil.copytree(checkpoint, out / "checkpoint"))
     model, meta = load_checkpoint(snapshot)

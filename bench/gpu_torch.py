@@ -3,7 +3,7 @@
     python -m bench.gpu_torch generate --checkpoint DIR --device cuda --dtype fp16 --prompts FILE ...
     python -m bench.gpu_torch embed --device cuda --sentences FILE --batches 64,128,256 --vectors OUT.npy
 
-- generate: the decoder (export.decoder.GPTDecoder) with its own KV cache on `--device` in
+- generate: the decoder (export.models.decoder.GPTDecoder) with its own KV cache on `--device` in
   `--dtype`. Correctness: each prompt alone, greedy, stopped at EOS (the service stops there too).
   Throughput: one stream (decode tokens/s: tokens after the first over the time since the first),
   and a static batch of `--rows` left-padded prompts stepped together for `--new-tokens` steps
@@ -33,8 +33,8 @@ def generate_side(args: argparse.Namespace) -> dict:
     import torch
     from tokenizers import Tokenizer
 
-    from export.checkpoint import load_checkpoint
-    from export.decoder import GPTDecoder
+    from export.models.decoder import GPTDecoder
+    from export.train.checkpoint import load_checkpoint
 
     dev = torch.device(args.device)
     model, meta = load_checkpoint(args.checkpoint)

@@ -3,7 +3,7 @@
     python -m bench.translate_workers torch  --checkpoint DIR --sentences FILE --batch 32 --max-length 48 ...
     python -m bench.translate_workers engine --model-dir DIR  --sentences FILE --batch 32 --max-length 48 ...
 
-- torch: batched greedy with the PyTorch KV cache (export.seq2seq.Translator, `--device`,
+- torch: batched greedy with the PyTorch KV cache (export.models.seq2seq.Translator, `--device`,
   `--dtype`), batches in file order run until every row has ended; `--reference` adds the model's
   cache-less `greedy_decode`.
 - engine: the service's TranslationModel (its queue batching concurrent calls). Imports no torch.
@@ -26,9 +26,9 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     import torch
     from tokenizers import Tokenizer
 
-    from export import data
-    from export.checkpoint import load_checkpoint
-    from export.seq2seq import Translator
+    from export.models.seq2seq import Translator
+    from export.train import data
+    from export.train.checkpoint import load_checkpoint
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)

@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from export import gpu_gate, minilm, parity
 from export import tiny as tiny_models
 from export.build import VARIANT_ORDER
-from export.checkpoint import build_checkpoint
-from export.heldout import HELDOUT_FILE, write_heldout
+from export.convert import minilm
+from export.gate import gpu_gate, parity
 from export.modeldir import is_current, source_hash
+from export.train.checkpoint import build_checkpoint
+from export.train.heldout import HELDOUT_FILE, write_heldout
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from typing import TypeVar
 
 import torch
 
-from export import parity
 from export.convert.errors import Converted
 from export.convert.folder import HFFolder
-from export.decoder import GPTDecoder
-from export.encoder import SentenceEncoder
-from export.seq2seq import Translator
+from export.gate import parity
+from export.models.decoder import GPTDecoder
+from export.models.encoder import SentenceEncoder
+from export.models.seq2seq import Translator
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=torch.nn.Module)

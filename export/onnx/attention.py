@@ -1,11 +1,12 @@
 """Attention graphs: every layer's attention probabilities, for inspection (role `attention`, fp32).
 
 Each model kind gets one extra graph that runs the model's own modules with their attention
-probabilities recorded (`MultiHeadAttention.record`, export/layers.py) and outputs them, one
+probabilities recorded (`MultiHeadAttention.record`, export/models/layers.py) and outputs them, one
 (batch, heads, queries, keys) tensor per layer and attention kind (`self_attention.{i}`,
 `causal_attention.{i}`, `cross_attention.{i}`; the translator's teacher-forced). The serving graphs
 are untouched. The gate (`attention_parity`) compares every probability with PyTorch's on
-right-padded batches; a graph over the limit is left out of the directory with a warning instead
+right-padded batches, within what float32 rounding allows this model (export/gate/rounding.py); a
+graph over that limit is left out of the directory with a warning instead
 of failing the build, since inspection is optional and fp32 rounding margins differ between CPUs
 (docs/attention.md).
 """
@@ -21,18 +22,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from export import onnx_export as ox
-from export import parity
-from export.decoder import GPTDecoder
-from export.encoder import SentenceEncoder
-from export.layers import MultiHeadAttention
+from export.gate import parity, rounding
 from export.modeldir import GraphFile
-from export.seq2seq import Translator
+from export.models.decoder import GPTDecoder
+from export.models.encoder import SentenceEncoder
+from export.models.layers import MultiHeadAttention
+from export.models.seq2seq import Translator
+from export.onnx import graphs as ox
 from service.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
 
-ATTENTION_MAX_ABS = 1e-5
 Model = SentenceEncoder | GPTDecoder | Translator  # the kinds with an attention graph
 FILE = "attention.onnx"
 
@@ -156,30 +156,40 @@ def _key_mask(output: str, feeds: dict) -> np.ndarray:
 
 
 def attention_parity(model: Model, path: Path, batches) -> dict:
-    """ONNX vs PyTorch probabilities on right-padded batches -> figures (`ok`: within ATTENTION_MAX_ABS)."""
+    """ONNX vs PyTorch probabilities on right-padded batches -> figures (`ok`: within `limit`).
+
+    The limit is what float32 rounding allows this model (export/gate/rounding.py): probabilities
+    lie in [0, 1], but how far rounding moves them grows with the model's depth, widths and score
+    magnitudes, and the order in which a CPU sums (AVX2, AVX-512/VNNI, AMX) decides where in that
+    range a correct graph lands; a fixed 1e-5 held on one CPU and failed MiniLM on another."""
     sess, graph = parity.session(path), _graph(model).eval()
     names = [o.name for o in sess.get_outputs()]
-    diff, row_error, padded, maps = 0.0, 0.0, 0.0, 0
+    diff, moved, row_error, padded, maps = 0.0, 0.0, 0.0, 0.0, 0
     for batch in batches:
         feeds = _feeds(model, batch)
         got = sess.run(names, feeds)
+        args = [torch.from_numpy(feeds[i.name]) for i in sess.get_inputs()]
         with torch.no_grad():
-            ref = graph(*(torch.from_numpy(feeds[i.name]) for i in sess.get_inputs()))
+            ref = graph(*args)
+            with rounding.rounding_noise(graph):
+                noisy = graph(*args)
+        moved = max([moved, *(float((n - r).abs().max()) for n, r in zip(noisy, ref))])
         for name, g, r in zip(names, got, ref):
             diff = max(diff, float(np.abs(g - r.numpy()).max()))
             row_error = max(row_error, float(np.abs(g.sum(-1) - 1).max()))
             key_mask = _key_mask(name, feeds)  # (B, S)
             padded = max(padded, float(np.where(key_mask[:, None, None, :] == 0, g, 0).max()))
             maps += g.shape[0] * g.shape[1]
-    figures = {
+    limit = rounding.float32_limit(moved)  # what float32 rounding allows this model on any CPU, not one CPU's figure
+    return {
         "attention_max_abs_diff": diff,
         "row_sum_max_error": row_error,
         "padded_key_max_weight": padded,
         "maps": maps,
-        "limit": ATTENTION_MAX_ABS,
-        "ok": diff <= ATTENTION_MAX_ABS,
+        "rounding_moved": moved,
+        "limit": limit,
+        "ok": diff <= limit,
     }
-    return figures
 
 
 def attention_graph(model: Model, staging: Path, batches) -> tuple[list[GraphFile], dict]:
@@ -192,7 +202,7 @@ def attention_graph(model: Model, staging: Path, batches) -> tuple[list[GraphFil
             "attention graph left out: probabilities differ from PyTorch by %.3g (limit %g); the "
             "model is served without attention inspection",
             figures["attention_max_abs_diff"],
-            ATTENTION_MAX_ABS,
+            figures["limit"],
         )
         path.unlink()
         return [], figures

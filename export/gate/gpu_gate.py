@@ -1,7 +1,7 @@
 """The parity gate on a CUDA GPU: the fp16 graphs on onnxruntime's CUDA provider against the
 PyTorch model in fp16 on the same GPU, the pair the service on a GPU is compared with.
 
-Runs beside the CPU gate (export/parity.py), never instead of it. Builds call it for the fp16
+Runs beside the CPU gate (export/gate/parity.py), never instead of it. Builds call it for the fp16
 variant when `--device` resolves to "cuda"; its figures go into the graph's manifest parity under
 "cuda": encoder cosine (a miss fails the build), decoder logits and greedy tokens (recorded and
 judged on quality, as fp16 on the CPU), and greedy agreement with the fp32 reference. Without the
@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export import parity
+from export.gate import parity
 
 CUDA = "CUDAExecutionProvider"
 

@@ -28,7 +28,7 @@ def heldout_texts(meta: dict, cfg, tok: Tokenizer) -> list[dict] | None:
     """The checkpoint's held-out texts from the training corpus (the split of training and `export
     evaluate`): whole stories ({"text"}) covering QUALITY_WINDOWS context windows, or the first
     QUALITY_PAIRS test items ({"source", "references"}). None when the corpus is not here."""
-    from export import data
+    from export.train import data
 
     training = meta.get("training", {})
     kind = "generator" if meta["kind"] == "generation" else "translator"
@@ -88,7 +88,7 @@ def heldout_sample(meta: dict, cfg, tok: Tokenizer, checkpoint: Path | None = No
             return None
         texts, where = from_corpus, "the training corpus"
     if meta["kind"] == "generation":
-        from export import data
+        from export.train import data
 
         stream = data.story_stream([e.ids[1:] for e in tok.encode_batch([t["text"] for t in texts])], cfg.eos_token_id)
         width = cfg.max_positions + 1

@@ -18,10 +18,10 @@ import logging
 from importlib.metadata import version
 from pathlib import Path
 
-from export.build import build_embedding
+from export.build import build_model_dir
 from export.convert import Converted, load
-from export.encoder import SentenceEncoder
 from export.modeldir import ROOT
+from export.models.encoder import SentenceEncoder
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ def build_minilm(out: Path, variants=(), extra: dict | None = None, device: str 
         **(extra or {}),
     }
     log.info("exporting %s from %s", MODEL_ID, folder)
-    return build_embedding(
+    return build_model_dir(
+        "embedding",
         converted.model,
         converted.tokenizer,
         Path(out),

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from export.layers import FeedForward, MultiHeadAttention, causal_mask, norm
+from export.models.layers import FeedForward, MultiHeadAttention, causal_mask, norm
 
 Past = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -43,7 +43,7 @@ class DecoderConfig:
     pad_token_id: int = 0
     norm: str = "layernorm"  # NORMS
     norm_bias: bool = True  # layernorm only
-    activation: str = "gelu"  # export.layers.ACTIVATIONS
+    activation: str = "gelu"  # export.models.layers.ACTIVATIONS
     gated_mlp: bool = False  # SwiGLU: act(gate(x)) * fc_in(x)
     mlp_bias: bool = True
     qkv_bias: bool = True

@@ -1,7 +1,7 @@
-"""`python -m export train mlm`: the masked-language-model task for the shared training loop (export/train.py).
+"""`python -m export train mlm`: the masked-language-model task for the shared training loop (export/train/loop.py).
 
-Rows are packed chunks of the three shared corpora (export/mlm_data.py) written `[CLS] chunk
-[SEP]`, masked with BERT's 80/10/10 rule (export/masking.py; `--whole-word` for whole-word
+Rows are packed chunks of the three shared corpora (export/train/mlm_data.py) written `[CLS] chunk
+[SEP]`, masked with BERT's 80/10/10 rule (export/train/masking.py; `--whole-word` for whole-word
 masking). The loss is cross-entropy at the chosen positions only; the MLM head runs on those rows
 alone (15 % of the positions), which saves most of the vocabulary projection's cost.
 
@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from export import data, mlm_data, mlm_eval, tokenizer_train
-from export.checkpoint import save_checkpoint
-from export.encoder import EncoderConfig
-from export.heldout import HELDOUT_FILE
-from export.masking import IGNORE, mask_tokens
-from export.mlm import MaskedLM
-from export.tokenizer_train import load_or_train_tokenizer
+from export.models.encoder import EncoderConfig
+from export.models.mlm import MaskedLM
+from export.train import data, mlm_data, mlm_eval, tokenizer_train
+from export.train.checkpoint import save_checkpoint
+from export.train.heldout import HELDOUT_FILE
+from export.train.masking import IGNORE, mask_tokens
+from export.train.tokenizer_train import load_or_train_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 DEFAULT_DATA = {
     "generator": SHARED / "tinystories" / "TinyStories-train.first2MiB.txt",
     "translator": SHARED / "tatoeba-eng-fra" / "fra.txt.xz",
-    "mlm": SHARED,  # the folder of the three corpora export/mlm_data.py reads
+    "mlm": SHARED,  # the folder of the three corpora export/train/mlm_data.py reads
 }
 STORY_SEPARATOR = "<|endoftext|>"
 

@@ -24,9 +24,9 @@ import onnx
 import torch
 from torch import nn
 
-from export.decoder import DecoderBlock, GPTDecoder, rotate_half
-from export.encoder import SentenceEncoder
-from export.seq2seq import Translator
+from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
+from export.models.encoder import SentenceEncoder
+from export.models.seq2seq import Translator
 from service.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -339,7 +339,7 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
 
 
 def make_int8(src: Path, dst: Path) -> None:
-    """int8 for the CPU (export/quantize.py): u8 x s8 integer GEMMs with one activation scale per
+    """int8 for the CPU (export/onnx/quantize.py): u8 x s8 integer GEMMs with one activation scale per
     row (per token), computed at run time, and 7-bit weights per output column. A row's result does
     not depend on the other rows of its batch, which batching with strangers needs (parity.py checks
     it), and the GEMM gains from more rows. Encoders and decoders alike. (onnxruntime's
@@ -347,7 +347,7 @@ def make_int8(src: Path, dst: Path) -> None:
     moved by 0.11 between alone and batched. The weight-only `MatMulNBits` used for decoders before
     is batch-invariant but gains little from more rows: docs/design/export.md.)
     """
-    from export.quantize import quantize_rowwise
+    from export.onnx.quantize import quantize_rowwise
 
     quantize_rowwise(src, dst)
 

@@ -3,7 +3,7 @@
 References: Devlin et al., "BERT" (2019) for the post-LN encoder with token + position +
 token-type embeddings; Reimers & Gurevych, "Sentence-BERT" (2019) for mean pooling over the
 attention mask followed by L2 normalisation. The module names map one-to-one onto a Hugging Face
-BertModel state dict (see `export.minilm.load_minilm`).
+BertModel state dict (see `export.convert.minilm.load_minilm`).
 
 `forward` returns the pooled, *unnormalised* sentence embedding: the service normalises (and can
 truncate dimensions first, Matryoshka-style), so the graph must not.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from export.layers import FeedForward, MultiHeadAttention, padding_mask
+from export.models.layers import FeedForward, MultiHeadAttention, padding_mask
 
 
 @dataclass
@@ -33,7 +33,7 @@ class EncoderConfig:
     pooling: str = "mean"  # "mean" over the attention mask, "cls", or "max" over the real tokens
     max_length: int = 256  # word pieces the model is used with (sentence-transformers' max_seq_length)
     pad_token_id: int = 0
-    activation: str = "gelu"  # config.json's hidden_act (export.layers.ACTIVATIONS)
+    activation: str = "gelu"  # config.json's hidden_act (export.models.layers.ACTIVATIONS)
     position_offset: int = 0  # the first token's position id: RoBERTa / XLM-R start at padding_idx + 1
 
 
@@ -47,7 +47,7 @@ class Embeddings(nn.Module):
         self.offset = cfg.position_offset  # right-padded rows: RoBERTa's cumsum positions are this + arange
 
     def forward(self, input_ids, token_type_ids, position_ids=None):
-        """position_ids (B, T): each token's position counted from 0 (packed rows, export/packed.py);
+        """position_ids (B, T): each token's position counted from 0 (packed rows, export/onnx/packed.py);
         None: 0..T-1 for every row."""
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device)[None, :] if position_ids is None else position_ids

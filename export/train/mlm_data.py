@@ -1,6 +1,6 @@
 """Masked-language-model corpora: passages of three shared corpora, a held-out split, packed chunks.
 
-Corpora (under `export.data.SHARED`; each folder's SOURCE.md gives origin and
+Corpora (under `export.train.data.SHARED`; each folder's SOURCE.md gives origin and
 licence): WikiText-2 raw validation (one passage per paragraph, `@-@` conventions undone),
 TinyStories' first 2 MiB (one passage per story), TinyShakespeare (speeches grouped into passages
 of >= 400 characters). A seeded 5 % of each corpus's passages is held out, never trained on (the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-FILES = {  # corpus name -> its file under the shared data folder (export.data.SHARED by default)
+FILES = {  # corpus name -> its file under the shared data folder (export.train.data.SHARED by default)
     "wikitext-2": "wikitext-2/wiki.valid.raw",
     "tinystories": "tinystories/TinyStories-train.first2MiB.txt",
     "tinyshakespeare": "tinyshakespeare/input.txt",

@@ -4,10 +4,10 @@
   of an English sentence), decoding greedy (`greedy_decode`, the reference the ONNX loop must
   match) or with `beam_search`;
 - generator: held-out perplexity over non-overlapping context windows, and sampled stories;
-- mlm: held-out masked-token accuracy and perplexity against baselines (export/mlm_eval.py),
+- mlm: held-out masked-token accuracy and perplexity against baselines (export/train/mlm_eval.py),
   overall and per corpus, and the top 5 fills of a few sample sentences.
 
-`python -m export.evaluate translator|generator|mlm CHECKPOINT_DIR [...]` prints the figures as JSON.
+`python -m export evaluate translator|generator|mlm CHECKPOINT_DIR [...]` prints the figures as JSON.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from export import data
-from export.decoder import GPTDecoder
+from export.models.decoder import GPTDecoder
+from export.train import data
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def sample_stories(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m export.evaluate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m export evaluate", description=__doc__.split("\n")[0])
     p.add_argument("kind", choices=["generator", "translator", "mlm"])
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--data", type=Path, help="corpus (default: the shared corpus for the kind)")
@@ -228,7 +228,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from export.checkpoint import load_checkpoint
+    from export.train.checkpoint import load_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv
@@ -242,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     seed, sizes = training.get("seed", args.seed), training.get("split", {})
     result: dict = {"checkpoint": str(args.checkpoint), "split": args.split if args.kind == "translator" else "heldout"}
     if args.kind == "mlm":  # held-out masked tokens vs the unigram baseline, from the checkpoint's own files
-        from export import mlm_eval
+        from export.train import mlm_eval
 
         neighbours = None
         if Path(path).is_dir():  # the training split's text, for the neighbour baseline
-            from export import mlm_data
+            from export.train import mlm_data
 
             train, _ = mlm_data.split_passages(mlm_data.load_passages(path), seed=seed)
             tok.no_truncation()

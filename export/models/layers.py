@@ -88,9 +88,9 @@ class MultiHeadAttention(nn.Module):
     n_kv_heads < n_heads: grouped-query attention (Ainslie et al., 2023), each key/value head
     shared by n_heads / n_kv_heads query heads; the cache holds n_kv_heads. head_dim defaults to
     d_model / n_heads. `rotate`: None, or a callable (q, k, position_ids) -> (q, k) applied to the
-    new positions before they meet the cache (rotary positions, export/decoder.py).
+    new positions before they meet the cache (rotary positions, export/models/decoder.py).
     `record`: None, or a list to which every forward appends its attention probabilities
-    (B, nh, T, S); the attention graphs (export/attention.py) output them. The ops are the same
+    (B, nh, T, S); the attention graphs (export/onnx/attention.py) output them. The ops are the same
     either way, so the other graphs do not change.
     """
 

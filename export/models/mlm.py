@@ -1,4 +1,4 @@
-"""BERT-style masked language model: the project's encoder (export/encoder.py) with a tied MLM head.
+"""BERT-style masked language model: the project's encoder (export/models/encoder.py) with a tied MLM head.
 
 References: Devlin et al., "BERT" (2019), section 3.1 and appendix A.1: the encoder's final
 hidden states go through a transform (dense -> GELU -> LayerNorm) and a decoder to the
@@ -8,7 +8,7 @@ Output Embedding to Improve Language Models", 2017) plus its own output bias. La
 objective (the `sop` classifier on [CLS], training only; the fill-mask graph exports the MLM logits alone).
 
 `forward(input_ids, attention_mask)` -> (B, T, V) logits at every position; the model
-directory's kind "fill-mask" exports exactly that (export/fill_mask.py). Module names mirror
+directory's kind "fill-mask" exports exactly that (export/onnx/fill_mask.py). Module names mirror
 Hugging Face BertForMaskedLM's `cls.predictions.{transform,decoder,bias}` in spirit.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from export.encoder import EncoderConfig, SentenceEncoder
-from export.layers import ACTIVATIONS
+from export.models.encoder import EncoderConfig, SentenceEncoder
+from export.models.layers import ACTIVATIONS
 
 
 class MLMHead(nn.Module):

@@ -27,8 +27,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from export.decoder import _init_weights
-from export.layers import (
+from export.models.decoder import _init_weights
+from export.models.layers import (
     POSITION_LAYOUTS,
     FeedForward,
     MultiHeadAttention,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from export import data
+from export.train import data
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def build_tokenizer(
         train, _ = data.split_stories(data.load_stories(data_path), seed=seed)
         return train_generator_tokenizer(train, vocab_size)
     if kind == "mlm":
-        from export import mlm_data
+        from export.train import mlm_data
 
         passages, _ = mlm_data.split_passages(mlm_data.load_passages(data_path), seed=seed)
         return train_wordpiece_tokenizer([p for ps in passages.values() for p in ps], vocab_size)

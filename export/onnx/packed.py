@@ -5,7 +5,7 @@ Rows come from `service.engine.packing.pack` (inputs side by side) with per-toke
 built from the segments keeps each token within its own input. Outputs per kind: embedding ->
 `token_embeddings` (the service pools per input); fill-mask -> `logits` only at `gather_positions`;
 the translator's encoder -> cross-attention K/V gathered per source by `unpack_index` into the padded
-encoder's layout, so the decoder graph is unchanged. Gated like every graph (export/parity.py);
+encoder's layout, so the decoder graph is unchanged. Gated like every graph (export/gate/parity.py);
 design and figures: docs/design/packing.md.
 """
 
@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from export import onnx_export as ox
-from export import parity
-from export.encoder import SentenceEncoder
-from export.mlm import MaskedLM
-from export.seq2seq import Translator
+from export.gate import parity
+from export.models.encoder import SentenceEncoder
+from export.models.mlm import MaskedLM
+from export.models.seq2seq import Translator
+from export.onnx import graphs as ox
 from service.engine.packing import Packed, alignment, pack, pool
 from service.manifest import TensorSpec
 from service.translation import encoder as translation_encoder

@@ -2,12 +2,12 @@
 
 The held-out passages (a checkpoint's heldout.jsonl) are encoded one per row as
 `[CLS] passage [SEP]`; 15 % of each row's word pieces are chosen with a fixed seed
-(export/masking.py) and all replaced by `[MASK]`, as a fill-mask request writes them. At those
+(export/train/masking.py) and all replaced by `[MASK]`, as a fill-mask request writes them. At those
 positions: the model's top-1 accuracy and perplexity, and the same for a unigram-frequency
 baseline (add-one smoothed) and for `NeighbourLookup`, which predicts the training split's most
 frequent piece between the two neighbours (backing off to the left neighbour, then the unigram
 top): how much the model does beyond counting local n-grams. The lookup needs the training text
-(`python -m export.evaluate mlm CKPT` reads the shared corpora when present).
+(`python -m export evaluate mlm CKPT` reads the shared corpora when present).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from export import data
-from export.masking import IGNORE, mask_all_chosen
+from export.train import data
+from export.train.masking import IGNORE, mask_all_chosen
 
 EVAL_SEED = 1234
 UNIGRAM_FILE = "unigram.json"  # in a checkpoint directory: training-split token counts

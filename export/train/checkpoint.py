@@ -20,12 +20,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from export.build import build_fill_mask, build_generation, build_translation
-from export.decoder import DecoderConfig, GPTDecoder
-from export.encoder import EncoderConfig
-from export.heldout import fill_mask_texts, heldout_sample
-from export.mlm import MaskedLM
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.build import build_model_dir
+from export.models.decoder import DecoderConfig, GPTDecoder
+from export.models.encoder import EncoderConfig
+from export.models.mlm import MaskedLM
+from export.models.seq2seq import Seq2SeqConfig, Translator
+from export.train.heldout import fill_mask_texts, heldout_sample
 from service.manifest import ModelDir
 
 Checkpointed = GPTDecoder | Translator | MaskedLM  # the models a checkpoint holds
@@ -123,7 +123,7 @@ def load_training_state(path, *, model, optimizer) -> dict:
 
 
 def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = None, device: str = "cpu") -> ModelDir:
-    """A trained checkpoint directory (export/checkpoint.py) -> a model directory, through the gate.
+    """A trained checkpoint directory (export/train/checkpoint.py) -> a model directory, through the gate.
 
     Lengths: a generator's context (max_length) is split in two, max_input_tokens + max_output_tokens
     = max_length, so a request can never run past the learned positions; a translator takes sources
@@ -134,42 +134,25 @@ def build_checkpoint(path: Path, out: Path, variants=(), extra: dict | None = No
     tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
     special = {k: int(v) for k, v in meta["special_tokens"].items()}
     info = {"checkpoint": meta["name"], "training": meta.get("training", {}), **(extra or {})}
-    length = int(meta["max_length"])
-    if meta["kind"] == "fill-mask":
-        return build_fill_mask(
-            model,
-            tok,
-            out,
-            name=meta["name"],
-            special_tokens=special,
-            max_input_tokens=length,
-            variants=variants,
-            extra=info,
-            quality_texts=fill_mask_texts(Path(path)),
-        )
-    sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
-    if meta["kind"] == "generation":
-        return build_generation(
-            model,
-            tok,
-            out,
-            name=meta["name"],
-            special_tokens=special,
-            max_input_tokens=length // 2,
-            max_output_tokens=length - length // 2,
-            variants=variants,
-            extra=info,
-            quality_sample=sample,
-            device=device,
-        )
-    return build_translation(
+    length, kind = int(meta["max_length"]), meta["kind"]
+    limits = {  # kind -> (max_input_tokens, max_output_tokens)
+        "fill-mask": (length, None),
+        "generation": (length // 2, length - length // 2),
+        "translation": (length, min(model.config.max_positions, 2 * length)),
+    }
+    if kind == "fill-mask":
+        sample = fill_mask_texts(Path(path))
+    else:
+        sample = heldout_sample(meta, model.config, tok, Path(path)) if variants else None
+    return build_model_dir(
+        kind,
         model,
         tok,
         out,
         name=meta["name"],
         special_tokens=special,
-        max_input_tokens=length,
-        max_output_tokens=min(model.config.max_positions, 2 * length),
+        max_input_tokens=limits[kind][0],
+        max_output_tokens=limits[kind][1],
         variants=variants,
         extra=info,
         quality_sample=sample,

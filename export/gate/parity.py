@@ -199,7 +199,7 @@ def onnx_step(
 
 
 def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: dict, max_length: int) -> Step:
-    """The Step of a GroupQueryAttention decoder (export/onnx_export.py): takes the same
+    """The Step of a GroupQueryAttention decoder (export/onnx/graphs.py): takes the same
     left-padded batches as the other steps and returns the same logits, while the graph sees each
     row left-aligned in a KV buffer of max_length slots with its length in `seqlens_k`. The
     "past" it hands back is (buffers, lengths)."""
@@ -440,7 +440,7 @@ def translator_quality(
     """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
     starting with the decoder start token) pairs, one pair at a time (no padding involved).
     encode: source rows -> (cross K/V, source mask) in place of the padded encoder graph's run
-    (the packed encoder, export/packed.py)."""
+    (the packed encoder, export/onnx/packed.py)."""
     dec, pad = session(decoder_graph), model.config.pad_token_id
     if encode is None:
         enc = session(encoder_graph)

@@ -1,11 +1,11 @@
-"""Fill-mask model directories: export a `MaskedLM` (export/mlm.py), gate it, write kind "fill-mask".
+"""Fill-mask model directories: export a `MaskedLM` (export/models/mlm.py), gate it, write kind "fill-mask".
 
 Graph role `encoder`: `input_ids`, `attention_mask` (batch, sequence) int64 -> `logits` (batch,
 sequence, vocab) float32 at every position (the service reads the `[MASK]` rows); right-padded
 batches, token type 0. The gate (`fill_mask_parity`) compares ONNX logits with PyTorch's at every
 real position on mixed-length batches (fp32 and optimized: `parity.LOGITS_MAX_ABS`, top-1 equal);
 fp16 and int8 are judged on quality like reduced-precision decoders (`parity.quality_figures`, on a
-masked sample). The `attention` graph is the encoder's (export/attention.py).
+masked sample). The `attention` graph is the encoder's (export/onnx/attention.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from export import onnx_export as ox
-from export import parity
-from export.mlm import MaskedLM
+from export.gate import parity
+from export.models.mlm import MaskedLM
+from export.onnx import graphs as ox
 from service.manifest import TensorSpec
 
 MASK_TEXTS = [
@@ -34,7 +34,7 @@ MASK_EVERY = 7  # quality sample: every 7th real token masked
 
 class FillMaskGraph(nn.Module):
     """(input_ids, attention_mask) -> logits (B, T, V); the mask written `(1 - mask) * min`, the
-    form onnxruntime's optimizer fuses (see onnx_export.EncoderGraph)."""
+    form onnxruntime's optimizer fuses (see export/onnx/graphs.py EncoderGraph)."""
 
     def __init__(self, model: MaskedLM):
         super().__init__()

@@ -6,7 +6,7 @@ data cursor, RNG states in RUN_DIR/state.pt), fixed seeds, CUDA when available; 
 forward and backward under bfloat16 autocast (docs/training.md). `--time-budget-minutes` re-estimates
 the total step count from the measured seconds per step so the cosine schedule ends annealed on
 time; the final count is stored and `--steps N` replays it. At every evaluation the exportable
-checkpoint (export/checkpoint.py) is written to --out, so a usable model exists early.
+checkpoint (export/train/checkpoint.py) is written to --out, so a usable model exists early.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from export import data, evaluate, tokenizer_train
-from export.checkpoint import load_training_state, save_checkpoint, save_training_state
-from export.decoder import DecoderConfig, GPTDecoder
-from export.heldout import HELDOUT_FILE, write_heldout
-from export.mlm_train import MLMTask
-from export.seq2seq import Seq2SeqConfig, Translator
-from export.tokenizer_train import load_or_train_tokenizer
+from export.models.decoder import DecoderConfig, GPTDecoder
+from export.models.seq2seq import Seq2SeqConfig, Translator
+from export.train import data, evaluate, tokenizer_train
+from export.train.checkpoint import load_training_state, save_checkpoint, save_training_state
+from export.train.heldout import HELDOUT_FILE, write_heldout
+from export.train.mlm_train import MLMTask
+from export.train.tokenizer_train import load_or_train_tokenizer
 
 log = logging.getLogger(__name__)
 
