@@ -72,6 +72,9 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
+                # Calls per connection: a client that never reads its answers holds each one in the
+                # server (its stream, its queued bytes); without a bound one connection pinned 100s of MB.
+                ("grpc.max_concurrent_streams", settings.grpc_max_streams),
                 # grpc sets SO_REUSEPORT by default on Linux, so a second server on a taken port would
                 # silently share it; one process refuses a taken port, workers share theirs on purpose.
                 ("grpc.so_reuseport", 0 if worker is None else 1),

@@ -52,6 +52,11 @@ class Settings:
     http_max_connections: int = _f(1024, "open HTTP connections per process; one more gets 503 and is closed")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
+    grpc_max_streams: int = _f(
+        100,
+        "gRPC calls open at once on one connection (HTTP/2 streams, answers not yet taken by the "
+        "client included); more are refused with REFUSED_STREAM until one ends",
+    )
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
     workers: int = _f(
@@ -154,6 +159,7 @@ class Settings:
             "intra_op_threads",
             "compute_workers",
             "max_message_bytes",
+            "grpc_max_streams",
             "embed_max_queue",
             "embed_max_inputs",
             "gen_max_batch",

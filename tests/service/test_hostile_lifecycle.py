@@ -11,10 +11,17 @@ import asyncio
 import signal
 
 import grpc
+import h2.settings
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.common import ServiceProcess as BenchService
+from bench.procstat import rss_mb
 from bench.rawh2 import RawGrpc
+from service.proto import inference_pb2 as pb
+from service.proto.inference_pb2_grpc import EmbeddingServiceStub
 from tests.fixtures.process import ServiceProcess
+from tests.fixtures.server import until
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 WATCH = "/grpc.health.v1.Health/Watch"
@@ -86,3 +93,40 @@ def test_sigterm_while_starting_drains_once_started_and_exits_0(tiny_models_root
         assert service.find(r"\bstopped\b") and not service.find("Traceback"), "".join(service.log)
     finally:
         service.kill()
+
+
+async def test_calls_past_the_stream_bound_of_a_connection_are_refused(start_server, embed_models_root):
+    """A client that never reads sends 50 calls at once on one connection, ignoring the server's
+    SETTINGS: the server takes `grpc_max_streams` of them and refuses the rest (REFUSED_STREAM), so
+    the answers it holds for one connection are bounded."""
+    running = await start_server(embed_models_root, grpc_max_streams=10)
+    raw = RawGrpc(running.address)
+    for _ in range(50):
+        raw.call("/inference.v1.ModelService/ListModels", pb.ListModelsRequest().SerializeToString())
+    raw.flush()
+    await asyncio.to_thread(raw.pump, 2.0)
+    raw.close()
+    assert raw.server_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == 10
+    assert (raw.ended, raw.refused) == (10, 40)
+
+
+async def test_memory_goes_back_after_refused_large_grpc_requests(embed_models_root):
+    """A process of its own (this one's RSS counts every test). Before: +30 MB resident per refused
+    15 MB Embed, kept (the last call's traceback held its request; glibc kept the rest)."""
+    server = await asyncio.to_thread(BenchService, embed_models_root, [])
+    try:
+        options = [("grpc.max_send_message_length", 64 << 20)]
+        async with grpc.aio.insecure_channel(server.address, options=options) as channel:
+            stub = EmbeddingServiceStub(channel)
+            await stub.Embed(pb.EmbedRequest(inputs=["warm"]))
+            before = rss_mb(server.proc.pid)
+            for _ in range(6):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.Embed(pb.EmbedRequest(inputs=["hello " * 2621440], truncate=False))
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            try:
+                await until(lambda: rss_mb(server.proc.pid) < before * 1.3, timeout=30)
+            except TimeoutError:
+                raise AssertionError(f"RSS {before:.0f} MiB before, {rss_mb(server.proc.pid):.0f} now") from None
+    finally:
+        await asyncio.to_thread(server.stop)
