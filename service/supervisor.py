@@ -26,10 +26,11 @@ from collections import deque
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from service import metrics_server
 from service.settings import Settings
 from service.worker import usable_cores, worker_main
 
@@ -100,12 +101,12 @@ class Supervisor:
             stale.unlink()
         os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every worker
         self.metrics_dir = metrics_dir
-        hold = http_hold = metrics_server = None
+        hold = http_hold = scrape_server = None
         try:
             hold = reserve_port(self.settings.host, self.settings.port)
             if self.settings.http_port >= 0:  # the workers' HTTP servers share a port the same way
                 http_hold = reserve_port(self.settings.http_address, self.settings.http_port, "HTTP")
-            metrics_server = self._start_metrics()
+            scrape_server = self._start_metrics()
         except OSError as e:
             log.error("cannot start: %s", e)
             for held in (hold, http_hold):
@@ -142,9 +143,9 @@ class Supervisor:
             hold.close()
             if http_hold is not None:
                 http_hold.close()
-            if metrics_server is not None:
-                metrics_server.shutdown()
-                metrics_server.server_close()
+            if scrape_server is not None:
+                scrape_server.shutdown()
+                scrape_server.server_close()
         log.info("all workers stopped; exit %d", self.exit_code)
         return self.exit_code
 
@@ -166,9 +167,7 @@ class Supervisor:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(self.metrics_dir))
         registry.register(_SupervisorCollector(self))
-        server, _thread = start_http_server(
-            self.settings.metrics_port, addr=self.settings.metrics_address, registry=registry
-        )
+        server = metrics_server.start(self.settings.metrics_address, self.settings.metrics_port, registry)
         log.info("metrics on http://%s:%d/metrics (all workers)", self.settings.metrics_address, server.server_port)
         return server
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import threading
+import urllib.request
 
 import grpc
 import h2.settings
@@ -18,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.common import ServiceProcess as BenchService
 from bench.procstat import rss_mb
 from bench.rawh2 import RawGrpc
+from service import metrics_server
 from service.proto import inference_pb2 as pb
 from service.proto.inference_pb2_grpc import EmbeddingServiceStub
 from tests.fixtures.process import ServiceProcess
@@ -130,3 +134,32 @@ async def test_memory_goes_back_after_refused_large_grpc_requests(embed_models_r
                 raise AssertionError(f"RSS {before:.0f} MiB before, {rss_mb(server.proc.pid):.0f} now") from None
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1 << 16) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+async def test_metrics_port_bounds_threads_and_closes_idle_connections(start_server, embed_models_root, monkeypatch):
+    """Before: one thread per connection, waiting forever (268 threads for 252 half-sent requests)."""
+    monkeypatch.setattr(metrics_server._Handler, "timeout", 1.0)
+    running = await start_server(embed_models_root)
+    threads = threading.active_count()
+    socks = []
+    for _ in range(metrics_server.MAX_CONNECTIONS + 20):
+        sock = socket.create_connection(("127.0.0.1", running.metrics_port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n")  # never finished
+        sock.setblocking(False)
+        socks.append(sock)
+    await until(lambda: sum(closed_by_server(s) for s in socks) >= 20)  # the ones past the cap, at once
+    assert threading.active_count() - threads <= metrics_server.MAX_CONNECTIONS
+    await until(lambda: all(closed_by_server(s) for s in socks), timeout=30)  # the rest: timed out
+    for sock in socks:
+        sock.close()
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(running.metrics_url, timeout=10).read().decode())
+    assert "ts_requests_total" in text
