@@ -64,6 +64,11 @@ class Settings:
         "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
         "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)",
     )
+    worker_liveness_s: float = _f(
+        10.0,
+        "--workers: a serving worker whose event loop answers none of the supervisor's pings (one a "
+        "second) for this many seconds is killed and restarted; 0 = never",
+    )
     # Security (docs/design/security.md)
     tls_cert: str = _f("", "PEM certificate (chain) of the gRPC port; with --tls-key turns TLS on")
     tls_key: str = _f("", "PEM private key of --tls-cert")
@@ -179,6 +184,7 @@ class Settings:
             "workers",
             "port",
             "grace_seconds",
+            "worker_liveness_s",
             "embed_max_wait_ms",
             "translate_default_max_length",
             "embed_max_batch_tokens",

@@ -8,6 +8,9 @@ restarts on its own ports. bench/hostile_lifecycle.py measures the same cases ag
 from __future__ import annotations
 
 import asyncio
+import http.client
+import os
+import re
 import signal
 import socket
 import threading
@@ -163,3 +166,81 @@ async def test_metrics_port_bounds_threads_and_closes_idle_connections(start_ser
         sock.close()
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(running.metrics_url, timeout=10).read().decode())
     assert "ts_requests_total" in text
+
+
+class Group(ServiceProcess):
+    """`python -m service --workers 2`, ready once the supervisor says both serve."""
+
+    def __init__(self, models_root, *flags: str, env: dict[str, str] | None = None):
+        super().__init__(models_root, "--workers", "2", *flags, ready=r"all 2 workers serving on (\S+)", env=env)
+
+    def pid(self, worker: int) -> int:
+        return int([m for line in self.log if (m := re.search(rf"worker {worker} ready \(pid (\d+)\)", line))][-1][1])
+
+
+def embed_on_new_connections(address: str, calls: int) -> None:
+    for i in range(calls):
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            assert EmbeddingServiceStub(channel).Embed(pb.EmbedRequest(inputs=[f"call {i}"]), timeout=30).embeddings
+
+
+def test_a_worker_that_answers_no_ping_is_killed_and_replaced(embed_models_root):
+    """SIGSTOP stands in for a blocked event loop: before, it was never noticed and the kernel went on
+    handing it connections (13 of 20 new calls timed out)."""
+    group = Group(embed_models_root, "--worker-liveness-s", "2", "--http-port", "-1")
+    try:
+        stopped = group.pid(0)
+        os.kill(stopped, signal.SIGSTOP)
+        group.wait_for(rf"worker 0 \(pid {stopped}\) answered no ping")
+        group.wait_for(rf"worker 0 ready \(pid (?!{stopped}\))")
+        embed_on_new_connections(group.address, 10)
+        assert group.stop() == 0, "".join(group.log)
+    finally:
+        group.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_workers_restart_on_the_same_ports_after_sigterm(embed_models_root):
+    """Before: the supervisor's port check bound without SO_REUSEADDR, and the connections the last
+    run closed (TIME_WAIT) made it fail "Address already in use" for a minute."""
+    ports = ["--port", str(free_port()), "--http-port", str(free_port()), "--metrics-port", "-1"]
+    first = Group(embed_models_root, *ports)
+    try:
+        embed_on_new_connections(first.address, 4)
+        kept = [http.client.HTTPConnection(first.http_url.removeprefix("http://")) for _ in range(4)]
+        for conn in kept:  # keep-alive connections the drain closes: the server's side waits in TIME_WAIT
+            conn.request("GET", "/health")
+            assert conn.getresponse().read()
+        assert first.stop() == 0, "".join(first.log)
+    finally:
+        first.kill()
+    second = Group(embed_models_root, *ports)
+    try:
+        embed_on_new_connections(second.address, 2)
+        assert second.stop() == 0, "".join(second.log)
+    finally:
+        second.kill()
+
+
+def test_a_killed_supervisors_metrics_folder_is_removed_by_the_next_start(embed_models_root, tmp_path):
+    env = {"TMPDIR": str(tmp_path)}
+    first = Group(embed_models_root, "--http-port", "-1", env=env)
+    try:
+        (left,) = tmp_path.glob("ts-metrics-*")
+        first.proc.kill()  # no chance to clean up; its workers drain on their own (their pipe closed)
+        first.wait()
+    finally:
+        first.kill()
+    assert left.is_dir()
+    second = Group(embed_models_root, "--http-port", "-1", env=env)
+    try:
+        assert not left.exists() and len(list(tmp_path.glob("ts-metrics-*"))) == 1
+        assert second.stop() == 0, "".join(second.log)
+    finally:
+        second.kill()
+    assert not list(tmp_path.glob("ts-metrics-*"))
