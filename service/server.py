@@ -3,10 +3,11 @@
 `Server.start` loads every model directory, builds the cores (service/cores.py), registers every
 gRPC service one way (`register(server, cores)` of each module in service/kinds.py `GRPC_DOORS`),
 binds with health NOT_SERVING, warms every model up, then serves (a worker of several warms up
-before it binds, so the kernel never hands a connection to a cold one). SIGTERM / SIGINT start
-`shutdown`: health NOT_SERVING, new calls UNAVAILABLE (the drain gate, service/admission.py),
-in-flight calls finish within `grace_seconds` with the port open, then the queues drain and
-`serve()` returns 0. HTTP (service/http/) binds with gRPC over the same cores and drains with it.
+before it binds, so the kernel never hands a connection to a cold one). SIGTERM / SIGINT (handled
+from the first moment of `serve`: service/signals.py) start `shutdown`: health NOT_SERVING (no
+Watch stream can hold it: service/health.py), new calls UNAVAILABLE (the drain gate,
+service/admission.py), in-flight calls finish within `grace_seconds` with the port open, then the
+queues drain and `serve()` returns 0. HTTP (service/http/) binds with gRPC over the same cores and drains with it.
 The lifecycle, security and workers are in docs/design/service.md, security.md and workers.md.
 """
 
