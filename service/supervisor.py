@@ -52,6 +52,7 @@ class Worker:
     answered: float = 0.0  # monotonic time of its last message (ready, or a ping's answer)
     pinged: float = 0.0  # monotonic time of the last ping sent
     killed: bool = False  # killed for answering no ping; its exit restarts it
+    closed: bool = False  # its end of the pipe is closed (it is exiting): nothing more to read
 
 
 class Supervisor:
@@ -174,7 +175,7 @@ class Supervisor:
         due = [t for t in (*self.restart_at.values(), self.stop_deadline) if t is not None]
         timeout = max(0.0, min(due, default=now + 1.0) - now)
         watched = {w.process.sentinel: w for w in self.workers.values()}
-        pipes = {w.conn: w for w in self.workers.values()}
+        pipes = {w.conn: w for w in self.workers.values() if not w.closed}
         fired = wait([wake_r, *watched, *pipes], timeout=min(timeout, 1.0))
         if wake_r in fired:
             os.read(wake_r, 512)
@@ -210,7 +211,8 @@ class Supervisor:
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
-            return  # it exited; its sentinel says so
+            worker.closed = True  # it is exiting; its sentinel says so
+            return
         worker.answered = time.monotonic()
         if message[0] != "ready" or worker.ready:
             return  # a ping's answer
