@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from service.server import Server
+from service.auth import Tokens
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +23,19 @@ STOP = (signal.SIGTERM, signal.SIGINT)
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 
 
+class Drainable(Protocol):
+    """What a signal acts on: service/server.py's Server (named here without importing the server)."""
+
+    tokens: Tokens
+
+    def shutdown(self) -> object: ...
+
+
 class Signals:
     """Installed on the running loop at construction; `attach(server)` once the server has started."""
 
     def __init__(self) -> None:
-        self.server: Server | None = None
+        self.server: Drainable | None = None
         self.stop_requested = self.hangup = False
         loop = asyncio.get_running_loop()
         for sig in STOP:
@@ -37,7 +44,7 @@ class Signals:
         for sig in IGNORED:
             loop.add_signal_handler(sig, self._on_ignored, sig)
 
-    def attach(self, server: Server) -> None:
+    def attach(self, server: Drainable) -> None:
         """The server exists: a stop or a SIGHUP that came while it started takes effect now."""
         self.server = server
         if self.hangup:
