@@ -18,6 +18,7 @@ class Kind:
     backend: str  # "module:Class" of its registry backend
     services: tuple[str, ...]  # inference.v1 services that need a model of this kind to be SERVING
     roles: tuple[str, ...]  # the model directory's graphs it needs (service/manifest.py)
+    max_inputs: str  # the Settings field bounding the texts of one call (checked before they are decoded)
     optional_roles: tuple[str, ...] = ()  # graphs it may have besides (and the attention graph)
 
     @property
@@ -38,16 +39,37 @@ class Kind:
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("embedding", "service.embedding.model:EmbeddingModel", ("EmbeddingService",), ("encoder",), ("packed",)),
-        Kind("generation", "service.generation.model:GenerationModel", ("GenerationService",), ("decoder",)),
+        Kind(
+            "embedding",
+            "service.embedding.model:EmbeddingModel",
+            ("EmbeddingService",),
+            ("encoder",),
+            "embed_max_inputs",
+            ("packed",),
+        ),
+        Kind(
+            "generation",
+            "service.generation.model:GenerationModel",
+            ("GenerationService",),
+            ("decoder",),
+            "gen_max_queue",  # a call's generations are admitted all or none: at most a full queue
+        ),
         Kind(
             "translation",
             "service.translation.model:TranslationModel",
             ("TranslationService",),
             ("encoder", "decoder"),
+            "translate_max_inputs",
             ("packed",),
         ),
-        Kind("fill-mask", "service.fillmask.model:FillMaskModel", ("FillMaskService",), ("encoder",), ("packed",)),
+        Kind(
+            "fill-mask",
+            "service.fillmask.model:FillMaskModel",
+            ("FillMaskService",),
+            ("encoder",),
+            "embed_max_inputs",
+            ("packed",),
+        ),
     )
 }
 

@@ -9,15 +9,19 @@ elements are JSON strings, or in binary a 4-byte little-endian length then the b
 binary when its request output says `binary_data: true`, or, for outputs not named, when the
 request's `binary_data_output` parameter is true; otherwise as JSON `data`.
 
-Everything here is plain data: a malformed request is `InvalidArgument` naming the field.
+Everything here is plain data: a malformed request is `InvalidArgument` naming the field. Work
+is bounded before it is done: a shape has at most MAX_DIMS dimensions and holds at most the
+server's message size in elements (its product computed with an early stop, never as an unbounded
+integer); `expect` sees every input's name, datatype and shape before any element is decoded, and
+the elements are counted against the shape before each one is checked.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +48,22 @@ DATATYPES = {  # the protocol's tensor datatypes -> numpy (little-endian, as the
 }
 LENGTH = struct.Struct("<I")
 MAX_DEPTH = 32  # nesting of the JSON header, as every other HTTP body (service/http/body.py)
+MAX_DIMS = 64  # dimensions of a tensor: numpy's limit
+_DECIMAL = re.compile(r"[0-9]{1,19}")  # a header's size in ASCII digits (int() takes any Unicode digit)
 Scalar = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An input's name, datatype and shape, checked before any of its elements is decoded."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    count: int  # elements the shape holds
+
+
+Expect = Callable[[list[Spec]], None]  # the caller's rules on the inputs, before their elements
 
 
 @dataclass(frozen=True)
@@ -81,11 +100,15 @@ def pack_bytes(elements: Iterable[Any]) -> bytes:
     return b"".join(parts)
 
 
-def split_bytes(raw: bytes | memoryview, what: str) -> list[bytes]:
-    """The elements of raw BYTES data; InvalidArgument naming `what` when a length runs past the end."""
+def split_bytes(raw: bytes | memoryview, what: str, count: int | None = None) -> list[bytes]:
+    """The elements of raw BYTES data; InvalidArgument naming `what` when a length runs past the end or,
+    given `count`, as soon as the data holds more elements than that."""
     raw = memoryview(raw)
-    elements, at = [], 0
+    elements: list[bytes] = []
+    at = 0
     while at < len(raw):
+        if count is not None and len(elements) == count:
+            raise InvalidArgument(f"{what}: its raw BYTES content holds more than the shape's {count} elements")
         if at + LENGTH.size > len(raw):
             raise InvalidArgument(f"{what}: raw BYTES content is cut inside an element's 4-byte length at byte {at}")
         (size,) = LENGTH.unpack_from(raw, at)
@@ -99,39 +122,64 @@ def split_bytes(raw: bytes | memoryview, what: str) -> list[bytes]:
     return elements
 
 
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
-    """An inference request from its HTTP body and Inference-Header-Content-Length header (or None)."""
+def element_count(shape: Any, where: str, most: int) -> int:
+    """The elements `shape` holds: at most MAX_DIMS non-negative integer dimensions whose non-zero ones
+    multiply to at most `most` (the server's message size: no element takes less than a byte), the
+    product stopped as soon as it passes that; InvalidArgument naming `where` otherwise."""
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"{where}.shape must be an array of at most {MAX_DIMS} dimensions")
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise InvalidArgument(f"{where}.shape={_shown(shape)} must be an array of non-negative integers")
+    product = 1
+    for d in shape:
+        product *= d or 1
+        if product > most:
+            raise InvalidArgument(
+                f"{where}.shape={_shown(shape)} holds more than {most} elements, more than a request "
+                "to this server can carry (max_message_bytes)"
+            )
+    return 0 if 0 in shape else product
+
+
+def decode_request(body: bytes, header_length: str | None, most: int, expect: Expect | None = None) -> InferRequest:
+    """An inference request from its HTTP body and Inference-Header-Content-Length header (or None);
+    most: elements a tensor may hold (the server's message size); expect: see Expect."""
     size = _header_size(header_length, len(body))
     header = _json_object(body[:size])
+    fields = [_spec(spec, f"inputs[{i}]", most) for i, spec in enumerate(_list(header, "inputs", required=True))]
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"id must be a string, not {_json_type(request_id)}")
+    parameters = _parameters(header.get("parameters"), "parameters")
+    binary_output = parameters.pop("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise InvalidArgument(f"parameters.binary_data_output={_shown(binary_output)} must be true or false")
+    outputs = _outputs(header, binary_output)
+    if expect is not None:
+        expect([spec for spec, _, _ in fields])
     binary = memoryview(body)[size:]
     inputs, used = [], 0
-    for i, spec in enumerate(_list(header, "inputs", required=True)):
-        tensor, taken = _input(spec, f"inputs[{i}]", binary[used:])
+    for spec, source, where in fields:
+        tensor, taken = _input(spec, source, where, binary[used:])
         inputs.append(tensor)
         used += taken
     if used != len(binary):
         raise InvalidArgument(
             f"{len(binary) - used} bytes of binary data follow the JSON that no input's binary_data_size accounts for"
         )
-    parameters = _parameters(header.get("parameters"), "parameters")
-    binary_output = parameters.pop("binary_data_output", False)
-    if not isinstance(binary_output, bool):
-        raise InvalidArgument(f"parameters.binary_data_output={_shown(binary_output)} must be true or false")
-    request_id = header.get("id", "")
-    if not isinstance(request_id, str):
-        raise InvalidArgument(f"id must be a string, not {_json_type(request_id)}")
-    return InferRequest(inputs, _outputs(header, binary_output), parameters, request_id, binary_output)
+    return InferRequest(inputs, outputs, parameters, _text(request_id, "id"), binary_output)
 
 
 def _header_size(header_length: str | None, body_size: int) -> int:
     if header_length is None:
         return body_size
-    if not header_length.strip().isdigit() or not 0 < int(header_length) <= body_size:
+    digits = header_length.strip()
+    if not _DECIMAL.fullmatch(digits) or not 0 < int(digits) <= body_size:
         raise InvalidArgument(
             f"header Inference-Header-Content-Length={header_length[:32]!r} must be the size "
-            f"of the JSON at the start of the body, 1 to {body_size} bytes"
+            f"of the JSON at the start of the body, 1 to {body_size} bytes in decimal digits"
         )
-    return int(header_length)
+    return int(digits)
 
 
 def _json_object(header: bytes | memoryview) -> dict:
@@ -164,21 +212,25 @@ def _list(holder: dict, key: str, required: bool = False, where: str = "") -> li
     return value
 
 
-def _input(spec: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
-    """One request input and how many bytes of the binary data it took."""
+def _spec(spec: Any, where: str, most: int) -> tuple[Spec, dict, str]:
+    """An input's name, datatype and shape, checked (its elements are not looked at), its JSON, and
+    how messages name it."""
     if not isinstance(spec, dict):
         raise InvalidArgument(f"{where} must be an object with name, shape, datatype and data")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{where}.name must be a non-empty string")
-    where = f"{where} ({quote(name)})"
+    where = f"{where} ({quote(_text(name, f'{where}.name'))})"
     datatype = spec.get("datatype")
     if datatype not in DATATYPES:
         raise InvalidArgument(f"{where}.datatype={_shown(datatype)} is not one of {', '.join(DATATYPES)}")
     shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InvalidArgument(f"{where}.shape={_shown(shape)} must be an array of non-negative integers")
-    parameters = _parameters(spec.get("parameters"), f"{where}.parameters")
+    return Spec(name, datatype, shape, element_count(shape, where, most)), spec, where
+
+
+def _input(spec: Spec, source: dict, where: str, binary: memoryview) -> tuple[Tensor, int]:
+    """One request input and how many bytes of the binary data it took."""
+    parameters = _parameters(source.get("parameters"), f"{where}.parameters")
     if any(key.startswith("shared_memory") for key in parameters):
         raise InvalidArgument(f"{where}: shared memory is not supported here; send the data in the request")
     if "binary_data_size" in parameters:
@@ -188,52 +240,65 @@ def _input(spec: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
                 f"{where}.parameters.binary_data_size={_shown(size)} must be the size of "
                 f"its binary data, at most the {len(binary)} bytes left after the JSON"
             )
-        return Tensor(name, datatype, from_binary(binary[:size], datatype, shape, where)), size
-    if "data" not in spec:
+        return Tensor(spec.name, spec.datatype, from_binary(binary[:size], spec, where)), size
+    if "data" not in source:
         raise InvalidArgument(f"{where} has neither data nor parameters.binary_data_size")
-    return Tensor(name, datatype, _from_json(spec["data"], datatype, shape, where)), 0
+    return Tensor(spec.name, spec.datatype, _from_json(source["data"], spec, where)), 0
 
 
-def from_binary(raw: memoryview, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        elements = split_bytes(raw, where)
-        if len(elements) != count:
-            raise InvalidArgument(f"{where}.shape={shape} holds {count} elements but its binary data {len(elements)}")
-        array = np.empty(count, dtype=object)
+def from_binary(raw: memoryview, spec: Spec, where: str) -> np.ndarray:
+    """The tensor `spec` describes from its raw bytes: sizes compared before any element is read."""
+    if spec.datatype == "BYTES":
+        if len(raw) < LENGTH.size * spec.count:  # before any element is split off
+            raise InvalidArgument(
+                f"{where}.shape={spec.shape} holds {spec.count} elements but its binary data "
+                f"{len(raw) // LENGTH.size} at most ({len(raw)} bytes, each element's length taking {LENGTH.size})"
+            )
+        elements = split_bytes(raw, where, spec.count)
+        if len(elements) != spec.count:
+            raise InvalidArgument(
+                f"{where}.shape={spec.shape} holds {spec.count} elements but its binary data {len(elements)}"
+            )
+        array = np.empty(spec.count, dtype=object)
         array[:] = elements
-        return array.reshape(shape)
-    dtype = DATATYPES[datatype]
-    if len(raw) != count * dtype.itemsize:
+        return array.reshape(spec.shape)
+    dtype = DATATYPES[spec.datatype]
+    if len(raw) != spec.count * dtype.itemsize:
         raise InvalidArgument(
-            f"{where}.shape={shape} of {datatype} needs {count * dtype.itemsize} bytes but "
+            f"{where}.shape={spec.shape} of {spec.datatype} needs {spec.count * dtype.itemsize} bytes but "
             f"its binary_data_size is {len(raw)}"
         )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype).reshape(spec.shape)
 
 
-def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    flat = _flatten(data)
-    count = math.prod(shape)
-    if len(flat) != count:
-        raise InvalidArgument(f"{where}.shape={shape} holds {count} elements but its data {len(flat)}")
-    if datatype == "BYTES":
+def _from_json(data: Any, spec: Spec, where: str) -> np.ndarray:
+    flat = _flatten(data, spec.count)
+    if len(flat) != spec.count:
+        shown = f"more than {spec.count}" if len(flat) > spec.count else len(flat)
+        raise InvalidArgument(f"{where}.shape={spec.shape} holds {spec.count} elements but its data {shown}")
+    if spec.datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
             raise InvalidArgument(f"{where}.data: BYTES elements must be JSON strings")
-        array = np.empty(count, dtype=object)
-        array[:] = [v.encode() for v in flat]
-        return array.reshape(shape)
-    return numbers(flat, datatype, where).reshape(shape)
+        array = np.empty(spec.count, dtype=object)
+        try:
+            array[:] = [v.encode() for v in flat]
+        except UnicodeEncodeError:
+            for i, v in enumerate(flat):
+                _text(v, f"{where}.data[{i}]")  # raises, naming the first element UTF-8 cannot carry
+            raise
+        return array.reshape(spec.shape)
+    return numbers(flat, spec.datatype, where).reshape(spec.shape)
 
 
-def _flatten(data: Any) -> list:
-    """Row-major elements of flat or nested arrays (a lone scalar is one element)."""
+def _flatten(data: Any, count: int) -> list:
+    """Row-major elements of flat or nested arrays (a lone scalar is one element); past `count`
+    elements it stops, one over."""
     if not isinstance(data, list):
         return [data]
     if not any(isinstance(v, list) for v in data):
         return data
     flat, stack = [], [iter(data)]
-    while stack:
+    while stack and len(flat) <= count:
         for value in stack[-1]:
             if isinstance(value, list):
                 stack.append(iter(value))
@@ -256,10 +321,14 @@ def numbers(flat: list, datatype: str, where: str) -> np.ndarray:
     if not ok:
         expected = {"BOOL": "true or false"}.get(datatype, f"numbers that fit {datatype}")
         raise InvalidArgument(f"{where}.data: elements must be {expected}")
-    with np.errstate(over="ignore"):  # checked below, by the element
-        array = np.array(flat, dtype=dtype)
-    if dtype.kind == "f" and not np.array_equal(np.isinf(array), np.isinf(np.array(flat, dtype=float))):
-        raise InvalidArgument(f"{where}.data: an element is too large for {datatype}")
+    too_large = InvalidArgument(f"{where}.data: an element is too large for {datatype}")
+    try:
+        with np.errstate(over="ignore"):  # checked below, by the element
+            array = np.array(flat, dtype=dtype)
+        if dtype.kind == "f" and not np.array_equal(np.isinf(array), np.isinf(np.array(flat, dtype=float))):
+            raise too_large
+    except OverflowError as e:  # an integer beyond float64's range
+        raise too_large from e
     return array
 
 
@@ -269,8 +338,11 @@ def _parameters(value: Any, where: str) -> dict[str, Scalar]:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{where} must be an object of names to values, not {_json_type(value)}")
     for name, v in value.items():
+        _text(name, f"{where} name {quote(name)}")
         if not isinstance(v, Scalar):
             raise InvalidArgument(f"{where}.{name} must be a string, number or boolean, not {_json_type(v)}")
+        if isinstance(v, str):
+            _text(v, f"{where}.{name}")
     return dict(value)
 
 
@@ -279,7 +351,7 @@ def _outputs(header: dict, binary_default: bool) -> dict[str, bool]:
     for i, spec in enumerate(_list(header, "outputs")):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise InvalidArgument(f"outputs[{i}] must be an object with a string name")
-        where = f"outputs[{i}] ({quote(spec['name'])})"
+        where = f"outputs[{i}] ({quote(_text(spec['name'], f'outputs[{i}].name'))})"
         parameters = _parameters(spec.get("parameters"), f"{where}.parameters")
         unsupported = [k for k in parameters if k.startswith("shared_memory") or k == "classification"]
         if unsupported:
@@ -326,6 +398,15 @@ def _json_data(tensor: Tensor) -> list:
         raise InvalidArgument(
             f"output {quote(tensor.name)} holds bytes that are not UTF-8; ask for it with binary_data: true"
         ) from e
+
+
+def _text(value: str, where: str) -> str:
+    """value, if UTF-8 can carry it (a JSON string may hold a lone surrogate escape such as \\ud800)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{where} is not valid Unicode text ({e.reason} at position {e.start})") from e
+    return value
 
 
 def _shown(value: Any) -> str:

@@ -19,6 +19,7 @@ from service.kserve import tensors
 
 Client = triton.InferenceServerClient
 RNG = np.random.default_rng(0)
+MOST = 16 << 20  # elements a tensor may hold: the default max_message_bytes
 TEXTS = np.array([b"hello", b"", "é ü 漢字".encode(), b"\x00zero inside"], dtype=np.object_).reshape(2, 2)
 NUMERIC = {  # one array per datatype the protocol names, with extremes
     "BOOL": np.array([[True, False, True]]),
@@ -43,7 +44,7 @@ def triton_input(name: str, array: np.ndarray, binary: bool) -> triton.InferInpu
 
 def decode(inputs, outputs=None, **kwargs) -> tensors.InferRequest:
     body, json_size = Client.generate_request_body(inputs, outputs=outputs, **kwargs)
-    return tensors.decode_request(body, None if json_size is None else str(json_size))
+    return tensors.decode_request(body, None if json_size is None else str(json_size), MOST)
 
 
 def test_the_datatype_table_is_tritons():
@@ -80,7 +81,7 @@ def test_request_id_parameters_and_requested_outputs():
 def test_nested_and_flat_json_data_are_the_same_tensor():
     flat = {"inputs": [{"name": "x", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]}]}
     nested = {"inputs": [{"name": "x", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}
-    a, b = (tensors.decode_request(json.dumps(body).encode(), None).inputs[0].array for body in (flat, nested))
+    a, b = (tensors.decode_request(json.dumps(body).encode(), None, MOST).inputs[0].array for body in (flat, nested))
     assert a.tolist() == b.tolist() == [[1, 2], [3, 4]]
 
 
@@ -180,10 +181,10 @@ def test_bad_requests_name_the_field(raw, header_length, message):
     if header_length == "len":  # the JSON's own size, binary data after it
         header_length = str(raw.index(b"}]}") + 3 if b"}]}" in raw else len(raw))
     with pytest.raises(InvalidArgument) as caught:
-        tensors.decode_request(raw, header_length)
+        tensors.decode_request(raw, header_length, MOST)
     assert message in caught.value.message
 
 
 def test_deep_json_is_refused_not_recursed():
     with pytest.raises(InvalidArgument, match="nests arrays and objects deeper"):
-        tensors.decode_request(b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", None)
+        tensors.decode_request(b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, MOST)
