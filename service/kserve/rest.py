@@ -93,8 +93,8 @@ class Routes:
     async def infer(self, request: Request, call: HttpCall) -> Response:
         model = self.plane.admit(*_model(request))  # 503 / 404 before the body is read
         body = await self._body(request)
-        header_length, expect = request.headers.get(tensors.HEADER_LENGTH), self.plane.expect_texts(model)
-        decoded = tensors.decode_request(body, header_length, self.settings.max_message_bytes, expect)
+        expect, most = self.plane.expect_texts(model), self.settings.max_message_bytes
+        decoded = tensors.decode_request(body, request.headers.get(tensors.HEADER_LENGTH), most, expect)
         texts = input_texts(decoded.inputs)
         done = await call.unless_gone(
             request, self.plane.infer(model, texts, list(decoded.outputs), decoded.parameters, call.deadline)

@@ -224,7 +224,7 @@ def _spec(spec: Any, where: str, most: int) -> tuple[Spec, dict, str]:
     datatype = spec.get("datatype")
     if datatype not in DATATYPES:
         raise InvalidArgument(f"{where}.datatype={_shown(datatype)} is not one of {', '.join(DATATYPES)}")
-    shape = spec.get("shape")
+    shape: list[int] = spec.get("shape")  # type: ignore[assignment]  # element_count checks it
     return Spec(name, datatype, shape, element_count(shape, where, most)), spec, where
 
 
@@ -297,7 +297,8 @@ def _flatten(data: Any, count: int) -> list:
         return [data]
     if not any(isinstance(v, list) for v in data):
         return data
-    flat, stack = [], [iter(data)]
+    flat: list = []
+    stack = [iter(data)]
     while stack and len(flat) <= count:
         for value in stack[-1]:
             if isinstance(value, list):
