@@ -1,9 +1,14 @@
 """Hostile KServe requests (issue 33) against a real server on 127.0.0.1: shapes of many huge
 dimensions, millions of raw BYTES elements and undecodable values are refused with 400 /
-INVALID_ARGUMENT naming the field, before any per-element work, and nothing is logged as an error.
+INVALID_ARGUMENT naming the field, before any per-element work, and nothing is logged as an error;
+a gzip body of several members is inflated whole.
 bench/hostile_input.py runs the same probes against a server process and prints their figures."""
 
 from __future__ import annotations
+
+import gzip
+import json
+import zlib
 
 import grpc
 import httpx2 as httpx  # the HTTP client the openai SDK itself depends on
@@ -85,4 +90,20 @@ async def test_undecodable_values_are_400_naming_the_field(server, caplog):
     assert reply.status_code == 400, reply.text
     ok = await rest_infer(server, {"id": "réq-1", "inputs": [TEXT]})
     assert ok.status_code == 200 and ok.json()["id"] == "réq-1"
+    no_errors_logged(caplog)
+
+
+async def test_gzip_members_are_all_inflated_and_bytes_after_them_refused(server, caplog):
+    body = json.dumps({"inputs": [{**TEXT, "shape": [2], "data": ["a b", "c"]}]}).encode()
+    one = await rest_infer(server, gzip.compress(body), {"content-encoding": "gzip"})
+    two = await rest_infer(server, gzip.compress(body[:25]) + gzip.compress(body[25:]), {"content-encoding": "gzip"})
+    assert one.status_code == two.status_code == 200, two.text
+    assert two.json()["outputs"] == one.json()["outputs"]
+    for encoding, data, message in (
+        ("gzip", gzip.compress(body) + b"trailing", "the 8 bytes after its member 1 is not valid gzip data"),
+        ("deflate", zlib.compress(body) + b"x", "1 bytes follow the deflate stream"),
+        ("gzip", gzip.compress(body) + gzip.compress(body)[:30], "the gzip body is cut short"),
+    ):
+        reply = await rest_infer(server, data, {"content-encoding": encoding})
+        assert reply.status_code == 400 and message in reply.json()["error"], (encoding, reply.text)
     no_errors_logged(caplog)
