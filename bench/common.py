@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -74,8 +75,11 @@ def conditions() -> dict:
 class ServiceProcess:
     """`python -m service` on free ports (gRPC, HTTP, and metrics unless disabled), until `stop()`."""
 
-    def __init__(self, models: Path, flags: list[str], metrics: bool = False, keep_log: bool = False):
-        """keep_log: go on collecting the server's log lines in `log` after the start (else dropped)."""
+    def __init__(
+        self, models: Path, flags: list[str], metrics: bool = False, keep_log: bool = False, max_files: int = 0
+    ):
+        """keep_log: go on collecting the server's log lines in `log` after the start (else dropped);
+        max_files: the server's RLIMIT_NOFILE (0: this process's)."""
         cmd = [
             sys.executable,
             "-m",
@@ -90,7 +94,8 @@ class ServiceProcess:
             "0",
             *flags,
         ]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))) if max_files else None
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
         self.address, self.metrics_url, self.http_url, self.log = "", "", "", []
         for line in self.proc.stderr:
             self.log.append(line.rstrip())

@@ -21,7 +21,6 @@ import http.client
 import json
 import os
 import re
-import resource
 import socket
 import sys
 import time
@@ -162,16 +161,21 @@ class Probes:
 
     # item 6
     def emfile(self, limit: int = 160, idle: int = 280, wait: float = 5.0) -> str:
-        """A server of its own started under RLIMIT_NOFILE=limit, `idle` connections opened to its HTTP port."""
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))  # inherited by the server process
-        try:
-            server = ServiceProcess(self.models_root, [], keep_log=True)
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
+        """A server of its own started under RLIMIT_NOFILE=limit; `idle` connections opened to its HTTP
+        port, then to its gRPC port: the log lines and CPU of each, and whether a call still works."""
+        server = ServiceProcess(self.models_root, [], keep_log=True, max_files=limit)
         stub = pb_grpc.ModelServiceStub(grpc.insecure_channel(server.address))
         stub.ListModels(pb.ListModelsRequest(), timeout=30, metadata=self.auth)  # the channel is connected
+        try:
+            return "; ".join(
+                f"{door}: {self._flood(server, stub, address, idle, wait)}"
+                for door, address in (("HTTP", server.http_url.removeprefix("http://")), ("gRPC", server.address))
+            )
+        finally:
+            server.stop()
+
+    def _flood(self, server: ServiceProcess, stub, address: str, idle: int, wait: float) -> str:
+        host, port = address.rsplit(":", 1)
         pid, socks = server.proc.pid, []
         lines0, cpu0 = len(server.log), cpu_seconds(pid)
         try:
@@ -187,11 +191,8 @@ class Probes:
         finally:
             for sock in socks:
                 sock.close()
-            server.stop()
-        return (
-            f"{len(lines)} log lines ({errors_logged(lines)} errors), {cpu:.2f} CPU-s in {wait:g} s; "
-            f"gRPC call meanwhile: {call}"
-        )
+        tracebacks = sum(line.startswith("Traceback") for line in lines)
+        return f"{len(lines)} log lines ({tracebacks} tracebacks), {cpu:.2f} CPU-s in {wait:g} s, a call: {call}"
 
     # item 8
     def unread_answers(self, connections: int = 20, wait: float = 40.0) -> str:

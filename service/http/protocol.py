@@ -46,7 +46,7 @@ class GuardedH11Protocol(H11Protocol):
         if len(self.connections) >= self.max_connections:
             self._refused = True
             CLOSED.labels("connection_limit").inc()
-            transport.write(_over_limit(self.max_connections))
+            transport.write(refusal(over_limit(self.max_connections)))
             transport.close()
             return
         super().connection_made(transport)
@@ -83,11 +83,15 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def _over_limit(limit: int) -> bytes:
-    message = (
+def over_limit(limit: int) -> str:
+    return (
         f"this server already holds {limit} HTTP connections (http_max_connections); retry later, or reuse "
         "a kept-alive connection"
     )
+
+
+def refusal(message: str) -> bytes:
+    """A whole 503 response in the service's error shape, for a connection closed before a byte is read."""
     body = json.dumps(error_body(grpc.StatusCode.UNAVAILABLE, message)).encode()
     head = (
         f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"

@@ -1,10 +1,12 @@
 """uvicorn inside the service's event loop: bind, serve as a task, drain with the gRPC server.
 
 uvicorn speaks HTTP/1.1 through service/http/protocol.py's h11 protocol, which adds a header
-timeout and a connection cap. The socket is bound here, not by uvicorn, so that a taken port fails the
-start with a clear OSError, port 0's choice is known (and logged) at once, and worker processes can share one port
-with SO_REUSEPORT (service/supervisor.py reserves it, each worker binds it). uvicorn's own signal
-handling is off: service/server.py owns SIGTERM and calls `stop(grace)`, which
+timeout and a connection cap, on a service/http/listener.py socket, which refuses connections
+instead of flooding the log when the process is out of file descriptors. The socket is bound
+here, not by uvicorn, so that a taken port fails the start with a clear OSError, port 0's choice
+is known (and logged) at once, and worker processes can share one port with SO_REUSEPORT
+(service/supervisor.py reserves it, each worker binds it). uvicorn's own signal handling is off:
+service/server.py owns SIGTERM and calls `stop(grace)`, which
 1. keeps the listener open while in-flight calls finish, so that new calls get 503 (the registry
    is draining) rather than a refused connection, for at most `grace` seconds; then
 2. tells uvicorn to exit: it closes the listener and idle keep-alive connections, and cancels what
@@ -20,6 +22,7 @@ import socket
 
 import uvicorn
 
+from service.http.listener import Listener
 from service.http.protocol import guarded
 from service.inflight import Inflight
 
@@ -40,7 +43,7 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     )[0]
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and without it
     # every small response waits ~40 ms (Nagle against the client's delayed ACK; measured).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = Listener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # sheds connections at the fd limit
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds past TIME_WAIT
         if reuse_port:

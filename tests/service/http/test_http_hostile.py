@@ -6,9 +6,16 @@ bench/hostile_input.py runs the same probes against a server process and prints 
 
 from __future__ import annotations
 
-import httpx2 as httpx  # the HTTP client the openai SDK itself depends on
+import asyncio
+import socket
+import urllib.request
 
-from tests.fixtures.server import metric
+import grpc
+import httpx2 as httpx  # the HTTP client the openai SDK itself depends on
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.common import ServiceProcess
+from tests.fixtures.server import metric, until
 
 UTF8_TOKEN = "tökén-ünïcode-1"
 
@@ -26,3 +33,46 @@ async def test_a_non_ascii_token_sent_as_utf8_is_accepted(start_server, embed_mo
         )
         assert latin1.status_code == 401
     assert metric("ts_auth_failures_total", {"protocol": "http", "reason": "invalid"}) == invalid + 1
+
+
+def answer(sock: socket.socket) -> bytes | None:
+    """What the server sent on a non-blocking socket (b"" closed with nothing), None: nothing yet."""
+    try:
+        return sock.recv(1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+async def test_at_the_descriptor_limit_connections_get_503_without_a_traceback_per_accept(embed_models_root):
+    server = await asyncio.to_thread(ServiceProcess, embed_models_root, [], keep_log=True, max_files=128)
+    try:
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.address))
+        health.Check(health_pb2.HealthCheckRequest(), timeout=30)  # connected before the limit is reached
+        port = int(server.http_url.rsplit(":", 1)[1])
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        for sock in socks:
+            sock.setblocking(False)
+        replies: dict[int, bytes] = {}
+
+        def refused() -> list[bytes]:
+            for i, sock in enumerate(socks):
+                if i not in replies and (reply := answer(sock)) is not None:
+                    replies[i] = reply
+            return [r for r in replies.values() if r]
+
+        await until(lambda: bool(refused()), what="a refused connection")
+        assert all(r.startswith(b"HTTP/1.1 503") and b"out of file descriptors" in r for r in refused())
+        assert (
+            health.Check(health_pb2.HealthCheckRequest(), timeout=30).status == health_pb2.HealthCheckResponse.SERVING
+        )
+        for sock in socks:
+            sock.close()
+        reply = await asyncio.to_thread(lambda: urllib.request.urlopen(server.http_url + "/health", timeout=30))
+        assert reply.status == 200
+        await until(lambda: any("accepting connections" in line for line in server.log), what="accepting again")
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert not [line for line in server.log if "Traceback" in line or " ERROR " in line]
+    assert sum("out of file descriptors" in line for line in server.log) == 1
