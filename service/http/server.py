@@ -66,6 +66,7 @@ class HttpServer:
         ssl: dict | None = None,
         header_timeout: float = 10.0,
         max_connections: int = 1024,
+        write_timeout: float = 30.0,
     ):
         self.port = sock.getsockname()[1]
         self._inflight = inflight
@@ -76,7 +77,7 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=LAST_SECONDS,
-            http=guarded(header_timeout, max_connections),
+            http=guarded(header_timeout, max_connections, write_timeout),
             **(ssl or {}),
         )
         self._server = _Uvicorn(config)
@@ -92,10 +93,12 @@ class HttpServer:
         ssl: dict | None = None,
         header_timeout: float = 10.0,
         max_connections: int = 1024,
+        write_timeout: float = 30.0,
     ) -> HttpServer:
-        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext; header_timeout
-        and max_connections: the door's limits (service/http/protocol.py)."""
-        server = cls(app, bind(host, port, reuse_port), app.state.inflight, ssl, header_timeout, max_connections)
+        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext; header_timeout,
+        max_connections and write_timeout: the door's limits (service/http/protocol.py)."""
+        sock = bind(host, port, reuse_port)
+        server = cls(app, sock, app.state.inflight, ssl, header_timeout, max_connections, write_timeout)
         while not server._server.started:  # startup is one create_server call: a few loop turns
             if server._task.done():
                 server._task.result()  # raises what stopped it

@@ -7,6 +7,7 @@ bench/hostile_input.py runs the same probes against a server process and prints 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import urllib.request
 
@@ -76,3 +77,30 @@ async def test_at_the_descriptor_limit_connections_get_503_without_a_traceback_p
         await asyncio.to_thread(server.stop)
     assert not [line for line in server.log if "Traceback" in line or " ERROR " in line]
     assert sum("out of file descriptors" in line for line in server.log) == 1
+
+
+async def test_answers_a_client_never_reads_are_dropped_after_the_write_timeout(start_server):
+    running = await start_server(http_write_timeout_s=1.0)
+    body = json.dumps({"prompt": "hello " * 100_000, "return_token_strs": True}).encode()  # a ~6 MB answer
+    request = (
+        f"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    closed = metric("ts_http_connections_closed_total", {"reason": "write_timeout"})
+    socks = []
+    for _ in range(4):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer stays in the server's buffers
+        sock.connect(("127.0.0.1", running.server.http.port))
+        sock.sendall(request)
+        socks.append(sock)
+    await until(
+        lambda: metric("ts_http_connections_closed_total", {"reason": "write_timeout"}) == closed + 4,
+        timeout=60,
+        what="the unread answers dropped",
+    )
+    for sock in socks:
+        sock.close()
+    async with httpx.AsyncClient(base_url=running.http_url, timeout=60) as http:  # a client that reads: served
+        reply = await http.post("/tokenize", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 200 and reply.json()["count"] > 100_000
+    assert metric("ts_http_connections_closed_total", {"reason": "write_timeout"}) == closed + 4
