@@ -24,9 +24,11 @@ import re
 import socket
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import ServiceProcess, conditions
 from bench.hostile import Health, errors_logged
@@ -195,33 +197,36 @@ class Probes:
         return f"{len(lines)} log lines ({tracebacks} tracebacks), {cpu:.2f} CPU-s in {wait:g} s, a call: {call}"
 
     # item 8
-    def unread_answers(self, connections: int = 20, wait: float = 40.0) -> str:
-        body = _compact({"prompt": "hello " * 100_000, "return_token_strs": True})
-        request = (
-            (
-                f"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\n"
-            ).encode()
-            + b"authorization: Bearer "
-            + TOKEN.encode()
-            + b"\r\n\r\n"
-            + body
+    def unread_answers(self, connections: int = 20, wait: float = 45.0) -> str:
+        """`connections` clients send /tokenize for a ~3 MB answer and never read it: RSS while they
+        hold it and `wait` s later (still connected), and how many the server closed for it."""
+        body = _compact({"prompt": "hello " * 50_000, "return_token_strs": True})
+        head = (
+            f"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
         )
-        pid, socks = self.server.proc.pid, []
+        request = head.encode() + b"\r\nauthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n" + body
+        pid, socks, closed0 = self.server.proc.pid, [], self._closed("write_timeout")
         rss0 = rss_mb(pid)
         for _ in range(connections):
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(request)
             socks.append(sock)
-        time.sleep(3)
+        time.sleep(10)
         held = rss_mb(pid)
-        time.sleep(wait)
-        after = rss_mb(pid)
-        still = sum(_open(s) for s in socks)
+        time.sleep(wait - 10)
+        after, closed = rss_mb(pid), self._closed("write_timeout") - closed0
         for sock in socks:
             sock.close()
-        return f"RSS {rss0:.0f} → {held:.0f} held → {after:.0f} after {wait:g} s; {still}/{connections} open"
+        return f"RSS {rss0:.0f} → {held:.0f} held → {after:.0f} after {wait:g} s; server closed {closed:g}"
+
+    def _closed(self, reason: str) -> float:
+        text = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "ts_http_connections_closed_total" and sample.labels["reason"] == reason:
+                    return sample.value
+        return 0.0
 
     # item 11
     def utf8_token(self) -> str:
@@ -243,16 +248,6 @@ class Probes:
 
 def _compact(value: dict) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _open(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        return sock.recv(1, socket.MSG_PEEK) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
 
 
 NAMES = [
