@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import QUOTE_CHARS, InvalidArgument, quote
-from service.http.body import TOO_DEEP, too_deep
+from service.http.body import TOO_DEEP, check_structure
 
 HEADER_LENGTH = "inference-header-content-length"
 DATATYPES = {  # the protocol's tensor datatypes -> numpy (little-endian, as the binary data is)
@@ -47,7 +47,6 @@ DATATYPES = {  # the protocol's tensor datatypes -> numpy (little-endian, as the
     "BYTES": np.dtype(object),
 }
 LENGTH = struct.Struct("<I")
-MAX_DEPTH = 32  # nesting of the JSON header, as every other HTTP body (service/http/body.py)
 MAX_DIMS = 64  # dimensions of a tensor: numpy's limit
 _DECIMAL = re.compile(r"[0-9]{1,19}")  # a header's size in ASCII digits (int() takes any Unicode digit)
 Scalar = bool | int | float | str
@@ -183,6 +182,7 @@ def _header_size(header_length: str | None, body_size: int) -> int:
 
 
 def _json_object(header: bytes | memoryview) -> dict:
+    check_structure(bytes(header))  # nesting and values bounded as every HTTP body's, before parsing
     try:
         value = json.loads(bytes(header))
     except RecursionError as e:
@@ -192,8 +192,6 @@ def _json_object(header: bytes | memoryview) -> dict:
             f"the request's JSON is not valid ({e}); with binary tensor data, header "
             "Inference-Header-Content-Length must give the JSON's size"
         ) from e
-    if too_deep(bytes(header), MAX_DEPTH):
-        raise InvalidArgument(TOO_DEEP)
     if not isinstance(value, dict):
         raise InvalidArgument(f"the request must be a JSON object, not {_json_type(value)}")
     return value

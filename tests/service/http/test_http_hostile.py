@@ -16,9 +16,15 @@ import httpx2 as httpx  # the HTTP client the openai SDK itself depends on
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import ServiceProcess
+from service.http.body import MAX_JSON_VALUES
 from tests.fixtures.server import metric, until
 
 UTF8_TOKEN = "tökén-ünïcode-1"
+
+
+def no_errors_logged(caplog) -> None:
+    bad = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+    assert not bad, [r.getMessage() for r in bad]
 
 
 async def test_a_non_ascii_token_sent_as_utf8_is_accepted(start_server, embed_models_root):
@@ -104,3 +110,55 @@ async def test_answers_a_client_never_reads_are_dropped_after_the_write_timeout(
         reply = await http.post("/tokenize", content=body, headers={"content-type": "application/json"})
     assert reply.status_code == 200 and reply.json()["count"] > 100_000
     assert metric("ts_http_connections_closed_total", {"reason": "write_timeout"}) == closed + 4
+
+
+MANY = 3_750_000  # small elements in a 15 MB body
+
+
+def compact(value: dict) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+async def test_bodies_of_millions_of_values_are_refused_before_they_are_parsed(server, caplog):
+    nested = b'{"input": ' + b"[" * 29 + b"[]," * (5_000_000 - 1) + b"[]" + b"]" * 29 + b"}"  # 30 deep: allowed
+    bodies = {
+        "/v1/completions": compact({"prompt": ["a"] * MANY}),
+        "/v1/embeddings": nested,
+        "/detokenize": compact({"tokens": [1] * 2 * MANY}),
+        "/v1/translate": compact({"inputs": ["a"] * MANY}),
+        "/v1/fill-mask": compact({"inputs": ["a"] * MANY}),
+        "/v2/models/tiny-embed/infer": compact({"inputs": [{"name": "text", "shape": [MANY], "data": ["a"] * MANY}]}),
+    }
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as http:
+        for route, body in bodies.items():
+            reply = await http.post(route, content=body, headers={"content-type": "application/json"})
+            assert reply.status_code == 400 and f"over {MAX_JSON_VALUES} values" in reply.text, (route, reply.text)
+    no_errors_logged(caplog)
+
+
+async def test_arrays_are_counted_before_their_elements_are_looked_at(server, caplog):
+    over = ["a"] * 300 + [None]  # the element that is wrong comes after the count that is
+    cases = {
+        "/v1/completions": ({"prompt": over}, "prompt holds 301 elements; one call takes at most 256 (gen_max_queue)"),
+        "/v1/embeddings": ({"input": over}, "input holds 301 elements; one call takes at most 256 (embed_max_inputs)"),
+        "/v1/translate": ({"inputs": over}, "inputs holds 301 elements; one call takes at most 256 (translate_max_"),
+        "/v1/fill-mask": ({"inputs": over}, "inputs holds 301 elements; one call takes at most 256 (embed_max_inputs)"),
+    }
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as http:
+        for route, (body, message) in cases.items():
+            reply = await http.post(route, json=body)
+            assert reply.status_code == 400 and message in reply.json()["error"]["message"], (route, reply.text)
+        ids = [1] * 999_999 + ["x"]  # a token-id prompt: its length is the model's first check
+        reply = await http.post("/v1/completions", json={"prompt": ids, "max_tokens": 1})
+        assert reply.status_code == 400 and "prompt is 1000000 tokens; model 'tiny-gpt' accepts at most" in reply.text
+        reply = await http.post("/v1/completions", json={"prompt": [[1, 2], [3, True]], "max_tokens": 1})
+        assert reply.status_code == 400 and "prompt[1][1]='True' is not a token id" in reply.text
+        for tokens, message in (
+            ([1] * 99_999 + ["x"], "tokens[99999]="),
+            ([1] * 99_999 + [10**9], "tokens[99999]=1000000000"),
+        ):
+            reply = await http.post("/detokenize", json={"tokens": tokens})  # checked in a thread
+            assert reply.status_code == 400 and message in reply.text, reply.text
+        reply = await http.post("/detokenize", json={"tokens": [1] * 1_000_000})
+        assert reply.status_code == 200 and len(reply.json()["prompt"]) >= 1_000_000
+    no_errors_logged(caplog)
