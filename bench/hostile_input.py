@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.common import ServiceProcess, conditions
 from bench.hostile import Health, errors_logged
 from bench.procstat import cpu_seconds, rss_mb
-from service.kserve.tensors import LENGTH
+from service.kserve.arrays import LENGTH
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from service.proto import open_inference_grpc_pb2 as oip

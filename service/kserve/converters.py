@@ -2,9 +2,9 @@
 
 The input travels as `contents.bytes_contents` (grpcurl, hand-written clients) or as
 `raw_input_contents` (what tritonclient sends: per element a 4-byte little-endian length, then
-the bytes); either way it becomes the plain `tensors.Tensor` the REST binding decodes, which the
+the bytes); either way it becomes the plain `arrays.Tensor` the REST binding decodes, which the
 data plane checks for both. Outputs always go back raw, as Triton's do: numbers little-endian, BYTES
-length-prefixed (tensors.py). Parameters go to the data plane as plain values.
+length-prefixed (arrays.py). Parameters go to the data plane as plain values.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from service.errors import InvalidArgument, quote
+from service.kserve.arrays import DATATYPES, Expect, Spec, Tensor, element_count, from_binary, numbers, pack_bytes
 from service.kserve.dataplane import VERSION, Inference, ModelMetadata
-from service.kserve.tensors import DATATYPES, Expect, Spec, Tensor, element_count, from_binary, numbers, pack_bytes
 from service.proto import open_inference_grpc_pb2 as oip
 
 

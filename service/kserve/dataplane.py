@@ -16,8 +16,8 @@ from service.cores import Cores
 from service.errors import InvalidArgument, NotFound, quote
 from service.kinds import KINDS
 from service.kserve.adapter import adapter
+from service.kserve.arrays import Expect, Scalar, Spec, Tensor
 from service.kserve.parameters import checked
-from service.kserve.tensors import Expect, Scalar, Spec, Tensor
 from service.registry import Backend
 
 SERVER_NAME = "transformer-serving"

@@ -10,72 +10,40 @@ binary when its request output says `binary_data: true`, or, for outputs not nam
 request's `binary_data_output` parameter is true; otherwise as JSON `data`.
 
 Everything here is plain data: a malformed request is `InvalidArgument` naming the field. Work
-is bounded before it is done: a shape has at most MAX_DIMS dimensions and holds at most the
-server's message size in elements (its product computed with an early stop, never as an unbounded
-integer); `expect` sees every input's name, datatype and shape before any element is decoded, and
-the elements are counted against the shape before each one is checked.
+is bounded before it is done (arrays.py): the JSON's nesting and values are counted before it is
+parsed (service/http/body.py), every shape is bounded before it is multiplied, `expect` sees every
+input's name, datatype and shape before any element is decoded, and the elements are counted
+against the shape before each one is checked.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from service.errors import QUOTE_CHARS, InvalidArgument, quote
+from service.errors import InvalidArgument, quote
 from service.http.body import TOO_DEEP, check_structure
+from service.kserve.arrays import (
+    DATATYPES,
+    Expect,
+    Scalar,
+    Spec,
+    Tensor,
+    element_count,
+    from_binary,
+    json_type,
+    numbers,
+    pack_bytes,
+    shown,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
-DATATYPES = {  # the protocol's tensor datatypes -> numpy (little-endian, as the binary data is)
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
-LENGTH = struct.Struct("<I")
-MAX_DIMS = 64  # dimensions of a tensor: numpy's limit
 _DECIMAL = re.compile(r"[0-9]{1,19}")  # a header's size in ASCII digits (int() takes any Unicode digit)
-Scalar = bool | int | float | str
-
-
-@dataclass(frozen=True)
-class Spec:
-    """An input's name, datatype and shape, checked before any of its elements is decoded."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    count: int  # elements the shape holds
-
-
-Expect = Callable[[list[Spec]], None]  # the caller's rules on the inputs, before their elements
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One tensor: BYTES as an object array of bytes, any other datatype as its numpy dtype."""
-
-    name: str
-    datatype: str
-    array: np.ndarray  # shaped as the tensor
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.array.shape)
 
 
 @dataclass(frozen=True)
@@ -90,56 +58,6 @@ class InferRequest:
     binary_output: bool = False
 
 
-def pack_bytes(elements: Iterable[Any]) -> bytes:
-    """BYTES elements (bytes or str) as the protocol's raw layout: a 4-byte LE length, then the bytes."""
-    parts: list[bytes] = []
-    for element in elements:
-        data = element if isinstance(element, bytes) else str(element).encode()
-        parts += (LENGTH.pack(len(data)), data)
-    return b"".join(parts)
-
-
-def split_bytes(raw: bytes | memoryview, what: str, count: int | None = None) -> list[bytes]:
-    """The elements of raw BYTES data; InvalidArgument naming `what` when a length runs past the end or,
-    given `count`, as soon as the data holds more elements than that."""
-    raw = memoryview(raw)
-    elements: list[bytes] = []
-    at = 0
-    while at < len(raw):
-        if count is not None and len(elements) == count:
-            raise InvalidArgument(f"{what}: its raw BYTES content holds more than the shape's {count} elements")
-        if at + LENGTH.size > len(raw):
-            raise InvalidArgument(f"{what}: raw BYTES content is cut inside an element's 4-byte length at byte {at}")
-        (size,) = LENGTH.unpack_from(raw, at)
-        at += LENGTH.size
-        if at + size > len(raw):
-            raise InvalidArgument(
-                f"{what}: raw BYTES content is cut: an element of {size} bytes at byte {at}, {len(raw) - at} left"
-            )
-        elements.append(bytes(raw[at : at + size]))
-        at += size
-    return elements
-
-
-def element_count(shape: Any, where: str, most: int) -> int:
-    """The elements `shape` holds: at most MAX_DIMS non-negative integer dimensions whose non-zero ones
-    multiply to at most `most` (the server's message size: no element takes less than a byte), the
-    product stopped as soon as it passes that; InvalidArgument naming `where` otherwise."""
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
-        raise InvalidArgument(f"{where}.shape must be an array of at most {MAX_DIMS} dimensions")
-    if not all(type(d) is int and d >= 0 for d in shape):
-        raise InvalidArgument(f"{where}.shape={_shown(shape)} must be an array of non-negative integers")
-    product = 1
-    for d in shape:
-        product *= d or 1
-        if product > most:
-            raise InvalidArgument(
-                f"{where}.shape={_shown(shape)} holds more than {most} elements, more than a request "
-                "to this server can carry (max_message_bytes)"
-            )
-    return 0 if 0 in shape else product
-
-
 def decode_request(body: bytes, header_length: str | None, most: int, expect: Expect | None = None) -> InferRequest:
     """An inference request from its HTTP body and Inference-Header-Content-Length header (or None);
     most: elements a tensor may hold (the server's message size); expect: see Expect."""
@@ -148,11 +66,11 @@ def decode_request(body: bytes, header_length: str | None, most: int, expect: Ex
     fields = [_spec(spec, f"inputs[{i}]", most) for i, spec in enumerate(_list(header, "inputs", required=True))]
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
-        raise InvalidArgument(f"id must be a string, not {_json_type(request_id)}")
+        raise InvalidArgument(f"id must be a string, not {json_type(request_id)}")
     parameters = _parameters(header.get("parameters"), "parameters")
     binary_output = parameters.pop("binary_data_output", False)
     if not isinstance(binary_output, bool):
-        raise InvalidArgument(f"parameters.binary_data_output={_shown(binary_output)} must be true or false")
+        raise InvalidArgument(f"parameters.binary_data_output={shown(binary_output)} must be true or false")
     outputs = _outputs(header, binary_output)
     if expect is not None:
         expect([spec for spec, _, _ in fields])
@@ -193,7 +111,7 @@ def _json_object(header: bytes | memoryview) -> dict:
             "Inference-Header-Content-Length must give the JSON's size"
         ) from e
     if not isinstance(value, dict):
-        raise InvalidArgument(f"the request must be a JSON object, not {_json_type(value)}")
+        raise InvalidArgument(f"the request must be a JSON object, not {json_type(value)}")
     return value
 
 
@@ -205,7 +123,7 @@ def _list(holder: dict, key: str, required: bool = False, where: str = "") -> li
         raise InvalidArgument(
             f"{where}{key} must be a non-empty array"
             if required
-            else f"{where}{key} must be an array, not {_json_type(value)}"
+            else f"{where}{key} must be an array, not {json_type(value)}"
         )
     return value
 
@@ -221,7 +139,7 @@ def _spec(spec: Any, where: str, most: int) -> tuple[Spec, dict, str]:
     where = f"{where} ({quote(_text(name, f'{where}.name'))})"
     datatype = spec.get("datatype")
     if datatype not in DATATYPES:
-        raise InvalidArgument(f"{where}.datatype={_shown(datatype)} is not one of {', '.join(DATATYPES)}")
+        raise InvalidArgument(f"{where}.datatype={shown(datatype)} is not one of {', '.join(DATATYPES)}")
     shape: list[int] = spec.get("shape")  # type: ignore[assignment]  # element_count checks it
     return Spec(name, datatype, shape, element_count(shape, where, most)), spec, where
 
@@ -235,38 +153,13 @@ def _input(spec: Spec, source: dict, where: str, binary: memoryview) -> tuple[Te
         size = parameters["binary_data_size"]
         if type(size) is not int or not 0 <= size <= len(binary):
             raise InvalidArgument(
-                f"{where}.parameters.binary_data_size={_shown(size)} must be the size of "
+                f"{where}.parameters.binary_data_size={shown(size)} must be the size of "
                 f"its binary data, at most the {len(binary)} bytes left after the JSON"
             )
         return Tensor(spec.name, spec.datatype, from_binary(binary[:size], spec, where)), size
     if "data" not in source:
         raise InvalidArgument(f"{where} has neither data nor parameters.binary_data_size")
     return Tensor(spec.name, spec.datatype, _from_json(source["data"], spec, where)), 0
-
-
-def from_binary(raw: memoryview, spec: Spec, where: str) -> np.ndarray:
-    """The tensor `spec` describes from its raw bytes: sizes compared before any element is read."""
-    if spec.datatype == "BYTES":
-        if len(raw) < LENGTH.size * spec.count:  # before any element is split off
-            raise InvalidArgument(
-                f"{where}.shape={spec.shape} holds {spec.count} elements but its binary data "
-                f"{len(raw) // LENGTH.size} at most ({len(raw)} bytes, each element's length taking {LENGTH.size})"
-            )
-        elements = split_bytes(raw, where, spec.count)
-        if len(elements) != spec.count:
-            raise InvalidArgument(
-                f"{where}.shape={spec.shape} holds {spec.count} elements but its binary data {len(elements)}"
-            )
-        array = np.empty(spec.count, dtype=object)
-        array[:] = elements
-        return array.reshape(spec.shape)
-    dtype = DATATYPES[spec.datatype]
-    if len(raw) != spec.count * dtype.itemsize:
-        raise InvalidArgument(
-            f"{where}.shape={spec.shape} of {spec.datatype} needs {spec.count * dtype.itemsize} bytes but "
-            f"its binary_data_size is {len(raw)}"
-        )
-    return np.frombuffer(raw, dtype=dtype).reshape(spec.shape)
 
 
 def _from_json(data: Any, spec: Spec, where: str) -> np.ndarray:
@@ -308,38 +201,15 @@ def _flatten(data: Any, count: int) -> list:
     return flat
 
 
-def numbers(flat: list, datatype: str, where: str) -> np.ndarray:
-    dtype = DATATYPES[datatype]
-    if datatype == "BOOL":
-        ok = all(type(v) is bool for v in flat)
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)  # type: ignore[type-var]  # an integer dtype here
-        ok = all(type(v) is int and info.min <= v <= info.max for v in flat)
-    else:
-        ok = all(type(v) in (int, float) for v in flat)
-    if not ok:
-        expected = {"BOOL": "true or false"}.get(datatype, f"numbers that fit {datatype}")
-        raise InvalidArgument(f"{where}.data: elements must be {expected}")
-    too_large = InvalidArgument(f"{where}.data: an element is too large for {datatype}")
-    try:
-        with np.errstate(over="ignore"):  # checked below, by the element
-            array = np.array(flat, dtype=dtype)
-        if dtype.kind == "f" and not np.array_equal(np.isinf(array), np.isinf(np.array(flat, dtype=float))):
-            raise too_large
-    except OverflowError as e:  # an integer beyond float64's range
-        raise too_large from e
-    return array
-
-
 def _parameters(value: Any, where: str) -> dict[str, Scalar]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidArgument(f"{where} must be an object of names to values, not {_json_type(value)}")
+        raise InvalidArgument(f"{where} must be an object of names to values, not {json_type(value)}")
     for name, v in value.items():
         _text(name, f"{where} name {quote(name)}")
         if not isinstance(v, Scalar):
-            raise InvalidArgument(f"{where}.{name} must be a string, number or boolean, not {_json_type(v)}")
+            raise InvalidArgument(f"{where}.{name} must be a string, number or boolean, not {json_type(v)}")
         if isinstance(v, str):
             _text(v, f"{where}.{name}")
     return dict(value)
@@ -406,17 +276,3 @@ def _text(value: str, where: str) -> str:
     except UnicodeEncodeError as e:
         raise InvalidArgument(f"{where} is not valid Unicode text ({e.reason} at position {e.start})") from e
     return value
-
-
-def _shown(value: Any) -> str:
-    """A request value for a message: a string quoted, anything else as JSON, bounded either way."""
-    if isinstance(value, str):
-        return quote(value)
-    text = json.dumps(value)
-    return text if len(text) <= QUOTE_CHARS else quote(text)
-
-
-def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number"
-    )

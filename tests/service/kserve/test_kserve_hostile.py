@@ -14,7 +14,7 @@ import grpc
 import httpx2 as httpx  # the HTTP client the openai SDK itself depends on
 import pytest
 
-from service.kserve.tensors import LENGTH
+from service.kserve.arrays import LENGTH
 from service.proto import open_inference_grpc_pb2 as oip
 from service.proto import open_inference_grpc_pb2_grpc as oip_grpc
 

@@ -15,7 +15,7 @@ import tritonclient.http as triton
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor
 
 from service.errors import InvalidArgument
-from service.kserve import tensors
+from service.kserve import arrays, tensors
 
 Client = triton.InferenceServerClient
 RNG = np.random.default_rng(0)
@@ -88,7 +88,7 @@ def test_nested_and_flat_json_data_are_the_same_tensor():
 def test_bytes_layout_is_tritons():
     elements = list(TEXTS.flat)
     assert tensors.pack_bytes(elements) == serialize_byte_tensor(TEXTS).item()
-    assert tensors.split_bytes(tensors.pack_bytes(elements), "x") == elements
+    assert arrays.split_bytes(tensors.pack_bytes(elements), "x") == elements
     assert list(deserialize_bytes_tensor(tensors.pack_bytes(["a", "bc"]))) == [b"a", b"bc"]
 
 
