@@ -8,10 +8,13 @@ datatype, binary and JSON, flat and nested data, BYTES with empty and non-ASCII 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor
 
 from service.errors import InvalidArgument
@@ -196,3 +199,51 @@ def test_bad_requests_name_the_field(raw, header_length, message):
 def test_deep_json_is_refused_not_recursed():
     with pytest.raises(InvalidArgument, match="nests arrays and objects deeper"):
         tensors.decode_request(b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, MOST)
+
+
+ODD_TEXT = st.text(
+    st.sampled_from(["a", "\ud800", "²", "٣", "[", '"', "\\", " "]), max_size=6
+)  # lone surrogate included
+INTEGERS = st.integers(-(2**70), 2**70) | st.sampled_from([10**400, -(10**400), 2**64, 2**63, -1])
+SCALAR = st.none() | st.booleans() | INTEGERS | st.floats() | ODD_TEXT
+JSON = st.recursive(
+    SCALAR,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ODD_TEXT, inner, max_size=3),
+    max_leaves=12,
+)
+SHAPE = st.lists(st.sampled_from([0, 1, 2, 3, -1, 2**40, 2**62, 2**64]), max_size=70) | JSON
+
+
+@st.composite
+def fitting(draw) -> dict:
+    """An input whose data holds as many elements as its shape: decoding reaches the elements."""
+    shape = draw(st.lists(st.integers(0, 3), max_size=3))
+    elements = draw(st.sampled_from([INTEGERS, st.floats(), ODD_TEXT, st.booleans(), SCALAR]))  # mostly of one kind
+    data = draw(st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)))
+    return {"name": "text", "datatype": draw(st.sampled_from(list(tensors.DATATYPES))), "shape": shape, "data": data}
+
+
+INPUT = fitting() | st.fixed_dictionaries(
+    {"name": ODD_TEXT | JSON, "datatype": st.sampled_from([*tensors.DATATYPES, "STRING"]), "shape": SHAPE},
+    optional={"data": JSON, "parameters": st.dictionaries(ODD_TEXT, JSON, max_size=2) | JSON},
+)
+REQUEST = st.fixed_dictionaries(
+    {"inputs": st.lists(INPUT, max_size=3) | JSON},
+    optional={"id": ODD_TEXT | JSON, "parameters": JSON, "outputs": st.lists(JSON, max_size=2)},
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(REQUEST, st.binary(max_size=16), st.one_of(st.none(), ODD_TEXT, st.just("len")))
+def test_any_request_decodes_or_is_refused_naming_what(request, tail, header_length):
+    """Whatever the JSON holds (lone surrogates, huge integers, 70-dim shapes, wrong types), decoding
+    returns a request or raises InvalidArgument: never another exception (a 500)."""
+    header = json.dumps(request).encode()
+    size = str(len(header)) if header_length == "len" else header_length
+    try:
+        decoded = tensors.decode_request(header + tail, size, MOST)
+    except InvalidArgument as e:
+        assert e.message
+        return
+    for tensor in decoded.inputs:
+        assert tensor.array.size == math.prod(tensor.shape)
