@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor
 
 from service.errors import InvalidArgument
-from service.kserve import arrays, tensors
+from service.kserve import arrays, converters, tensors
+from service.proto import open_inference_grpc_pb2 as oip
 
 Client = triton.InferenceServerClient
 RNG = np.random.default_rng(0)
@@ -247,3 +248,31 @@ def test_any_request_decodes_or_is_refused_naming_what(request, tail, header_len
         return
     for tensor in decoded.inputs:
         assert tensor.array.size == math.prod(tensor.shape)
+
+
+@st.composite
+def grpc_request(draw) -> oip.ModelInferRequest:
+    """A ModelInferRequest of any inputs: typed contents or raw bytes, shapes up to 70 dimensions."""
+    request, raw = oip.ModelInferRequest(), draw(st.booleans())
+    for _ in range(draw(st.integers(0, 2))):
+        shape = draw(st.lists(st.sampled_from([0, 1, 2, 3, -1, 2**40, 2**62]), max_size=70))
+        datatype = draw(st.sampled_from([*tensors.DATATYPES, "STRING"]))
+        tensor = request.inputs.add(name=draw(st.text(max_size=4)), datatype=datatype, shape=shape)
+        if raw:
+            request.raw_input_contents.append(draw(st.binary(max_size=24)))
+        else:
+            tensor.contents.bytes_contents.extend(draw(st.lists(st.binary(max_size=4), max_size=4)))
+            tensor.contents.fp32_contents.extend(draw(st.lists(st.floats(width=32), max_size=4)))
+            tensor.contents.int_contents.extend(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=4)))
+    return request
+
+
+@settings(max_examples=300, deadline=None)
+@given(grpc_request())
+def test_any_grpc_request_decodes_or_is_refused_naming_what(request):
+    try:
+        decoded = converters.input_tensors(request, MOST)
+    except InvalidArgument as e:
+        assert e.message
+        return
+    assert [t.name for t in decoded] == [t.name for t in request.inputs]
