@@ -2,7 +2,8 @@
 
 Request bodies come from `InferenceServerClient.generate_request_body` (what `infer` sends), response
 bodies are read back with `InferenceServerClient.parse_response_body` (what `infer` returns): every
-datatype, binary and JSON, flat and nested data, BYTES with empty and non-ASCII elements.
+datatype, binary and JSON, flat and nested data, BYTES with empty and non-ASCII elements. Property
+tests (hypothesis) feed both bindings' decoders any request: decoded, or InvalidArgument naming what.
 """
 
 from __future__ import annotations
