@@ -61,6 +61,13 @@ class Probes:
         self.channel = grpc.insecure_channel(server.address, options=options)
         self.auth = (("authorization", f"Bearer {TOKEN}"),)
         self.oip = oip_grpc.GRPCInferenceServiceStub(self.channel)
+        self.bodies = {
+            "prompts": _compact({"prompt": ["a"] * MANY, "max_tokens": 1}),
+            "ids": _compact({"prompt": [1] * 2 * MANY, "max_tokens": 1}),
+            "nested": b'{"input": ' + b"[" * 29 + b"[]," * (5_000_000 - 1) + b"[]" + b"]" * 29 + b"}",  # 30 deep
+            "tokens": _compact({"tokens": [1] * 2 * MANY}),
+            "inputs": _compact({"inputs": ["a"] * MANY}),
+        }
 
     def post(self, path: str, body: bytes, headers: dict[str, str | bytes] | None = None) -> str:
         """'<status> <message>' of one POST; header values as bytes go as they are."""
@@ -104,25 +111,24 @@ class Probes:
         request.inputs.add(name="text", datatype="BYTES", shape=[2**62] * 60000).contents.bytes_contents.append(b"a")
         return self.infer_grpc(request)
 
-    # item 4
+    # item 4 (bodies built before the probe: building them holds this process's GIL, the health thread's too)
     def many_prompts(self) -> str:
-        return self.post("/v1/completions", _compact({"prompt": ["a"] * MANY, "max_tokens": 1}))
+        return self.post("/v1/completions", self.bodies["prompts"])
 
     def many_token_ids(self) -> str:
-        return self.post("/v1/completions", _compact({"prompt": [1] * 2 * MANY, "max_tokens": 1}))
+        return self.post("/v1/completions", self.bodies["ids"])
 
     def nested_embeddings(self) -> str:
-        body = b'{"input": ' + b"[" * 29 + b"[]," * (5_000_000 - 1) + b"[]" + b"]" * 29 + b"}"
-        return self.post("/v1/embeddings", body)
+        return self.post("/v1/embeddings", self.bodies["nested"])
 
     def detokenize_many(self) -> str:
-        return self.post("/detokenize", _compact({"tokens": [1] * 2 * MANY}))
+        return self.post("/detokenize", self.bodies["tokens"])
 
     def translate_many(self) -> str:
-        return self.post("/v1/translate", _compact({"inputs": ["a"] * MANY}))
+        return self.post("/v1/translate", self.bodies["inputs"])
 
     def fill_mask_many(self) -> str:
-        return self.post("/v1/fill-mask", _compact({"inputs": ["a"] * MANY}))
+        return self.post("/v1/fill-mask", self.bodies["inputs"])
 
     def kserve_raw_many(self) -> str:
         out = []
@@ -198,35 +204,29 @@ class Probes:
 
     # item 8
     def unread_answers(self, connections: int = 20, wait: float = 45.0) -> str:
-        """`connections` clients send /tokenize for a ~3 MB answer and never read it: RSS while they
-        hold it and `wait` s later (still connected), and how many the server closed for it."""
-        body = _compact({"prompt": "hello " * 50_000, "return_token_strs": True})
-        head = (
-            f"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        )
+        """A server of its own: `connections` clients send /tokenize for a ~10 MB answer and never read
+        it. RSS while they hold it and `wait` s later (still connected), and how many the server closed."""
+        body = _compact({"prompt": "hello " * 170_000, "return_token_strs": True})
+        head = f"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
         request = head.encode() + b"\r\nauthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n" + body
-        pid, socks, closed0 = self.server.proc.pid, [], self._closed("write_timeout")
-        rss0 = rss_mb(pid)
-        for _ in range(connections):
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(request)
-            socks.append(sock)
-        time.sleep(10)
-        held = rss_mb(pid)
-        time.sleep(wait - 10)
-        after, closed = rss_mb(pid), self._closed("write_timeout") - closed0
-        for sock in socks:
-            sock.close()
-        return f"RSS {rss0:.0f} → {held:.0f} held → {after:.0f} after {wait:g} s; server closed {closed:g}"
-
-    def _closed(self, reason: str) -> float:
-        text = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "ts_http_connections_closed_total" and sample.labels["reason"] == reason:
-                    return sample.value
-        return 0.0
+        server = ServiceProcess(self.models_root, [], metrics=True, keep_log=True)
+        pid, socks, rss0 = server.proc.pid, [], rss_mb(server.proc.pid)
+        try:
+            for _ in range(connections):
+                host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
+                sock = socket.create_connection((host, int(port)))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(request)
+                socks.append(sock)
+            time.sleep(15)
+            held = rss_mb(pid)
+            time.sleep(wait - 15)
+            after, closed = rss_mb(pid), _closed(server, "write_timeout")
+            for sock in socks:
+                sock.close()
+        finally:
+            server.stop()
+        return f"RSS {rss0:.0f} → {held:.0f} held at 15 s → {after:.0f} at {wait:g} s; server closed {closed:g}"
 
     # item 11
     def utf8_token(self) -> str:
@@ -244,6 +244,16 @@ class Probes:
         two = gzip.compress(body[:20]) + gzip.compress(body[20:])
         trailing = gzip.compress(body) + b"trailing bytes"
         return f"two members {self.post(path, two, headers)[:3]}; bytes after {self.post(path, trailing, headers)[:3]}"
+
+
+def _closed(server: ServiceProcess, reason: str) -> float:
+    """ts_http_connections_closed_total{reason} of a server started with metrics."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ts_http_connections_closed_total" and sample.labels["reason"] == reason:
+                return sample.value
+    return 0.0
 
 
 def _compact(value: dict) -> bytes:
