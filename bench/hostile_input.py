@@ -203,23 +203,17 @@ class Probes:
         return f"{len(lines)} log lines ({tracebacks} tracebacks), {cpu:.2f} CPU-s in {wait:g} s, a call: {call}"
 
     # item 8
-    def unread_answers(self, connections: int = 40, wait: float = 80.0) -> str:
-        """A server of its own: `connections` clients ask /detokenize for a ~6 MB text (a million of the
-        longest token of " hello hello") and never read it. RSS while they hold it and `wait` s later
-        (still connected), and how many connections the server closed for it."""
-        server = ServiceProcess(self.models_root, [], metrics=True, keep_log=True)
-        host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
-        auth = {"authorization": f"Bearer {TOKEN}"}
-        tokenized = post_json(
-            server.http_url + "/tokenize", {"prompt": " hello hello", "return_token_strs": True}, auth
-        )
-        longest = max(zip(tokenized["token_strs"], tokenized["tokens"], strict=True), key=lambda t: len(t[0]))[1]
-        body = _compact({"tokens": [longest] * 1_000_000})
-        head = f"POST /detokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+    def unread_answers(self, connections: int = 10, wait: float = 80.0) -> str:
+        """A server of its own: `connections` clients send /tokenize for a ~10 MB answer and never read
+        it. RSS while they hold it and `wait` s later (still connected), and how many the server closed."""
+        body = _compact({"prompt": "hello " * 170_000, "return_token_strs": True})
+        head = f"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
         request = head.encode() + b"\r\nauthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n" + body
+        server = ServiceProcess(self.models_root, [], metrics=True, keep_log=True)
         pid, socks, rss0 = server.proc.pid, [], rss_mb(server.proc.pid)
         try:
             for _ in range(connections):
+                host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
                 sock = socket.create_connection((host, int(port)))
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 sock.sendall(request)
@@ -260,11 +254,6 @@ def _closed(server: ServiceProcess, reason: str) -> float:
             if sample.name == "ts_http_connections_closed_total" and sample.labels["reason"] == reason:
                 return sample.value
     return 0.0
-
-
-def post_json(url: str, body: dict, headers: dict[str, str]) -> dict:
-    request = urllib.request.Request(url, _compact(body), {**headers, "content-type": "application/json"})
-    return json.loads(urllib.request.urlopen(request, timeout=60).read())
 
 
 def _compact(value: dict) -> bytes:
