@@ -203,7 +203,7 @@ class Probes:
         return f"{len(lines)} log lines ({tracebacks} tracebacks), {cpu:.2f} CPU-s in {wait:g} s, a call: {call}"
 
     # item 8
-    def unread_answers(self, connections: int = 10, wait: float = 80.0) -> str:
+    def unread_answers(self, connections: int = 30, wait: float = 90.0) -> str:
         """A server of its own: `connections` clients send /tokenize for a ~10 MB answer and never read
         it. RSS while they hold it and `wait` s later (still connected), and how many the server closed."""
         body = _compact({"prompt": "hello " * 170_000, "return_token_strs": True})
@@ -218,15 +218,15 @@ class Probes:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 sock.sendall(request)
                 socks.append(sock)
-            time.sleep(20)
+            time.sleep(25)
             held = rss_mb(pid)
-            time.sleep(wait - 20)
+            time.sleep(wait - 25)
             after, closed = rss_mb(pid), _closed(server, "write_timeout")
             for sock in socks:
                 sock.close()
         finally:
             server.stop()
-        return f"RSS {rss0:.0f} → {held:.0f} held at 20 s → {after:.0f} at {wait:g} s; server closed {closed:g}"
+        return f"RSS {rss0:.0f} → {held:.0f} held at 25 s → {after:.0f} at {wait:g} s; server closed {closed:g}"
 
     # item 11
     def utf8_token(self) -> str:
