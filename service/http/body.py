@@ -72,8 +72,9 @@ def check_structure(body: bytes) -> None:
     opens, commas = body.count(b"[") + body.count(b"{"), body.count(b",")
     if opens <= MAX_JSON_DEPTH and opens + commas < MAX_JSON_VALUES:
         return  # strings can only have added to either count
-    if (body.count(b'"') - body.count(b'\\"')) // 2 >= MAX_JSON_VALUES:  # at least that many strings, known
-        raise InvalidArgument(TOO_MANY)  # without cutting each out (one regex match a string: seconds for millions)
+    strings = (body.count(b'"') - body.count(b'\\"')) // 2  # at least: an escaped quote has a backslash
+    if strings // 2 >= MAX_JSON_VALUES:  # a value per string, or a member per two (key and value): known
+        raise InvalidArgument(TOO_MANY)  # without cutting each out (a regex match a string: seconds for millions)
     marks = np.frombuffer(_STRINGS.sub(b"", body).translate(None, _NOT_STRUCTURE), dtype=np.uint8)
     opening = (marks == ord("[")) | (marks == ord("{"))
     if int(np.count_nonzero(opening)) + int(np.count_nonzero(marks == ord(","))) >= MAX_JSON_VALUES:
