@@ -9,10 +9,12 @@ stdout. `ServiceProcess` runs the real `python -m service`: the one launcher of 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -101,12 +103,17 @@ class ServiceProcess:
         keep_log: bool = False,
         http: bool = True,
         exit_timeout: float = 60.0,
+        max_files: int = 0,
     ):
         """keep_log: go on collecting the server's log lines in `log` after the start (else dropped).
-        exit_timeout: seconds `stop()`, or a failed start, waits for the process to exit."""
+        exit_timeout: seconds `stop()`, or a failed start, waits for the process to exit;
+        max_files: the server's RLIMIT_NOFILE (0: this process's)."""
         cmd = [sys.executable, "-m", "service", "--models", str(models), "--port", "0"]
         cmd += ["--metrics-port", "0" if metrics else "-1", "--http-port", "0" if http else "-1", *flags]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        limit = (
+            functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (max_files, max_files)) if max_files else None
+        )
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
         self._stderr = cast(IO[str], self.proc.stderr)  # a pipe: stderr=PIPE, text=True
         self.exit_timeout = exit_timeout
         self.address, self.metrics_url, self.http_url = "", "", ""

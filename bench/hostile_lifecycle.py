@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, cast
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -57,7 +58,7 @@ def drain(models: Path, idle: float) -> dict:
     server.proc.send_signal(signal.SIGTERM)
     try:
         code = server.proc.wait(60)
-        out = {"exit_code": code, "exit_s": round(time.perf_counter() - start, 2)}
+        out: dict[str, object] = {"exit_code": code, "exit_s": round(time.perf_counter() - start, 2)}
     except Exception:
         server.proc.kill()
         out = {"exit_code": None, "exit_s": "no exit in 60 s (killed)"}
@@ -190,8 +191,8 @@ def signals(models: Path, idle: float) -> dict:
         "-1",
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    out = {}
-    for line in proc.stderr:
+    out: dict[str, object] = {}
+    for line in cast(IO[str], proc.stderr):  # stderr=PIPE, text=True
         if "gRPC listening" in line:  # bound, still warming up
             for sig in (signal.SIGHUP, signal.SIGUSR1):
                 proc.send_signal(sig)

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO, cast
 
 import grpc
 
@@ -49,7 +50,7 @@ class Group:
             pass
 
     def _read(self) -> None:
-        for line in self.proc.stderr:
+        for line in cast(IO[str], self.proc.stderr):  # stderr=PIPE, text=True
             self.log.append(line)
             if "workers serving on" in line:
                 self.ready.set()

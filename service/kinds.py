@@ -17,6 +17,7 @@ class Kind:
     name: str  # the manifest's "kind"
     services: tuple[str, ...]  # inference.v1 services that need a model of this kind to be SERVING
     roles: tuple[str, ...]  # the model directory's graphs it needs (service/manifest.py)
+    max_inputs: str  # the Settings field bounding the texts of one call (checked before they are decoded)
     optional_roles: tuple[str, ...] = ()  # graphs it may have besides (and the attention graph)
 
     @property
@@ -28,9 +29,10 @@ class Kind:
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("embedding", ("EmbeddingService",), ("encoder",), ("packed",)),
-        Kind("generation", ("GenerationService",), ("decoder",)),
-        Kind("translation", ("TranslationService",), ("encoder", "decoder"), ("packed",)),
-        Kind("fill-mask", ("FillMaskService",), ("encoder",), ("packed",)),
+        Kind("embedding", ("EmbeddingService",), ("encoder",), "embed_max_inputs", ("packed",)),
+        # a call's generations are admitted all or none: at most a full queue
+        Kind("generation", ("GenerationService",), ("decoder",), "gen_max_queue"),
+        Kind("translation", ("TranslationService",), ("encoder", "decoder"), "translate_max_inputs", ("packed",)),
+        Kind("fill-mask", ("FillMaskService",), ("encoder",), "embed_max_inputs", ("packed",)),
     )
 }

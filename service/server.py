@@ -170,6 +170,7 @@ class Server:
                 reuse_port=self.worker is not None,
                 ssl=ssl_options(self.settings),
                 header_timeout=self.settings.http_header_timeout_s,
+                write_timeout=self.settings.http_write_timeout_s,
                 max_connections=self.settings.http_max_connections,
             )
         if self.settings.metrics_port >= 0:

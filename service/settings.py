@@ -49,6 +49,11 @@ class Settings:
         "seconds an HTTP client has to send a request's whole body once the route "
         "reads it; then 408 and the connection is closed",
     )
+    http_write_timeout_s: float = _f(
+        30.0,
+        "seconds an HTTP response may wait on a client that reads none of it (the "
+        "connection's send buffer stays full); then the connection is closed and its answer freed",
+    )
     http_max_connections: int = _f(1024, "open HTTP connections per process; one more gets 503 and is closed")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
@@ -177,6 +182,7 @@ class Settings:
             "attention_max_in_flight",
             "http_header_timeout_s",
             "http_body_timeout_s",
+            "http_write_timeout_s",
             "http_max_connections",
         )
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]

@@ -180,14 +180,19 @@ class GenerationCore:
         (encoding,) = await backend.text_encoder.encode([text], add_special_tokens)
         return Tokenized(backend.name, list(encoding.ids), list(encoding.tokens), backend.context)
 
-    async def detokenize(self, ids: list[int], model: str = "") -> Detokenized:
-        """Token ids (checked: INVALID_ARGUMENT naming `tokens`) -> their text, special tokens left out."""
+    async def detokenize(self, ids: list, model: str = "") -> Detokenized:
+        """Token ids (checked: INVALID_ARGUMENT naming `tokens`) -> their text, special tokens left out;
+        more than INLINE_TOKENS are checked and decoded in a thread (the check is per element)."""
         backend = self._model(model)
-        if ids:
-            backend.check_ids(ids, "tokens")
         if len(ids) <= INLINE_TOKENS:
-            return Detokenized(backend.name, backend.tokenizer.decode(ids))
-        return Detokenized(backend.name, await asyncio.to_thread(backend.tokenizer.decode, ids))
+            return Detokenized(backend.name, _decode(backend, ids))
+        return Detokenized(backend.name, await asyncio.to_thread(_decode, backend, ids))
+
+
+def _decode(model: GenerationModel, ids: list) -> str:
+    if ids:
+        model.check_ids(ids, "tokens")
+    return model.tokenizer.decode(ids)
 
 
 def _text(model: GenerationModel, prompt: str | list[int]) -> str:

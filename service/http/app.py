@@ -54,13 +54,13 @@ class Routes:
 
     @route("EmbeddingService", "Embed")
     async def embeddings(self, request: Request, call: HttpCall) -> Response:
-        query, packed = schemas.embed_request(await self._json(request))
+        query, packed = schemas.embed_request(await self._json(request), self.settings.embed_max_inputs)
         answer = await call.unless_gone(request, self.cores.embedding.embed(query, call.deadline))
         return JSONResponse(schemas.embed_response(answer, packed))
 
     @route("GenerationService", "Generate")
     async def completions(self, request: Request, call: HttpCall) -> Response:
-        query = completions.parse(await self._json(request))  # service/http/completions.py
+        query = completions.parse(await self._json(request), self.settings.gen_max_queue)  # completions.py
         if query.stream:
             call.method = "GenerateStream"
         # Every choice of every prompt admitted at once; refusals here, before any 200.
@@ -122,13 +122,15 @@ class Routes:
 
     @route("TranslationService", "Translate")
     async def translate(self, request: Request, call: HttpCall) -> Response:
-        query = translate_query(schemas.translate_request(await self._json(request)))
+        body = schemas.translate_request(await self._json(request), self.settings.translate_max_inputs)
+        query = translate_query(body)
         answer = await call.unless_gone(request, self.cores.translation.translate(query, call.deadline))
         return JSONResponse(schemas.message_json(translate_response(answer)))
 
     @route("FillMaskService", "FillMask")
     async def fill_mask(self, request: Request, call: HttpCall) -> Response:
-        query = fill_mask_query(schemas.fill_mask_request(await self._json(request)))
+        body = schemas.fill_mask_request(await self._json(request), self.settings.embed_max_inputs)
+        query = fill_mask_query(body)
         answer = await call.unless_gone(request, self.cores.fill_mask.fill_mask(query, call.deadline))
         reply = fill_mask_response(answer, self.settings.max_message_bytes)
         return JSONResponse(schemas.message_json(reply))

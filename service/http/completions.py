@@ -24,7 +24,7 @@ from service.generation.core import EOS, LENGTH, STOP, Chunk, GenerateQuery
 from service.generation.decoding import SamplingParams
 from service.generation.query import MAX_N
 from service.generation.scoring import TokenLogprobs
-from service.http.schemas import FLOAT32, UINT64, field, refuse_unsupported, strings, text
+from service.http.schemas import FLOAT32, UINT64, count, field, refuse_unsupported, strings, text
 
 Prompt = str | list[int]
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
@@ -44,11 +44,12 @@ class CompletionRequest:
     stream: bool
 
 
-def parse(body: dict) -> CompletionRequest:
+def parse(body: dict, max_prompts: int) -> CompletionRequest:
     """The request's fields, checked as JSON; refusals name the field (InvalidArgument). The ranges
-    of n, logprobs and the sampling parameters are the core's."""
+    of n, logprobs and the sampling parameters are the core's. max_prompts: gen_max_queue, as many
+    generations as one call may hold."""
     refuse_unsupported(body, {"suffix": None})
-    prompts = parse_prompts(body.get("prompt"))
+    prompts = parse_prompts(body.get("prompt"), max_prompts)
     n = field(body, "n", int, 1)
     best_of = field(body, "best_of", int, n, minimum=1, maximum=MAX_N)
     if best_of != n:
@@ -83,22 +84,20 @@ def _name(prompts: list[Prompt], i: int) -> str:
     return "prompt" if len(prompts) == 1 else f"prompt[{i}]"
 
 
-def parse_prompts(value) -> list[Prompt]:
-    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
+def parse_prompts(value, max_prompts: int) -> list[Prompt]:
+    """A string, an array of strings, an array of token ids, or an array of arrays of token ids. The
+    prompts are counted before any is looked at; token ids are the model's to check, after their
+    count (GenerationModel.check_ids): per-element work only within the limits."""
     if isinstance(value, str):
         return [text("prompt", value)]
     if isinstance(value, list) and value:
+        if _is_id(value[0]):
+            return [value]
+        count("prompt", value, max_prompts, "gen_max_queue")
         if all(isinstance(v, str) for v in value):
             return [text(f"prompt[{i}]", v) for i, v in enumerate(value)]
-        if all(_is_id(v) for v in value):
-            return [list(value)]
         if all(isinstance(v, list) for v in value):
-            for i, ids in enumerate(value):
-                bad = next((j for j, t in enumerate(ids) if not _is_id(t)), None)
-                if bad is not None or not ids:
-                    where = f"prompt[{i}]" if bad is None else f"prompt[{i}][{bad}]"
-                    raise InvalidArgument(f"{where} must be a non-empty array of token ids (integers)")
-            return [list(v) for v in value]
+            return value
     raise InvalidArgument(
         "prompt must be a string, an array of strings, an array of token ids or an array of "
         "arrays of token ids (not empty, not mixed)"

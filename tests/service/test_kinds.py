@@ -31,7 +31,7 @@ def test_every_kind_has_its_setting_and_its_adapter(name):
 
 
 def test_a_kind_without_its_setting_fails_at_load_naming_it(monkeypatch):
-    monkeypatch.setitem(KINDS, "speech", Kind("speech", ("SpeechService",), ("encoder",)))
+    monkeypatch.setitem(KINDS, "speech", Kind("speech", ("SpeechService",), ("encoder",), "embed_max_inputs"))
     with pytest.raises(ModelLoadError, match="kind 'speech' has no setting default_speech_model: add that field"):
         _defaults([], Settings.from_env(env={}))
 
