@@ -64,8 +64,8 @@ def build(root: Path, sentences: list[str], layers: int, hidden: int) -> tuple[P
         num_hidden_layers=layers,
         num_attention_heads=hidden // 64,
         intermediate_size=4 * hidden,
-        num_labels=1,
     )
+    cfg.num_labels = 1
     BertForSequenceClassification(cfg).save_pretrained(raw)
     CrossEncoder(str(raw), local_files_only=True, max_length=256).save(str(root / "hf"))
     convert(root / "hf", root / "models" / "cross-encoder", name="cross-encoder", variants=("optimized",))
@@ -135,7 +135,7 @@ def ort_side(models: Path, work: list, batch: int, threads: int) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    from export.build_classifier import feeds
+    from export.onnx.classifier import feeds
     from service.classification.tokenization import PairTokenizer
     from service.manifest import load_model_dir
 
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         build(root, load_sentences(None, 5000), args.layers, args.hidden)
     given = list(argv if argv is not None else sys.argv[1:])
     passed = [a for i, a in enumerate(given) if not (a.startswith("--root") or (i and given[i - 1] == "--root"))]
-    sides, results = ["service", "cross-encoder", "ort"], {}
+    sides = ["service", "cross-encoder", "ort"]
+    results: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
             out = run_worker("bench.rerank_throughput", *passed, "--root", str(root), "--side", side, timeout=3600)

@@ -28,7 +28,7 @@ POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manife
 ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
-PACKED_ROLE = "packed"  # optional: several inputs per row (export/packed.py); older directories lack it
+PACKED_ROLE = "packed"  # optional: several inputs per row (export/onnx/packed.py); older directories lack it
 OPTIONAL_ROLES = {k.name: k.optional_roles for k in KIND_TABLE.values() if k.optional_roles}
 
 
@@ -203,7 +203,7 @@ def _check_manifest(m: Manifest, where: Path) -> None:
 
 
 def _check_classifier(m: Manifest, where: Path) -> None:
-    """extra.labels (one name per logit, in id order) and extra.activation (export/classifier.py)."""
+    """extra.labels (one name per logit, in id order) and extra.activation (export/models/classifier.py)."""
     labels, activation = m.extra.get("labels"), m.extra.get("activation")
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         raise ModelDirError(f"{where}: a classification model needs extra.labels, a list of label names")

@@ -3,7 +3,7 @@ folders of them) -> `SequenceClassifier` (kind "classification": rerank and clas
 
 The encoder converts as bert.py converts it (same config fields, same weight names); the head is
 the source's: BERT's `bert.pooler.dense` + tanh on [CLS] then `classifier`, RoBERTa's and XLM-R's
-`classifier.dense` + tanh + `classifier.out_proj` on `<s>` (one computation: export/classifier.py).
+`classifier.dense` + tanh + `classifier.out_proj` on `<s>` (one computation: export/models/classifier.py).
 Labels come from config.json's `id2label` (num_labels of them). The activation the service applies
 is the folder's: a CrossEncoder's `activation_fn` (config_sentence_transformers.json, else
 config.json's `sentence_transformers.activation_fn` or the older `sbert_ce_default_activation_function`),
@@ -19,10 +19,10 @@ import re
 
 import torch
 
-from export.classifier import HeadConfig, SequenceClassifier
 from export.convert import bert
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder, fast_tokenizer
+from export.models.classifier import HeadConfig, SequenceClassifier
 
 # CrossEncoder activation_fn -> ours
 ST_ACTIVATIONS = {
@@ -51,7 +51,7 @@ def labels(folder: HFFolder) -> list[str]:
 
 
 def activation(folder: HFFolder, count: int) -> str:
-    """The activation the folder implies (module docstring), as one of export.classifier.ACTIVATIONS."""
+    """The activation the folder implies (module docstring), as one of export.models.classifier.ACTIVATIONS."""
     hf = folder.config
     st = folder.json("config_sentence_transformers.json") or {}
     for where, name in (
@@ -66,7 +66,8 @@ def activation(folder: HFFolder, count: int) -> str:
     problem = hf.get("problem_type")
     if problem is not None and problem not in PROBLEM_TYPES:
         raise refuse(folder.where(), "problem_type", problem, list(PROBLEM_TYPES))
-    return PROBLEM_TYPES.get(problem) or ("sigmoid" if count == 1 else "softmax")
+    chosen = PROBLEM_TYPES[problem] if problem is not None else None
+    return chosen or ("sigmoid" if count == 1 else "softmax")
 
 
 def max_length(folder: HFFolder) -> int | None:

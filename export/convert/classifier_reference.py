@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer
 
-from export import parity
 from export.convert.errors import Converted
 from export.convert.folder import HFFolder
+from export.gate import parity
 
 LOGITS_MAX_ABS = 1e-3  # as reference.py's
 SHORT_LIMIT = 12  # a limit that cuts most pairs: truncation as transformers does it

@@ -21,6 +21,7 @@ from service.classification.tokenization import Input
 from service.errors import InvalidArgument, label_model
 from service.registry import ModelRegistry
 from service.settings import Settings
+from service.timings import Timings
 
 if TYPE_CHECKING:
     from service.classification.model import ClassificationModel, LogitsResult
@@ -60,10 +61,7 @@ class Scored:
     indexes: list[int]
     scores: list[float]
     input_tokens: int
-    tokenize_s: float
-    queue_s: float
-    inference_s: float
-    total_s: float
+    timings: Timings
 
 
 @dataclass(frozen=True)
@@ -72,10 +70,7 @@ class Classified:
     labels: list[str]  # the model's, in id order
     scores: np.ndarray  # (N, L) float32: each input's score per label, in label order
     input_tokens: int
-    tokenize_s: float
-    queue_s: float
-    inference_s: float
-    total_s: float
+    timings: Timings
 
 
 def _text(value: str, what: str) -> None:
@@ -168,5 +163,5 @@ class ClassificationCore:
         return Classified(model.name, model.labels, scores, *_result_times(r, start))
 
 
-def _result_times(r: LogitsResult, start: float) -> tuple[int, float, float, float, float]:
-    return r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s, time.perf_counter() - start
+def _result_times(r: LogitsResult, start: float) -> tuple[int, Timings]:
+    return r.input_tokens, Timings.of_seconds(time.perf_counter() - start, r.tokenize_s, r.queue_s, r.inference_s)

@@ -1,6 +1,6 @@
 """The classification engines: the padded graph (role `encoder`: input_ids, attention_mask and, for BERT
 pairs, token_type_ids -> logits (B, labels)) and the packed graph (role `packed`: inputs side by side
-in rows of `row_tokens`, export/classifier.py, with `first_index` saying where each input starts and
+in rows of `row_tokens`, export/onnx/classifier.py, with `first_index` saying where each input starts and
 token type ids packed in the same places) -> logits (B, labels). The core applies the activation."""
 
 from __future__ import annotations

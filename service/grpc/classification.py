@@ -7,9 +7,9 @@ from __future__ import annotations
 import grpc
 
 from service.classification.core import ClassificationCore, Classified, ClassifyQuery, RerankQuery, Scored
-from service.converters import timings, usage
 from service.cores import Cores
 from service.errors import deadline_of, grpc_errors
+from service.grpc.converters import timings, usage
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -37,7 +37,7 @@ def rerank_response(answer: Scored, request: pb.RerankRequest) -> pb.RerankRespo
         results=results,
         model=answer.model,
         usage=usage(answer.input_tokens),
-        timings=timings(answer.total_s, answer.tokenize_s, answer.queue_s, answer.inference_s),
+        timings=timings(answer.timings),
         request_id=request.request_id,
     )
 
@@ -69,7 +69,7 @@ def classify_response(answer: Classified, request_id: str) -> pb.ClassifyRespons
         results=results,
         model=answer.model,
         usage=usage(answer.input_tokens),
-        timings=timings(answer.total_s, answer.tokenize_s, answer.queue_s, answer.inference_s),
+        timings=timings(answer.timings),
         request_id=request_id,
     )
 
