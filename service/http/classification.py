@@ -27,18 +27,21 @@ SERVICE = "ClassificationService"
 class Routes:
     def __init__(self, cores: Cores):
         self.core, self.settings = cores.classification, cores.settings
+        # array lengths checked before any element is decoded
+        self.documents = (self.settings.rerank_max_documents, "rerank_max_documents")
+        self.inputs = (self.settings.classify_max_inputs, "classify_max_inputs")
 
     async def _json(self, request: Request) -> dict:
         return await read_json(request, self.settings.max_message_bytes, self.settings.http_body_timeout_s)
 
     @route(SERVICE, "Rerank")
     async def tei_rerank(self, request: Request, call: HttpCall) -> Response:
-        query, return_text = rs.tei_rerank(await self._json(request))
+        query, return_text = rs.tei_rerank(await self._json(request), self.documents)
         answer = await call.unless_gone(request, self.core.rerank(query, call.deadline))
         return JSONResponse(rs.tei_ranked(answer, query, return_text))
 
     async def _cohere(self, request: Request, call: HttpCall, version: int) -> Response:
-        query, return_documents = rs.cohere_rerank(await self._json(request), version)
+        query, return_documents = rs.cohere_rerank(await self._json(request), version, self.documents)
         answer = await call.unless_gone(request, self.core.rerank(query, call.deadline))
         return JSONResponse(rs.cohere_ranked(answer, query, return_documents))
 
@@ -52,20 +55,20 @@ class Routes:
 
     @route(SERVICE, "Score")
     async def score(self, request: Request, call: HttpCall) -> Response:
-        query = rs.vllm_score(await self._json(request))
+        query = rs.vllm_score(await self._json(request), self.documents)
         answer = await call.unless_gone(request, self.core.score(query, call.deadline))
         return JSONResponse(rs.vllm_scores(answer))
 
     @route(SERVICE, "Classify")
     async def predict(self, request: Request, call: HttpCall) -> Response:
-        query, batch = rs.tei_predict(await self._json(request))
+        query, batch = rs.tei_predict(await self._json(request), self.inputs)
         answer = await call.unless_gone(request, self.core.classify(query, call.deadline))
         rows = rs.labelled(answer)
         return JSONResponse(rows if batch else rows[0])
 
     @route(SERVICE, "Classify")
     async def classify(self, request: Request, call: HttpCall) -> Response:
-        query = rs.classify_request(await self._json(request))
+        query = rs.classify_request(await self._json(request), self.inputs)
         answer = await call.unless_gone(request, self.core.classify(query, call.deadline))
         return JSONResponse(rs.classify_response(answer))
 

@@ -9,7 +9,8 @@
   every label {label, score} best first (a list of those per input for a list).
 - `POST /classify` (infinity's shape): {model, input: a text or texts, raw_scores} -> {data: [[{label, score}]]}.
 
-Types are checked here (schemas.field); ranges and every other rule are the core's.
+Types are checked here (schemas.field), and arrays' lengths before any element is (`Most`: the
+core's limits, rerank_max_documents and classify_max_inputs); ranges and every other rule are the core's.
 """
 
 from __future__ import annotations
@@ -20,20 +21,21 @@ import uuid
 from service.classification.core import Classified, ClassifyQuery, RerankQuery, Scored, ScoreQuery
 from service.classification.tokenization import Input
 from service.errors import InvalidArgument
-from service.http.schemas import field, strings, text
+from service.http.schemas import count, field, strings, text
 
 MAX_TOP_N = 2**31 - 1
+Most = tuple[int, str]  # (the limit on an array's length, its setting): checked before any element is
 
 
 def _usage(tokens: int) -> dict:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
-def tei_rerank(body: dict) -> tuple[RerankQuery, bool]:
+def tei_rerank(body: dict, most: Most) -> tuple[RerankQuery, bool]:
     """(the core's query, return_text)."""
     query = RerankQuery(
         query=field(body, "query", str, ""),
-        documents=strings(body, "texts", []),
+        documents=strings(body, "texts", [], most=most),
         model=field(body, "model", str, ""),
         raw_scores=field(body, "raw_scores", bool, False),
         truncate=field(body, "truncate", bool, True),
@@ -48,10 +50,11 @@ def tei_ranked(answer: Scored, query: RerankQuery, return_text: bool) -> list[di
     ]
 
 
-def _documents(body: dict) -> list[str]:
+def _documents(body: dict, most: Most) -> list[str]:
     value = body.get("documents")
     if not isinstance(value, list):
         raise InvalidArgument('documents must be an array of strings or of {"text": ...} objects')
+    count("documents", value, *most)
     out = []
     for i, doc in enumerate(value):
         if isinstance(doc, dict) and isinstance(doc.get("text"), str):
@@ -62,11 +65,11 @@ def _documents(body: dict) -> list[str]:
     return out
 
 
-def cohere_rerank(body: dict, version: int) -> tuple[RerankQuery, bool]:
+def cohere_rerank(body: dict, version: int, most: Most) -> tuple[RerankQuery, bool]:
     """(the core's query, return_documents); version 1 returns documents unless told not to, 2 only when asked."""
     query = RerankQuery(
         query=field(body, "query", str, ""),
-        documents=_documents(body),
+        documents=_documents(body, most),
         model=field(body, "model", str, ""),
         top_n=field(body, "top_n", int, None, minimum=-MAX_TOP_N, maximum=MAX_TOP_N),
         raw_scores=field(body, "raw_scores", bool, False),
@@ -87,8 +90,8 @@ def cohere_ranked(answer: Scored, query: RerankQuery, return_documents: bool) ->
     return {"id": str(uuid.uuid4()), "model": answer.model, "results": results, "usage": _usage(answer.input_tokens)}
 
 
-def vllm_score(body: dict) -> ScoreQuery:
-    first, second = strings(body, "text_1"), strings(body, "text_2")
+def vllm_score(body: dict, most: Most) -> ScoreQuery:
+    first, second = strings(body, "text_1", most=most), strings(body, "text_2", most=most)
     if len(first) == 1:
         first = first * len(second)
     if len(first) != len(second):
@@ -125,13 +128,14 @@ def _sequence(value, where: str) -> Input | None:
     return None
 
 
-def tei_predict(body: dict) -> tuple[ClassifyQuery, bool]:
+def tei_predict(body: dict, most: Most) -> tuple[ClassifyQuery, bool]:
     """(the core's query, batch?): TEI reads `inputs` as one text or pair first, else a list of them."""
     value = body.get("inputs")
     single = _sequence(value, "inputs")
     if single is not None:
         inputs = [single]
     elif isinstance(value, list) and value:
+        count("inputs", value, *most)
         items = [_sequence(v, f"inputs[{i}]") for i, v in enumerate(value)]
         bad = next((i for i, x in enumerate(items) if x is None), None)
         if bad is not None:
@@ -159,9 +163,9 @@ def labelled(answer: Classified) -> list[list[dict]]:
     return out
 
 
-def classify_request(body: dict) -> ClassifyQuery:
+def classify_request(body: dict, most: Most) -> ClassifyQuery:
     return ClassifyQuery(
-        inputs=[(t, None) for t in strings(body, "input")],
+        inputs=[(t, None) for t in strings(body, "input", most=most)],
         model=field(body, "model", str, ""),
         raw_scores=field(body, "raw_scores", bool, False),
         truncate=field(body, "truncate", bool, True),

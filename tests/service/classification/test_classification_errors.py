@@ -88,6 +88,23 @@ async def test_bad_classify_and_score(srv):
             assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text
 
 
+async def test_http_arrays_over_the_limit_are_refused_before_their_elements_are_read(srv):
+    """Elements that are not even text: the array's length is refused first, naming the setting."""
+    async with httpx.AsyncClient(base_url=srv.http_url) as c:
+        for path, body, setting in [
+            ("/rerank", {"query": "q", "texts": [1] * 7}, "rerank_max_documents"),
+            ("/v1/rerank", {"query": "q", "documents": [1] * 7}, "rerank_max_documents"),
+            ("/v2/rerank", {"query": "q", "documents": [{}] * 7}, "rerank_max_documents"),
+            ("/v1/score", {"text_1": "q", "text_2": [1] * 7}, "rerank_max_documents"),
+            ("/predict", {"inputs": [1] * 4}, "classify_max_inputs"),
+            ("/classify", {"input": [1] * 4}, "classify_max_inputs"),
+        ]:
+            reply = await c.post(path, json=body)
+            message = reply.json()["error"]["message"]
+            assert reply.status_code == 400 and "elements; one call takes at most" in message, reply.text
+            assert setting in message
+
+
 async def test_a_pair_past_the_context_is_cut_as_the_source_library_cuts_it(classifier_folders, srv):
     docs = [LONG, "The cat sat on the mat."]
     folder = str(classifier_folders / "hf" / "bert-ce")
