@@ -200,10 +200,11 @@ def build_generation(
     extra: dict | None = None,
     quality_sample: tuple[str, list[list[int]]] | None = None,
     device: str = "cpu",
+    chat_template=None,
 ) -> ModelDir:
     """quality_sample: (description, token sequences) on which reduced-precision variants are judged
     teacher-forced (default: the gate texts). device "cuda": the fp16 graph is also measured on the
-    GPU (export/gpu_gate.py)."""
+    GPU (export/gpu_gate.py). chat_template: export/convert/chat_template.ChatTemplates, stored beside."""
     cfg = model.config
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -248,6 +249,7 @@ def build_generation(
             parity=_parity_figures(figures, attention),
             max_output_tokens=max_output_tokens,
             extra=extra or {},
+            chat_template=chat_template.stage(staging) if chat_template is not None else None,
         )
 
     return _build(out, body)
@@ -378,6 +380,7 @@ def build_converted(
         max_output_tokens=c.max_output_tokens,
         device=device,
         **common,
+        **({"chat_template": c.chat_template} if c.chat_template is not None else {}),
     )
 
 

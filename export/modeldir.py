@@ -48,6 +48,7 @@ SOURCE_FILES = (
     "export/mlm.py",
     "export/fill_mask.py",
     "service/manifest.py",
+    "service/generation/chat_template.py",  # the conversion checks its rendering against transformers
     "export/heldout.py",
     "export/packed.py",
     "service/engine/packing.py",
