@@ -221,12 +221,16 @@ def from_file(path: str | Path, special_tokens: dict[str, str]) -> ChatTemplate:
     return ChatTemplate({DEFAULT: text}, special_tokens, str(path))
 
 
-def overrides(setting: str) -> dict[str, Path]:
-    """Settings `chat_template` ("MODEL=FILE,MODEL=FILE") -> {model: file}; ValueError when malformed."""
-    out: dict[str, Path] = {}
-    for item in filter(None, (s.strip() for s in setting.split(","))):
-        name, sep, file = item.partition("=")
-        if not sep or not name.strip() or not file.strip():
-            raise ValueError(f"chat_template {item!r}: expected MODEL=FILE (a model's name, a Jinja file)")
-        out[name.strip()] = Path(file.strip())
-    return out
+def for_model(model_dir: ModelDir, files: dict[str, str], tokenizer) -> ChatTemplate | None:
+    """The model's template: the override that settings `chat_template` names for it, else its
+    directory's (or None). An override keeps the directory's special tokens, or takes the
+    manifest's (bos, eos, unk, pad) as the tokenizer spells them."""
+    stored = from_model_dir(model_dir)
+    file = files.get(model_dir.manifest.name)
+    if file is None:
+        return stored
+    if stored is not None:
+        return from_file(file, stored.special_tokens)
+    ids = model_dir.manifest.special_tokens
+    special = {f"{k}_token": tokenizer.id_to_token(ids[k]) for k in ("bos", "eos", "unk", "pad") if k in ids}
+    return from_file(file, {k: v for k, v in special.items() if v is not None})

@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from service.cores import Cores
-from service.errors import deadline_of, grpc_errors
-from service.generation import converters
+from service.errors import InvalidArgument, deadline_of, grpc_errors
+from service.generation import chat_converters, converters
+from service.generation.chat import ChatCore
 from service.generation.core import GenerationCore, join_chunks
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -26,7 +27,7 @@ from service.proto import inference_pb2_grpc as pb_grpc
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, core: GenerationCore):
-        self.core = core
+        self.core, self.chats = core, ChatCore(core)
 
     @grpc_errors("GenerationService")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
@@ -55,6 +56,30 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 sent = time.monotonic()
         finally:
             generation.cancel()
+
+    @grpc_errors("GenerationService")
+    async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.ChatResponse:
+        chat = await self.chats.chat(chat_converters.chat_query(request), deadline_of(context))
+        try:
+            choices = await asyncio.gather(*(g.collect() for g in chat.generations))
+        finally:
+            chat.cancel()
+        return chat_converters.chat_response(list(choices), chat)
+
+    @grpc_errors("GenerationService")
+    async def ChatStream(
+        self, request: pb.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ChatChunk]:
+        query = chat_converters.chat_query(request)
+        if query.n > 1:
+            raise InvalidArgument("ChatStream streams one choice (n=1); call Chat for several")
+        chat = await self.chats.chat(query, deadline_of(context))
+        generation, splitter = chat.generations[0], chat.splitter()
+        try:
+            async for chunk in generation:
+                yield chat_converters.chat_chunk(join_chunks([chunk, *generation.ready()]), splitter, chat.model)
+        finally:
+            chat.cancel()
 
 
 def register(server: grpc.aio.Server, cores: Cores) -> None:

@@ -20,6 +20,8 @@ from tokenizers import Tokenizer
 from service import tokenizing
 from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError
+from service.generation import chat_template
+from service.generation.chat_template import ChatTemplate
 from service.generation.decoding import ParamError, SamplingParams, check_params
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
@@ -67,6 +69,7 @@ class GenerationModel:
             self.name, tokenizer, special, self.context, self.max_prompt, self.vocab_size
         )
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
+        self.chat_template: ChatTemplate | None = None  # load() reads it (service/generation/chat.py uses it)
         if not self.io.buffer_kv:
             raise ValueError(
                 f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
@@ -109,6 +112,7 @@ class GenerationModel:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
+        model.chat_template = chat_template.for_model(model_dir, settings.chat_templates(), tokenizer)
         graph_session, why = runtime.create_graph_session(path)  # decode steps only; prefill stays plain
         if graph_session is not None:
             model.scheduler.cache.enable_graphs(graph_session)

@@ -4,7 +4,7 @@ it mirrors (protocol="http"), gives the core its deadline and maps failures to O
 
     POST /v1/embeddings        EmbeddingService/Embed
     POST /v1/completions       GenerationService/Generate (GenerateStream with "stream": true)
-    POST /v1/chat/completions  GenerationService/ChatCompletions: 400, the models have no chat template
+    POST /v1/chat/completions  GenerationService/Chat (ChatStream with "stream": true): service/http/chat.py
     POST /tokenize             GenerationService/Tokenize      POST /detokenize  GenerationService/Detokenize
     GET  /tokenizer_info       GenerationService/TokenizerInfo
     GET  /v1/models            ModelService/ListModels         GET /v1/models/{id}  ModelService/GetModel
@@ -30,10 +30,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.cores import Cores
-from service.errors import InvalidArgument
 from service.fillmask import converters as fillmask_converters
+from service.generation.chat import ChatCore
 from service.generation.core import GenerateQuery, join_chunks
-from service.http import completions, schemas, tokenization
+from service.http import chat, completions, schemas, tokenization
 from service.http.body import read_json
 from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
@@ -47,6 +47,7 @@ class Routes:
 
     def __init__(self, cores: Cores, is_serving: Callable[[], bool]):
         self.cores, self.registry, self.settings, self.is_serving = cores, cores.registry, cores.settings, is_serving
+        self.chats = ChatCore(cores.generation)
 
     async def _json(self, request: Request) -> dict:
         """The body as a JSON object, bounded in size, time and nesting (service/http/body.py)."""
@@ -106,13 +107,26 @@ class Routes:
             # Chunks that queued up while the previous event was written go out as one.
             yield completions.event(completion, choice, join_chunks([chunk, *generation.ready()]))
 
-    @route("GenerationService", "ChatCompletions")
+    @route("GenerationService", "Chat")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
-        model = self.cores.generation.tokenizer_info(schemas.field(await self._json(request), "model", str, "")).model
-        raise InvalidArgument(
-            f"model {model!r} is a plain language model without a chat template: it cannot turn "
-            "messages into a prompt; send the text to POST /v1/completions"
-        )
+        query = chat.parse(await self._json(request))  # service/http/chat.py
+        if query.stream:
+            call.method = "ChatStream"
+        admitted = await self.chats.chat(query.query, call.deadline)  # refusals here, before any 200
+        try:
+            completion = chat.Completion(admitted.model)
+            if query.stream:
+                events = _chat_events(admitted, completion, query)
+                return call.stream(events, on_close=admitted.cancel)
+            try:
+                results = await call.unless_gone(request, _collect(list(enumerate(admitted.generations))))
+            finally:
+                admitted.cancel()
+            chunks = [results[j] for j in range(len(admitted.generations))]
+            return JSONResponse(completion.response(admitted, chunks, query.logprobs))
+        except BaseException:
+            admitted.cancel()
+            raise
 
     @route("GenerationService", "Tokenize")
     async def tokenize(self, request: Request, call: HttpCall) -> Response:
@@ -154,6 +168,17 @@ class Routes:
     async def health(self, request: Request) -> Response:
         serving = self.is_serving() and not self.registry.draining
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
+
+
+async def _chat_events(admitted, completion: chat.Completion, query: chat.ChatRequest):
+    """A streamed chat: the role first, then each batch of chunks as one delta, then the usage."""
+    generation, splitter = admitted.generations[0], admitted.splitter()
+    yield completion.first(query.include_usage)
+    async for chunk in generation:
+        joined = join_chunks([chunk, *generation.ready()])
+        yield completion.event(joined, splitter, query.logprobs, query.include_usage)
+        if joined.finish_reason is not None and query.include_usage:
+            yield completion.usage_event(joined)
 
 
 async def _collect(runs: list) -> dict:

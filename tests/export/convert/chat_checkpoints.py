@@ -28,6 +28,11 @@ MISTRAL = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABL
 MISTRAL += ["[/TOOL_RESULTS]"]
 
 
+def sizes(vocab: int, **extra) -> dict:
+    """test_convert_decoders' tiny sizes with 2048 positions: a chat with tools is up to ~900 tokens here."""
+    return {**llama_sizes(vocab, **extra), "max_position_embeddings": 2048}
+
+
 def template(name: str) -> str:
     return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
 
@@ -42,7 +47,7 @@ def _qwen(folder: Path, chat_template: str | None, eos: str = "<|im_end|>") -> N
         tok.chat_template = chat_template
     tok.save_pretrained(folder)
     eos_id = tok.convert_tokens_to_ids(eos)
-    config = Qwen2Config(**llama_sizes(len(tok), num_key_value_heads=2, bos_token_id=None, eos_token_id=eos_id))
+    config = Qwen2Config(**sizes(len(tok), num_key_value_heads=2, bos_token_id=None, eos_token_id=eos_id))
     widen(Qwen2ForCausalLM(config)).save_pretrained(folder)
 
 
@@ -53,7 +58,7 @@ def _llama(folder: Path) -> None:
     tok.chat_template = template("llama-3.1")
     tok.save_pretrained(folder)
     ends = [tok.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "</s>", "<|eom_id|>")]
-    config = LlamaConfig(**llama_sizes(len(tok), num_key_value_heads=2, bos_token_id=1, eos_token_id=ends))
+    config = LlamaConfig(**sizes(len(tok), num_key_value_heads=2, bos_token_id=1, eos_token_id=ends))
     widen(LlamaForCausalLM(config)).save_pretrained(folder)
 
 
@@ -66,7 +71,7 @@ def _mistral(folder: Path) -> None:
     config["chat_template"] = [{"name": "default", "template": nemo}, {"name": "tool_use", "template": nemo}]
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     (folder / "chat_template.jinja").unlink(missing_ok=True)
-    config = MistralConfig(**llama_sizes(len(tok), num_key_value_heads=1, bos_token_id=1, eos_token_id=2))
+    config = MistralConfig(**sizes(len(tok), num_key_value_heads=1, bos_token_id=1, eos_token_id=2))
     widen(MistralForCausalLM(config)).save_pretrained(folder)
 
 

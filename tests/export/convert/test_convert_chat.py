@@ -24,6 +24,7 @@ from service.generation import chat_template
 from service.manifest import ModelDirError, load_model_dir, sha256_file
 from tests.export.convert.chat_checkpoints import template
 
+pytestmark = pytest.mark.timeout(900)  # the first run converts the chat checkpoints (cached after)
 CHATS = ["qwen2.5", "llama3.1", "mistral", "qwen3"]
 MORE = [  # beyond the conversion's own set: (messages, tools, render options)
     ([{"role": "user", "content": "Ünïcödé? 東京 🙂"}, {"role": "assistant", "content": "Oui."}], None, {}),

@@ -1,0 +1,91 @@
+"""Protobuf <-> plain values for GenerationService's Chat and ChatStream (service/generation/chat.py).
+
+JSON-valued fields (`tools_json`, `chat_template_kwargs_json`, a tool call's `arguments`) are parsed
+here; a malformed one is INVALID_ARGUMENT naming the field. The messages become the dicts the
+chat core checks, in OpenAI's shape, so every door refuses the same messages the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from service.converters import usage
+from service.errors import InvalidArgument
+from service.generation import reasoning
+from service.generation.chat import Chat, ChatQuery
+from service.generation.converters import FINISH_REASONS, sampling_params
+from service.generation.sequence import Chunk
+from service.proto import inference_pb2 as pb
+
+
+def _json(text: str, name: str, kind: type) -> Any:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgument(f"{name} is not JSON ({e})") from e
+    if not isinstance(value, kind):
+        raise InvalidArgument(f"{name} must be a JSON {'array' if kind is list else 'object'}")
+    return value
+
+
+def _message(m: pb.ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    for name in ("name", "tool_call_id", "reasoning_content"):
+        if getattr(m, name):
+            out[name] = getattr(m, name)
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}
+            for c in m.tool_calls
+        ]
+    return out
+
+
+def chat_query(request: pb.ChatRequest) -> ChatQuery:
+    """A ChatRequest as the chat core's query (ranges are checked by the core and the model)."""
+    params = sampling_params(request)  # the same sampling fields as GenerateRequest
+    return ChatQuery(
+        messages=[_message(m) for m in request.messages],
+        params=params,
+        model=request.model,
+        n=int(request.n) or 1,
+        tools=_json(request.tools_json, "tools_json", list),
+        add_generation_prompt=not request.continue_final_message,
+        continue_final_message=request.continue_final_message,
+        template_kwargs=_json(request.chat_template_kwargs_json, "chat_template_kwargs_json", dict) or {},
+    )
+
+
+def chat_response(choices: list[list[Chunk]], chat: Chat) -> pb.ChatResponse:
+    """Every choice's chunks joined, reasoning apart; usage: the prompt once, every choice's output."""
+    out = pb.ChatResponse(model=chat.model)
+    for j, chunks in enumerate(choices):
+        reason, _ = chunks[-1].ending()
+        thought, said = reasoning.split(chat.template, chat.prompt, "".join(c.text for c in chunks))
+        out.choices.append(
+            pb.ChatChoice(
+                index=j,
+                content=said,
+                reasoning_content=thought or "",
+                token_ids=[t for c in chunks for t in c.token_ids],
+                finish_reason=FINISH_REASONS[reason],
+            )
+        )
+    out.usage.CopyFrom(usage(choices[0][-1].input_tokens, sum(c[-1].output_tokens for c in choices)))
+    return out
+
+
+def chat_chunk(chunk: Chunk, splitter: reasoning.Splitter, model: str) -> pb.ChatChunk:
+    thought, said = splitter.feed(chunk.text)
+    if chunk.finish_reason is not None:
+        held = splitter.finish()
+        thought, said = thought + held[0], said + held[1]
+    msg = pb.ChatChunk(content=said, reasoning_content=thought, token_ids=chunk.token_ids, model=model)
+    if chunk.finish_reason is not None:
+        reason, _ = chunk.ending()
+        msg.finish_reason = FINISH_REASONS[reason]
+        msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
+    return msg
