@@ -43,7 +43,14 @@ VALID = {
     "ModelService/GetModel": pb.GetModelRequest(name="tiny-embed"),
     "InspectionService/Attention": pb.AttentionRequest(text="fuzz"),
     "FillMaskService/FillMask": pb.FillMaskRequest(inputs=["fuzz [MASK]"]),
+    "GenerationService/Chat": pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="fuzz")], max_new_tokens=2),
+    "GenerationService/ChatStream": pb.ChatRequest(
+        messages=[pb.ChatMessage(role="user", content="fuzz")], max_new_tokens=2
+    ),
 }
+# tiny-gpt chats with this template here (--chat-template): short, as its context is (48 prompt tokens)
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:"
+CHAT_TEMPLATE += "{% endif %}"
 EXPLICIT = [(r, VALID[r.name]) for r in rpcs() if r.name in VALID]
 
 
@@ -100,7 +107,9 @@ def _explicit_examples(test):
     return test
 
 
-async def test_fuzzed_requests_end_with_documented_statuses(server):
+async def test_fuzzed_requests_end_with_documented_statuses(start_server, tmp_path):
+    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    server = await start_server(chat_template=f"tiny-gpt={tmp_path / 'chat.jinja'}")
     client, seen = Client(server.address), Counter()
     try:
         await asyncio.to_thread(

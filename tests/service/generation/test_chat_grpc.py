@@ -11,7 +11,8 @@ import json
 import grpc
 import openai
 import pytest
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from export.convert.chat_template import CONVERSATIONS, WEATHER
 from service.proto import inference_pb2 as pb
@@ -35,8 +36,19 @@ def chat_request(messages: list[dict], tools=None, **fields) -> pb.ChatRequest:
     return request
 
 
-@pytest.mark.parametrize("model", ["qwen2.5", "llama3.1"])
-async def test_chat_equals_the_openai_door_and_streams_the_same(model, start_server, chat_models_root):
+def transformers_greedy(folder, ids: list[int]) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False, num_beams=1
+        )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("model", ["qwen2.5", "llama3.1", "mistral", "qwen3"])
+async def test_chat_equals_transformers_and_the_openai_door_and_streams_the_same(model, start_server, chat_models_root):
+    """Greedy Chat's tokens are transformers' generate on apply_chat_template's ids."""
     server = await start_server(chat_models_root)
     tok = AutoTokenizer.from_pretrained(chat_models_root / "hf" / model)
     sdk = openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
@@ -47,6 +59,7 @@ async def test_chat_equals_the_openai_door_and_streams_the_same(model, start_ser
         request = chat_request(messages, tools, model=model, max_new_tokens=10)
         reply = await server.generation.Chat(request)
         assert reply.usage.input_tokens == len(ids) and reply.model == model and len(reply.choices) == 1
+        assert list(reply.choices[0].token_ids) == transformers_greedy(chat_models_root / "hf" / model, ids)
         http = await sdk.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=10)
         assert reply.choices[0].content == http.choices[0].message.content
         chunks = [c async for c in server.generation.ChatStream(request)]

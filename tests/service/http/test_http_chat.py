@@ -1,8 +1,8 @@
 """`/v1/chat/completions` through the openai SDK on tiny chat checkpoints (tests/fixtures/chat.py):
 the prompt is the checkpoint's template rendered and tokenized as transformers' apply_chat_template
-does (usage.prompt_tokens, /tokenize with messages), greedy replies equal transformers' `generate`
-on those ids, streams join to the unary reply, n choices, logprobs, the server's --chat-template,
-and the refusals (no template, bad messages, a template that raises, a prompt too long)."""
+does (usage.prompt_tokens, /tokenize with messages), greedy replies equal /v1/completions' on those
+ids (test_chat_grpc.py holds the tokens to transformers' generate), streams join to the unary reply,
+n choices, logprobs, reasoning, the server's --chat-template, and the refusals (no template, bad messages, a template that raises, a prompt too long)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import copy
 import httpx2 as httpx
 import openai
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from export.convert.chat_template import CONVERSATIONS
+from service.manifest import ModelDirError
+from service.registry import ModelLoadError
 from tests.export.convert.chat_checkpoints import template
 
 NEW_TOKENS = 12
@@ -24,9 +25,8 @@ CHATS = ["qwen2.5", "llama3.1", "mistral", "qwen3"]
 
 @pytest.fixture(scope="module")
 def reference(chat_models_root):
-    """name -> (tokenizer, model) of the Hugging Face folder."""
-    hf = chat_models_root / "hf"
-    return {n: (AutoTokenizer.from_pretrained(hf / n), AutoModelForCausalLM.from_pretrained(hf / n)) for n in CHATS}
+    """name -> the Hugging Face folder's tokenizer."""
+    return {n: AutoTokenizer.from_pretrained(chat_models_root / "hf" / n) for n in CHATS}
 
 
 @pytest.fixture
@@ -40,34 +40,27 @@ def sdk(server) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
 
 
-def transformers_chat(reference, name: str, messages, tools=None) -> tuple[list[int], str]:
-    """(prompt ids, greedy reply text) as transformers computes them."""
-    tok, model = reference[name]
-    ids = tok.apply_chat_template(copy.deepcopy(messages), tools=tools, add_generation_prompt=True, return_dict=False)
-    prompt = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False, num_beams=1
-        )
-    return list(ids), tok.decode(out[0, len(ids) :], skip_special_tokens=True)
-
-
 @pytest.mark.parametrize("name", CHATS)
-async def test_greedy_chat_equals_transformers_on_the_templates_ids(name, chat_server, reference):
-    client = sdk(chat_server)
+async def test_chat_prompts_are_the_templates_ids_and_replies_their_completion(name, chat_server, reference):
+    """usage and /tokenize give apply_chat_template's ids; the greedy reply is /v1/completions' on
+    those ids (gRPC's test holds the tokens to transformers' generate)."""
+    client, tok = sdk(chat_server), reference[name]
     for _, messages, tools in CONVERSATIONS:
-        ids, text = transformers_chat(reference, name, messages, tools)
+        ids = tok.apply_chat_template(
+            copy.deepcopy(messages), tools=tools, add_generation_prompt=True, return_dict=False
+        )
         reply = await client.chat.completions.create(
             model=name, messages=copy.deepcopy(messages), tools=tools, max_tokens=NEW_TOKENS, temperature=0
         )
-        assert reply.usage.prompt_tokens == len(ids)
-        assert reply.choices[0].message.content == text and reply.choices[0].message.role == "assistant"
-        assert reply.choices[0].finish_reason in ("stop", "length") and reply.object == "chat.completion"
+        assert reply.usage.prompt_tokens == len(ids) and reply.object == "chat.completion"
+        plain = await client.completions.create(model=name, prompt=list(ids), max_tokens=NEW_TOKENS, temperature=0)
+        assert reply.choices[0].message.content == plain.choices[0].text
+        assert reply.choices[0].message.role == "assistant"
+        assert reply.choices[0].finish_reason == plain.choices[0].finish_reason
         async with httpx.AsyncClient(base_url=chat_server.http_url) as http:
-            tokenized = (
-                await http.post("/tokenize", json={"model": name, "messages": messages, "tools": tools})
-            ).json()
-        assert tokenized["tokens"] == ids
+            body = {"model": name, "messages": messages, "tools": tools}
+            tokenized = (await http.post("/tokenize", json=body)).json()
+        assert tokenized["tokens"] == list(ids)
 
 
 async def test_stream_joins_to_the_reply_with_role_first_and_usage_last(chat_server):
@@ -107,7 +100,7 @@ async def test_the_servers_chat_template_gives_a_base_model_one(chat_server, ref
     reply = await client.chat.completions.create(
         model="base", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )
-    tok = reference["qwen2.5"][0]  # the same tokenizer; base has no template of its own
+    tok = reference["qwen2.5"]  # the same tokenizer; base has no template of its own
     ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, return_dict=False)
     assert reply.usage.prompt_tokens == len(ids)
 
@@ -169,3 +162,14 @@ async def test_reasoning_goes_to_reasoning_content(start_server, chat_models_roo
     deltas = [e.choices[0].delta async for e in stream]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == thought
     assert "".join(d.content or "" for d in deltas) == said.lstrip("\n")
+
+
+async def test_an_unreadable_or_broken_override_stops_the_start(start_server, chat_models_root, tmp_path):
+    with pytest.raises(ModelDirError, match=r"missing\.jinja: unreadable"):
+        await start_server(chat_models_root, chat_template=f"qwen2.5={tmp_path / 'missing.jinja'}")
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }}", encoding="utf-8")
+    with pytest.raises(ModelDirError, match=r"broken\.jinja: the chat template does not parse"):
+        await start_server(chat_models_root, chat_template=f"qwen2.5={broken}")
+    with pytest.raises(ModelLoadError, match="chat_template names qwen9, not a generation model served here"):
+        await start_server(chat_models_root, chat_template=f"qwen9={broken}")
