@@ -19,6 +19,7 @@ from service import tokenizing
 from service.errors import FailedPrecondition, InvalidArgument, label_model
 from service.generation import reasoning
 from service.generation.chat_template import ChatTemplate
+from service.generation.constraint import Structure
 from service.generation.core import GenerateQuery, Generation, GenerationCore
 from service.generation.decoding import SamplingParams
 
@@ -40,6 +41,7 @@ class ChatQuery:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs: enable_thinking, ...
+    structure: Structure | None = None  # structured output (constraint.py)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,10 @@ class ChatCore:
         if not 1 <= query.n <= MAX_CHOICES:
             raise InvalidArgument(f"n must be in [1, {MAX_CHOICES}], got {query.n}")
         model, text, ids, source = await self._render(query)
-        queries = [GenerateQuery(ids, choice_params(query.params, j), model.name) for j in range(query.n)]
+        params = query.params
+        if query.structure is not None:
+            params = dataclasses.replace(params, constraint=await model.constraints.compile(query.structure))
+        queries = [GenerateQuery(ids, choice_params(params, j), model.name) for j in range(query.n)]
         generations = await self.core.generate_many(queries, deadline)
         return Chat(model.name, text, ids, generations, source)
 

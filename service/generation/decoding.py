@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,7 @@ class SamplingParams:
     logprobs: int | None = None  # each generated token's log-probability and this many alternatives; None: off
     prompt_logprobs: int | None = None  # the same for every prompt token (teacher-forced); None: off
     score_only: bool = False  # no new token: the prompt's scores alone (with prompt_logprobs)
+    constraint: Any = field(default=None, compare=False)  # structured output: constraint.Compiled, or None
 
     @property
     def greedy(self) -> bool:

@@ -22,6 +22,7 @@ from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError
 from service.generation import chat_template
 from service.generation.chat_template import ChatTemplate
+from service.generation.constraint import Constraints
 from service.generation.decoding import ParamError, SamplingParams, check_params
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
@@ -70,6 +71,7 @@ class GenerationModel:
         )
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         self.chat_template: ChatTemplate | None = None  # load() reads it (service/generation/chat.py uses it)
+        self.constraints = Constraints(tokenizer, self.io.vocab_size, self.eos_ids)  # structured output
         if not self.io.buffer_kv:
             raise ValueError(
                 f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "

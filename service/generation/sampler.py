@@ -17,6 +17,7 @@ A row whose own work raises gets its exception back in place of a token; the oth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,11 +31,12 @@ class Row:
     params: SamplingParams
     seen: np.ndarray  # int64 ids the repetition penalty applies to (prompt + generated)
     rng: np.random.Generator | None  # None for a greedy row
+    constraint: Any = None  # structured output: constraint.RowConstraint (its mask applies to this row alone)
 
 
 def choose_tokens(logits: np.ndarray, rows: list[Row]) -> list[int | Exception]:
     """logits (B, V), one Row each -> the next token of each row, or the exception its row raised."""
-    scores = _penalised(logits, rows)
+    scores = _masked(_penalised(logits, rows), logits, rows)
     out: list[int | Exception] = [0] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:
@@ -50,6 +52,17 @@ def choose_tokens(logits: np.ndarray, rows: list[Row]) -> list[int | Exception]:
         for i, token in zip(members, _sample_group(scores[members], k, [rows[i] for i in members])):
             out[i] = token
     return out
+
+
+def _masked(scores: np.ndarray, logits: np.ndarray, rows: list[Row]) -> np.ndarray:
+    """Each constrained row's disallowed tokens at -inf, on a copy (logits stay raw for logprobs)."""
+    hit = [i for i, r in enumerate(rows) if r.constraint is not None]
+    if not hit:
+        return scores
+    scores = scores.copy() if scores is logits else scores
+    for i in hit:
+        scores[i, ~rows[i].constraint.allowed()[: scores.shape[1]]] = -np.inf
+    return scores
 
 
 def _penalised(logits: np.ndarray, rows: list[Row]) -> np.ndarray:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import InvalidArgument
+from service.generation.constraint import RowConstraint
 from service.generation.decoding import IncrementalDetokenizer, SamplingParams, StopMatcher, make_rng
 from service.generation.sampler import Row
 from service.generation.scoring import TokenLogprobs, prompt_scores
@@ -73,6 +74,8 @@ class Sequence:
         seen = np.asarray(self.prompt_ids if self._penalised else [], dtype=np.int64)
         # What the sampler reads; greedy rows draw nothing (an unseeded generator costs an OS entropy read).
         self.sampling = Row(self.params, seen, None if self.params.greedy else make_rng(self.params.seed))
+        if self.params.constraint is not None:
+            self.sampling.constraint = RowConstraint(self.params.constraint)
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self.stops = StopMatcher(self.params.stop) if self.params.stop else None
         self._unsent: list[int] = []
@@ -147,6 +150,9 @@ class Sequence:
             text = self._released(decoded)
             if self.finished is None and len(self.generated) >= self.params.max_new_tokens:
                 self.finished = LENGTH
+        done = self.sampling.constraint is not None and self.sampling.constraint.accept(token)
+        if done and self.finished in (None, LENGTH):  # the grammar is complete: a natural end
+            self.finished = EOS
         if self._unsent_scores is not None and scores is not None:
             scores.widths = [len(decoded)]  # the token's own text, before stop sequences cut it
             self._unsent_scores.extend(scores)

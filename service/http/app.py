@@ -19,6 +19,7 @@ Authentication (anything every route must pass) goes in `build_app(middleware=..
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -85,6 +86,10 @@ class Routes:
     async def _generate(self, query: CompletionRequest, deadline: float | None) -> list:
         """Every choice of every prompt as its own generation, admitted all or none (the core's generate_many)."""
         keys = completions.runs(query)
+        if query.structure is not None:  # compiled once for every choice (each row copies it)
+            model = self.chats.model(query.model)
+            compiled = await model.constraints.compile(query.structure)
+            query = dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled))
         generations = await self.cores.generation.generate_many(
             [
                 GenerateQuery(

@@ -23,6 +23,7 @@ from typing import Any
 from service.errors import InvalidArgument
 from service.generation import reasoning
 from service.generation.chat import MAX_CHOICES, Chat, ChatQuery
+from service.generation.constraint import structure_of
 from service.generation.core import Chunk
 from service.generation.decoding import SamplingParams
 from service.generation.scoring import MAX_TOP, TokenLogprobs
@@ -51,7 +52,6 @@ class ChatRequest:
 def parse(body: dict) -> ChatRequest:
     """The request's fields, checked; refusals name the field (InvalidArgument)."""
     refuse_unsupported(body, UNSUPPORTED)
-    _response_format(body.get("response_format"))
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidArgument("messages must be an array of messages ({'role', 'content'})")
@@ -82,6 +82,7 @@ def parse(body: dict) -> ChatRequest:
         add_generation_prompt=field(body, "add_generation_prompt", bool, True),
         continue_final_message=field(body, "continue_final_message", bool, False),
         template_kwargs=kwargs_of(body),
+        structure=structure_of(body),
     )
     stream = field(body, "stream", bool, False)
     options = body.get("stream_options")
@@ -91,11 +92,6 @@ def parse(body: dict) -> ChatRequest:
     if stream and query.n > 1:
         raise InvalidArgument("stream is supported for n=1; send the other choices as separate requests")
     return ChatRequest(query, stream, include_usage, logprobs)
-
-
-def _response_format(value: Any) -> None:
-    if value is not None and (not isinstance(value, dict) or value.get("type") != "text"):
-        raise InvalidArgument("response_format: only {'type': 'text'} is supported by this server")
 
 
 def _objects(body: dict, name: str) -> list[dict] | None:

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 
 from service.errors import InvalidArgument
+from service.generation.constraint import Structure, structure_of
 from service.generation.core import EOS, LENGTH, STOP, Chunk
 from service.generation.decoding import SamplingParams
 from service.generation.scoring import TokenLogprobs
@@ -52,6 +53,7 @@ class CompletionRequest:
     logprobs: int | None  # alternatives per token; None: no logprobs object
     params: SamplingParams  # what every choice shares (its seed is choice 0's)
     stream: bool
+    structure: Structure | None = None  # response_format / structured_outputs (constraint.py)
 
 
 def parse(body: dict) -> CompletionRequest:
@@ -82,7 +84,8 @@ def parse(body: dict) -> CompletionRequest:
     stream = field(body, "stream", bool, False)
     if stream and len(prompts) * n > 1:
         raise InvalidArgument("stream is supported for one prompt and n=1; send the others as separate requests")
-    return CompletionRequest(field(body, "model", str, ""), prompts, n, echo, logprobs, params, stream)
+    model = field(body, "model", str, "")
+    return CompletionRequest(model, prompts, n, echo, logprobs, params, stream, structure_of(body))
 
 
 def parse_prompts(value) -> list[Prompt]:

@@ -2,7 +2,8 @@
 the prompt is the checkpoint's template rendered and tokenized as transformers' apply_chat_template
 does (usage.prompt_tokens, /tokenize with messages), greedy replies equal /v1/completions' on those
 ids (test_chat_grpc.py holds the tokens to transformers' generate), streams join to the unary reply,
-n choices, logprobs, reasoning, the server's --chat-template, and the refusals (no template, bad messages, a template that raises, a prompt too long)."""
+n choices, logprobs, reasoning, the server's --chat-template, and the refusals (no template, bad
+messages, a template that raises, a prompt too long)."""
 
 from __future__ import annotations
 
