@@ -34,6 +34,8 @@ FIELDS = {
         "logprobs",
         "best_of",
         "repetition_penalty",
+        "response_format",
+        "structured_outputs",
     ],
     "/v1/chat/completions": [
         "model",
@@ -51,6 +53,7 @@ FIELDS = {
         "chat_template_kwargs",
         "continue_final_message",
         "response_format",
+        "structured_outputs",
     ],
     "/tokenize": ["prompt", "model", "add_special_tokens", "return_token_strs", "messages"],
     "/detokenize": ["tokens", "model"],
@@ -93,6 +96,8 @@ MESSAGES = st.lists(  # chat messages: mostly well-formed keys, any values
 def calls(draw, paths: tuple[str, ...] = ()):
     path = draw(st.sampled_from(sorted(paths or FIELDS)))
     body = draw(st.dictionaries(st.sampled_from([*FIELDS[path], "other"]), VALUES, max_size=6))
+    if path != "/tokenize" and draw(st.booleans()):  # a structure llguidance may or may not take
+        body["structured_outputs"] = {draw(st.sampled_from(["regex", "grammar", "json", "choice"])): draw(VALUES)}
     if path == "/v1/chat/completions" and draw(st.booleans()):
         body["messages"] = draw(MESSAGES)
         body["model"] = draw(st.sampled_from(["qwen2.5", "llama3.1", "mistral", "qwen3", "base", "tiny-gpt"]))
