@@ -128,7 +128,7 @@ class Routes:
             finally:
                 admitted.cancel()
             chunks = [results[j] for j in range(len(admitted.generations))]
-            return JSONResponse(completion.response(admitted, chunks, query.logprobs))
+            return JSONResponse(completion.response(admitted, chunks, query))
         except BaseException:
             admitted.cancel()
             raise
@@ -179,6 +179,12 @@ async def _chat_events(admitted, completion: chat.Completion, query: chat.ChatRe
     """A streamed chat: the role first, then each batch of chunks as one delta, then the usage."""
     generation, splitter = admitted.generations[0], admitted.splitter()
     yield completion.first(query.include_usage)
+    if query.tool_choice.mode != "none":  # tool calls are parsed from the whole reply
+        whole = join_chunks(await generation.collect())
+        yield completion.whole_event(admitted, whole, query)
+        if query.include_usage:
+            yield completion.usage_event(whole)
+        return
     async for chunk in generation:
         joined = join_chunks([chunk, *generation.ready()])
         yield completion.event(joined, splitter, query.logprobs, query.include_usage)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.errors import InvalidArgument
-from service.generation import reasoning
+from service.generation import reasoning, tools
 from service.generation.chat import MAX_CHOICES, Chat, ChatQuery
 from service.generation.constraint import structure_of
 from service.generation.core import Chunk
@@ -47,6 +47,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     logprobs: int | None  # alternatives per token; None: no logprobs
+    tool_choice: tools.ToolChoice
 
 
 def parse(body: dict) -> ChatRequest:
@@ -72,17 +73,22 @@ def parse(body: dict) -> ChatRequest:
         seed=field(body, "seed", int, minimum=0, maximum=UINT64),
         logprobs=logprobs,
     )
+    listed = tools_of(body)
+    choice = tools.choice_of(body, listed)
+    structure, forced = structure_of(body), tools.structure(choice, listed or [])
+    if structure is not None and forced is not None:
+        raise InvalidArgument(f"tool_choice {choice.mode} constrains the reply itself; leave response_format out")
     query = ChatQuery(
         messages=messages,
         params=params,
         model=field(body, "model", str, ""),
         n=field(body, "n", int, 1, minimum=1, maximum=MAX_CHOICES),
-        tools=tools_of(body),
+        tools=listed,
         documents=_objects(body, "documents"),
         add_generation_prompt=field(body, "add_generation_prompt", bool, True),
         continue_final_message=field(body, "continue_final_message", bool, False),
         template_kwargs=kwargs_of(body),
-        structure=structure_of(body),
+        structure=forced or structure,
     )
     stream = field(body, "stream", bool, False)
     options = body.get("stream_options")
@@ -91,7 +97,7 @@ def parse(body: dict) -> ChatRequest:
     include_usage = field(options or {}, "include_usage", bool, False)
     if stream and query.n > 1:
         raise InvalidArgument("stream is supported for n=1; send the other choices as separate requests")
-    return ChatRequest(query, stream, include_usage, logprobs)
+    return ChatRequest(query, stream, include_usage, logprobs, choice)
 
 
 def _objects(body: dict, name: str) -> list[dict] | None:
@@ -105,9 +111,6 @@ def _objects(body: dict, name: str) -> list[dict] | None:
 
 def tools_of(body: dict) -> list[dict] | None:
     tools = _objects(body, "tools")
-    choice = body.get("tool_choice")
-    if choice not in (None, "none") and tools:
-        raise InvalidArgument("tool_choice: only 'none' is supported by this server (tools reach the template)")
     for i, tool in enumerate(tools or []):
         function = tool.get("function")
         if (
@@ -139,17 +142,15 @@ class Completion:
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def response(self, chat: Chat, chunks: list[Chunk], top: int | None) -> dict:
+    def response(self, chat: Chat, chunks: list[Chunk], request: ChatRequest) -> dict:
         """The chat.completion of every choice's joined chunk (chunks[j]: choice j)."""
-        choices = [
-            {
-                "index": j,
-                "message": _message(*reasoning.split(chat.template, chat.prompt, chunk.text)),
-                "logprobs": logprobs_object(chunk.logprobs, top),
-                "finish_reason": FINISH[chunk.ending()[0]],
-            }
-            for j, chunk in enumerate(chunks)
-        ]
+        choices = []
+        for j, chunk in enumerate(chunks):
+            thought, said = reasoning.split(chat.template, chat.prompt, chunk.text)
+            message, called = _message(thought, said, chat, request.tool_choice)
+            reason = "tool_calls" if called else FINISH[chunk.ending()[0]]
+            lp = logprobs_object(chunk.logprobs, request.logprobs)
+            choices.append({"index": j, "message": message, "logprobs": lp, "finish_reason": reason})
         out = self._envelope("chat.completion", choices)
         out["usage"] = usage(chunks[0].input_tokens, sum(c.output_tokens for c in chunks))
         return out
@@ -173,13 +174,32 @@ class Completion:
         out = self._envelope("chat.completion.chunk", [_delta(delta, logprobs_object(chunk.logprobs, top), reason)])
         return {**out, "usage": None} if include_usage else out
 
+    def whole_event(self, chat: Chat, chunk: Chunk, request: ChatRequest) -> dict:
+        """A stream's one event when tools are parsed (the reply is held to its end to parse it):
+        content, reasoning and `tool_calls` (each with its index) with the finish reason."""
+        message, called = _message(*reasoning.split(chat.template, chat.prompt, chunk.text), chat, request.tool_choice)
+        delta = {k: v for k, v in message.items() if k != "role" and v is not None}
+        if called:
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        reason = "tool_calls" if called else FINISH[chunk.ending()[0]]
+        out = self._envelope(
+            "chat.completion.chunk", [_delta(delta, logprobs_object(chunk.logprobs, request.logprobs), reason)]
+        )
+        return {**out, "usage": None} if request.include_usage else out
+
     def usage_event(self, last: Chunk) -> dict:
         return {**self._envelope("chat.completion.chunk", []), "usage": usage(last.input_tokens, last.output_tokens)}
 
 
-def _message(thought: str | None, said: str) -> dict:
-    message = {"role": "assistant", "content": said}
-    return message if thought is None else {**message, "reasoning_content": thought}
+def _message(thought: str | None, said: str, chat: Chat, choice: tools.ToolChoice) -> tuple[dict, bool]:
+    """(the assistant message, whether it calls tools): content, reasoning_content, tool_calls."""
+    content, calls = tools.parse(choice, tools.parser_of(chat.template), said)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if thought is not None:
+        message["reasoning_content"] = thought
+    if calls:
+        message["tool_calls"] = calls
+    return message, bool(calls)
 
 
 def _delta(delta: dict, logprobs: dict | None, reason: str | None) -> dict:
