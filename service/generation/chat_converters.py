@@ -12,7 +12,7 @@ from typing import Any
 
 from service.converters import usage
 from service.errors import InvalidArgument
-from service.generation import reasoning
+from service.generation import reasoning, tools
 from service.generation.chat import Chat, ChatQuery
 from service.generation.converters import FINISH_REASONS, sampling_params
 from service.generation.sequence import Chunk
@@ -44,31 +44,54 @@ def _message(m: pb.ChatMessage) -> dict[str, Any]:
     return out
 
 
-def chat_query(request: pb.ChatRequest) -> ChatQuery:
-    """A ChatRequest as the chat core's query (ranges are checked by the core and the model)."""
+def chat_query(request: pb.ChatRequest) -> tuple[ChatQuery, tools.ToolChoice]:
+    """A ChatRequest as the chat core's query and its tool choice (ranges are checked by the core and
+    the model; the JSON fields as the HTTP door checks them)."""
     params = sampling_params(request)  # the same sampling fields as GenerateRequest
-    return ChatQuery(
+    listed = _json(request.tools_json, "tools_json", list)
+    body = {
+        "response_format": _json(request.response_format_json, "response_format_json", dict),
+        "structured_outputs": _json(request.structured_outputs_json, "structured_outputs_json", dict),
+        "tool_choice": _any_json(request.tool_choice_json, "tool_choice_json"),
+        "parallel_tool_calls": request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True,
+    }
+    choice, structure = tools.constraint_of(body, listed)
+    query = ChatQuery(
         messages=[_message(m) for m in request.messages],
         params=params,
         model=request.model,
         n=int(request.n) or 1,
-        tools=_json(request.tools_json, "tools_json", list),
+        tools=listed,
         add_generation_prompt=not request.continue_final_message,
         continue_final_message=request.continue_final_message,
         template_kwargs=_json(request.chat_template_kwargs_json, "chat_template_kwargs_json", dict) or {},
+        structure=structure,
     )
+    return query, choice
 
 
-def chat_response(choices: list[list[Chunk]], chat: Chat) -> pb.ChatResponse:
+def _any_json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError as e:
+        raise InvalidArgument(f"{name} is not JSON ({e})") from e
+
+
+def chat_response(choices: list[list[Chunk]], chat: Chat, choice: tools.ToolChoice) -> pb.ChatResponse:
     """Every choice's chunks joined, reasoning apart; usage: the prompt once, every choice's output."""
     out = pb.ChatResponse(model=chat.model)
     for j, chunks in enumerate(choices):
         reason, _ = chunks[-1].ending()
         thought, said = reasoning.split(chat.template, chat.prompt, "".join(c.text for c in chunks))
+        content, calls = tools.parse(choice, tools.parser_of(chat.template), said)
         out.choices.append(
             pb.ChatChoice(
                 index=j,
-                content=said,
+                content=content or "",
+                tool_calls=[
+                    pb.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+                    for c in calls
+                ],
                 reasoning_content=thought or "",
                 token_ids=[t for c in chunks for t in c.token_ids],
                 finish_reason=FINISH_REASONS[reason],
@@ -76,6 +99,20 @@ def chat_response(choices: list[list[Chunk]], chat: Chat) -> pb.ChatResponse:
         )
     out.usage.CopyFrom(usage(choices[0][-1].input_tokens, sum(c[-1].output_tokens for c in choices)))
     return out
+
+
+def whole_chunk(response: pb.ChatResponse) -> pb.ChatChunk:
+    """A stream's one chunk when tools are parsed: the reply's single choice, with its usage."""
+    (choice,) = response.choices
+    return pb.ChatChunk(
+        content=choice.content,
+        reasoning_content=choice.reasoning_content,
+        token_ids=choice.token_ids,
+        finish_reason=choice.finish_reason,
+        usage=response.usage,
+        model=response.model,
+        tool_calls=choice.tool_calls,
+    )
 
 
 def chat_chunk(chunk: Chunk, splitter: reasoning.Splitter, model: str) -> pb.ChatChunk:

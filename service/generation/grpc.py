@@ -59,23 +59,28 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     @grpc_errors("GenerationService")
     async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.ChatResponse:
-        chat = await self.chats.chat(chat_converters.chat_query(request), deadline_of(context))
+        query, tool_choice = chat_converters.chat_query(request)
+        chat = await self.chats.chat(query, deadline_of(context))
         try:
             choices = await asyncio.gather(*(g.collect() for g in chat.generations))
         finally:
             chat.cancel()
-        return chat_converters.chat_response(list(choices), chat)
+        return chat_converters.chat_response(list(choices), chat, tool_choice)
 
     @grpc_errors("GenerationService")
     async def ChatStream(
         self, request: pb.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ChatChunk]:
-        query = chat_converters.chat_query(request)
+        query, tool_choice = chat_converters.chat_query(request)
         if query.n > 1:
             raise InvalidArgument("ChatStream streams one choice (n=1); call Chat for several")
         chat = await self.chats.chat(query, deadline_of(context))
         generation, splitter = chat.generations[0], chat.splitter()
         try:
+            if tool_choice.mode != "none":  # tool calls are parsed from the whole reply
+                whole = await generation.collect()
+                yield chat_converters.whole_chunk(chat_converters.chat_response([whole], chat, tool_choice))
+                return
             async for chunk in generation:
                 yield chat_converters.chat_chunk(join_chunks([chunk, *generation.ready()]), splitter, chat.model)
         finally:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.errors import InvalidArgument
-from service.generation.constraint import Structure
+from service.generation.constraint import Structure, structure_of
 
 PARSERS = ("hermes", "llama3", "mistral")
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -48,6 +48,16 @@ def choice_of(body: dict, tools: list[dict] | None) -> ToolChoice:
     if name not in {t["function"]["name"] for t in tools}:
         raise InvalidArgument(f"tool_choice names {name[:64]!r}, which is not one of the tools")
     return ToolChoice("named", name, parallel)
+
+
+def constraint_of(body: dict, tools: list[dict] | None) -> tuple[ToolChoice, Structure | None]:
+    """A request's tool choice and the one structure its reply must match (the tool choice's, or
+    response_format / structured_outputs'; not both)."""
+    choice = choice_of(body, tools)
+    given, forced = structure_of(body), structure(choice, tools or [])
+    if given is not None and forced is not None:
+        raise InvalidArgument(f"tool_choice {choice.mode} constrains the reply itself; leave response_format out")
+    return choice, forced or given
 
 
 def structure(choice: ToolChoice, tools: list[dict]) -> Structure | None:

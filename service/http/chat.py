@@ -6,11 +6,14 @@ a `ChatQuery`, and the generations' chunks -> a `chat.completion` or a stream of
     {"model", "messages": [{"role", "content", "name", "tool_calls", "tool_call_id"}], "n",
      "max_completion_tokens" | "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
      "seed", "stop", "logprobs", "top_logprobs", "stream", "stream_options": {"include_usage"},
-     "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "documents"}
+     "tools", "tool_choice", "parallel_tool_calls", "response_format", "structured_outputs",
+     "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "documents"}
 
 `temperature` defaults to 0 (greedy), as /v1/completions does here. `logprobs` gives OpenAI's
 `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}` per choice. A reasoning
-model's `<think>` text is the message's (or delta's) `reasoning_content` (service/generation/reasoning.py).
+model's `<think>` text is the message's (or delta's) `reasoning_content` (service/generation/reasoning.py);
+tool calls are parsed into `tool_calls` (service/generation/tools.py), structures constrain the reply
+(service/generation/constraint.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any
 from service.errors import InvalidArgument
 from service.generation import reasoning, tools
 from service.generation.chat import MAX_CHOICES, Chat, ChatQuery
-from service.generation.constraint import structure_of
 from service.generation.core import Chunk
 from service.generation.decoding import SamplingParams
 from service.generation.scoring import MAX_TOP, TokenLogprobs
@@ -74,10 +76,7 @@ def parse(body: dict) -> ChatRequest:
         logprobs=logprobs,
     )
     listed = tools_of(body)
-    choice = tools.choice_of(body, listed)
-    structure, forced = structure_of(body), tools.structure(choice, listed or [])
-    if structure is not None and forced is not None:
-        raise InvalidArgument(f"tool_choice {choice.mode} constrains the reply itself; leave response_format out")
+    choice, structure = tools.constraint_of(body, listed)
     query = ChatQuery(
         messages=messages,
         params=params,
@@ -88,7 +87,7 @@ def parse(body: dict) -> ChatRequest:
         add_generation_prompt=field(body, "add_generation_prompt", bool, True),
         continue_final_message=field(body, "continue_final_message", bool, False),
         template_kwargs=kwargs_of(body),
-        structure=forced or structure,
+        structure=structure,
     )
     stream = field(body, "stream", bool, False)
     options = body.get("stream_options")

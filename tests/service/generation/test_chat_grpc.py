@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import grpc
 import openai
@@ -109,3 +110,34 @@ async def test_bad_chats_say_why(model, request_, code, says, start_server, chat
 async def _drain(stream) -> None:
     async for _ in stream:
         pass
+
+
+async def test_structured_output_and_tool_calls_over_grpc(start_server, chat_models_root):
+    server = await start_server(chat_models_root)
+    messages = [{"role": "user", "content": "A code?"}]
+    for seed in range(3):
+        request = chat_request(messages, model="qwen2.5", temperature=1.0, seed=seed, max_new_tokens=20)
+        request.structured_outputs_json = json.dumps({"regex": "[a-z]{2}-[0-9]{3}"})
+        reply = await server.generation.Chat(request)
+        assert re.fullmatch("[a-z]{2}-[0-9]{3}", reply.choices[0].content), reply.choices[0].content
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 3}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    request = chat_request(messages, [tool], model="qwen2.5", temperature=1.0, seed=1, max_new_tokens=60)
+    request.tool_choice_json, request.parallel_tool_calls = '"required"', False
+    reply = await server.generation.Chat(request)
+    (call,) = reply.choices[0].tool_calls
+    assert call.name == "get_weather" and len(json.loads(call.arguments)["city"]) <= 3 and call.id
+    (chunk,) = [c async for c in server.generation.ChatStream(request)]
+    assert chunk.tool_calls[0].arguments == call.arguments and chunk.usage == reply.usage
+    request.response_format_json = '{"type": "json_object"}'
+    assert (await status_of(server.generation.Chat(request)))[0] == grpc.StatusCode.INVALID_ARGUMENT
