@@ -25,6 +25,10 @@ def sampling_params(request: pb.GenerateRequest) -> SamplingParams:
         repetition_penalty=float(request.repetition_penalty),
         stop=tuple(request.stop),
         seed=int(request.seed) if request.HasField("seed") else None,
+        presence_penalty=float(request.presence_penalty),
+        frequency_penalty=float(request.frequency_penalty),
+        min_p=float(request.min_p),
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in request.logit_bias.items())),
     )
 
 

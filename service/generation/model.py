@@ -189,6 +189,11 @@ class GenerationModel:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
+        bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
+        if bad is not None:
+            raise InvalidArgument(
+                f"logit_bias names token {bad}; model {self.name!r} has ids 0 to {self.vocab_size - 1}"
+            )
         if isinstance(prompt, list):
             self.check_ids(prompt, name)
         else:

@@ -150,6 +150,8 @@ class Sequence:
             text = self._released(decoded)
             if self.finished is None and len(self.generated) >= self.params.max_new_tokens:
                 self.finished = LENGTH
+        if self.params.presence_penalty or self.params.frequency_penalty:
+            self.sampling.counts[token] = self.sampling.counts.get(token, 0) + 1
         done = self.sampling.constraint is not None and self.sampling.constraint.accept(token)
         if done and self.finished in (None, LENGTH):  # the grammar is complete: a natural end
             self.finished = EOS

@@ -30,12 +30,9 @@ from service.generation.core import Chunk
 from service.generation.decoding import SamplingParams
 from service.generation.scoring import MAX_TOP, TokenLogprobs
 from service.http.completions import FINISH, usage
-from service.http.schemas import FLOAT32, UINT64, field, refuse_unsupported, strings
+from service.http.schemas import FLOAT32, UINT64, field, penalties, refuse_unsupported, strings
 
 UNSUPPORTED = {  # OpenAI fields this server does not implement yet: refused unless neutral
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": {},
     "audio": None,
     "modalities": ["text"],
     "prediction": None,
@@ -74,6 +71,7 @@ def parse(body: dict) -> ChatRequest:
         stop=tuple(strings(body, "stop", default=[])),
         seed=field(body, "seed", int, minimum=0, maximum=UINT64),
         logprobs=logprobs,
+        **penalties(body),
     )
     listed = tools_of(body)
     choice, structure = tools.constraint_of(body, listed)

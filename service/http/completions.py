@@ -28,7 +28,7 @@ from service.generation.constraint import Structure, structure_of
 from service.generation.core import EOS, LENGTH, STOP, Chunk
 from service.generation.decoding import SamplingParams
 from service.generation.scoring import TokenLogprobs
-from service.http.schemas import FLOAT32, UINT64, field, refuse_unsupported, strings, text
+from service.http.schemas import FLOAT32, UINT64, field, penalties, refuse_unsupported, strings, text
 
 MAX_LOGPROBS = 5  # OpenAI's limit for completions
 MAX_N = 16  # choices per prompt
@@ -80,6 +80,7 @@ def parse(body: dict) -> CompletionRequest:
         logprobs=logprobs,
         prompt_logprobs=logprobs if echo and logprobs is not None else 0 if max_tokens == 0 else None,
         score_only=max_tokens == 0,
+        **penalties(body),
     )
     stream = field(body, "stream", bool, False)
     if stream and len(prompts) * n > 1:

@@ -127,7 +127,7 @@ async def test_a_model_without_a_template_says_how_to_give_one(start_server, cha
             {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": 3},
             "chat_template_kwargs",
         ),
-        ("qwen2.5", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}, "presence_penalty"),
+        ("qwen2.5", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}, "presence_penalty"),
         ("qwen2.5", {"messages": [{"role": "user", "content": "x"}], "n": 2, "stream": True}, "stream"),
     ],
 )
