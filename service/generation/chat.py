@@ -68,6 +68,8 @@ class ChatCore:
         self.core = core
 
     def model(self, name: str) -> GenerationModel:
+        """The generation model a chat names; UNAVAILABLE while draining, before any rendering."""
+        self.core.registry.admit()
         model = cast("GenerationModel", self.core.registry.get("generation", name))
         label_model(model.name)
         return model
