@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from bench.common import ServiceProcess, conditions, run_worker, summary
@@ -135,7 +137,7 @@ def service_round(models: Path, variant: str, worker_args: list[str], args) -> d
 
 def generation_round(prepared: dict, variants: list[str], flip: bool, args) -> dict:
     common = ["--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-    steps = [
+    steps: list[tuple[str, Callable[[], dict]]] = [
         (
             "hf",
             lambda: run_worker(
@@ -155,8 +157,12 @@ def generation_round(prepared: dict, variants: list[str], flip: bool, args) -> d
     steps += [
         (
             v,
-            lambda v=v: service_round(
-                prepared["paths"]["models"], v, ["gen-client", "--streams", str(args.streams), *common], args
+            partial(
+                service_round,
+                prepared["paths"]["models"],
+                v,
+                ["gen-client", "--streams", str(args.streams), *common],
+                args,
             ),
         )
         for v in variants
@@ -167,7 +173,7 @@ def generation_round(prepared: dict, variants: list[str], flip: bool, args) -> d
 def embedding_round(prepared: dict, variants: list[str], flip: bool, texts: Path, tmp: Path, args) -> dict:
     common = ["--sentences", str(texts), "--threads", str(args.threads)]
     model_dir = prepared["paths"]["models"] / prepared["name"]
-    steps = [
+    steps: list[tuple[str, Callable[[], dict]]] = [
         (
             "st",
             lambda: run_worker(
@@ -186,7 +192,8 @@ def embedding_round(prepared: dict, variants: list[str], flip: bool, texts: Path
         steps.append(
             (
                 f"ort/{v}",
-                lambda v=v: run_worker(
+                partial(
+                    run_worker,
                     WORKERS,
                     "ort-embed",
                     "--model-dir",
@@ -203,7 +210,8 @@ def embedding_round(prepared: dict, variants: list[str], flip: bool, texts: Path
         steps.append(
             (
                 v,
-                lambda v=v: service_round(
+                partial(
+                    service_round,
                     prepared["paths"]["models"],
                     v,
                     ["embed-client", "--sentences", str(texts), "--vectors", str(tmp / f"service-{v}.npy")],

@@ -138,7 +138,7 @@ def llama_folder(folder: Path) -> dict:
         intermediate_size=1536,
         vocab_size=49152,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         max_position_embeddings=2048,
         bos_token_id=eot,
         eos_token_id=eot,

@@ -215,11 +215,14 @@ def ort_embed_side(args: argparse.Namespace) -> dict:
     variant, engine = load_engine(model_dir, settings, runtime)  # the graph and engine the service runs
     tokenizer = Tokenizer.from_file(str(model_dir.file("tokenizer.json")))  # truncates at max_input_tokens
     texts = _sentences(args.sentences)
+    dim = model_dir.manifest.embedding_dim
+    if dim is None:
+        raise ValueError(f"{args.model_dir} is not an embedding model (no embedding_dim)")
 
     def embed() -> np.ndarray:
         encoded = [Encoded(e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)]
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
-        out = np.zeros((len(texts), model_dir.manifest.embedding_dim), dtype=np.float32)
+        out = np.zeros((len(texts), dim), dtype=np.float32)
         for start in range(0, len(order), args.batch):
             rows = order[start : start + args.batch]
             out[rows] = engine.forward([encoded[i] for i in rows])
@@ -244,7 +247,7 @@ async def _embed_calls(stub, name: str, texts: list[str], clients: int) -> np.nd
     """Every text in its own Embed call, `clients` calls in flight at once -> the vectors, normalised."""
     from client import embed_request
 
-    out: list[np.ndarray | None] = [None] * len(texts)
+    out: dict[int, np.ndarray] = {}
     todo = list(enumerate(texts))[::-1]
 
     async def client() -> None:
@@ -254,7 +257,7 @@ async def _embed_calls(stub, name: str, texts: list[str], clients: int) -> np.nd
             out[i] = np.asarray(response.embeddings[0].values, dtype=np.float32)
 
     await asyncio.gather(*(client() for _ in range(clients)))
-    return np.stack(out)
+    return np.stack([out[i] for i in range(len(texts))])
 
 
 async def embed_client_side(args: argparse.Namespace) -> dict:

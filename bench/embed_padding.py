@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,15 +75,15 @@ async def _clients(address: str, kind: str, model: str, items: list[str], client
     queue: asyncio.Queue = asyncio.Queue()
     async with grpc.aio.insecure_channel(address) as channel:
         if kind == "embedding":
-            stub = pb_grpc.EmbeddingServiceStub(channel)
+            embed_stub = pb_grpc.EmbeddingServiceStub(channel)
 
             def call(text):
-                return stub.Embed(pb.EmbedRequest(model=model, inputs=[text]), timeout=120)
+                return embed_stub.Embed(pb.EmbedRequest(model=model, inputs=[text]), timeout=120)
         else:
-            stub = pb_grpc.FillMaskServiceStub(channel)
+            mask_stub = pb_grpc.FillMaskServiceStub(channel)
 
             def call(text):
-                return stub.FillMask(pb.FillMaskRequest(model=model, inputs=[text], top_k=5), timeout=120)
+                return mask_stub.FillMask(pb.FillMaskRequest(model=model, inputs=[text], top_k=5), timeout=120)
 
         async def client() -> None:
             while not queue.empty():
@@ -250,7 +251,7 @@ def report(rounds: list[dict], tokens: dict, variant: str) -> dict:
     def rate(r, shape):
         return tokens[shape] / r["wall_s"]
 
-    out = {"variant": variant, "input_tokens": tokens}
+    out: dict[str, Any] = {"variant": variant, "input_tokens": tokens}
     for mode in ("packed", "padded"):
         out[mode] = {
             f"{shape}_tokens_per_s": summary([rate(r[mode][shape], shape) for r in rounds], 0)

@@ -58,7 +58,7 @@ def load_sentences(path: Path | None, count: int) -> list[str]:
 
 async def run_clients(address: str, sentences: list[str], clients: int, model: str) -> tuple[float, np.ndarray]:
     """Wall seconds for all sentences sent one per call by `clients` concurrent clients; the vectors."""
-    out: list[np.ndarray | None] = [None] * len(sentences)
+    out: dict[int, np.ndarray] = {}
     queue: asyncio.Queue = asyncio.Queue()
     for item in enumerate(sentences[: clients * 4]):  # warm-up round
         queue.put_nowait(item)
@@ -76,7 +76,7 @@ async def run_clients(address: str, sentences: list[str], clients: int, model: s
         for item in enumerate(sentences):
             queue.put_nowait(item)
         await asyncio.gather(*(client() for _ in range(clients)))
-        return time.perf_counter() - start, np.stack(out)
+        return time.perf_counter() - start, np.stack([out[i] for i in range(len(sentences))])
 
 
 async def resolve_model(address: str, model: str) -> str:

@@ -74,7 +74,7 @@ def pytorch_run(checkpoint: Path, inputs: list[str], batch_size: int, threads: i
     import torch
     from tokenizers import Tokenizer
 
-    from export.checkpoint import load_checkpoint
+    from export.train.checkpoint import load_checkpoint
 
     if threads:
         torch.set_num_threads(threads)

@@ -66,7 +66,8 @@ def mixed_chunk(known: list[str], size: int, seed: int) -> list[tuple[Rpc, objec
 
 async def fuzz(client: Client, known: list[str], args: argparse.Namespace) -> tuple[Counter, list[dict]]:
     """Sends args.requests calls, args.concurrency at a time -> (counts by (rpc, code), bad calls)."""
-    counts, bad = Counter(), []
+    counts: Counter[tuple[str, str]] = Counter()
+    bad: list[dict] = []
     gate = asyncio.Semaphore(args.concurrency)
 
     async def one(rpc: Rpc, payload) -> None:
@@ -121,7 +122,7 @@ async def session(address: str, args: argparse.Namespace, pid: int | None) -> di
     try:
         listed = await pb_grpc.ModelServiceStub(client.aio).ListModels(pb.ListModelsRequest(), timeout=30)
         known = [m.name for m in listed.models]
-        cpu0, start = cpu_seconds(pid) if pid else None, time.perf_counter()
+        cpu0, start = cpu_seconds(pid) if pid else 0.0, time.perf_counter()
         counts, bad = await fuzz(client, known, args)
         wall = time.perf_counter() - start
         live = await alive(client)
@@ -152,7 +153,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     server = None if args.address else ServiceProcess(Path(args.models), [], metrics=False)
-    address, pid = (args.address, args.server_pid) if args.address else (server.address, server.proc.pid)
+    address, pid = (server.address, server.proc.pid) if server else (args.address, args.server_pid)
     try:
         result = asyncio.run(session(address, args, pid))
     finally:

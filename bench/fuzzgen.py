@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
@@ -58,8 +60,8 @@ MASKED = ["the [MASK] sat", "[MASK]", "[MASK] [MASK] [MASK]", "[mask] [MASK", "x
 class Rpc:
     service: str  # full name, e.g. inference.v1.EmbeddingService
     method: str
-    request: type
-    response: type
+    request: type[Message]
+    response: type[Message]
     client_streaming: bool
     server_streaming: bool
 
@@ -89,7 +91,7 @@ def rpcs(file=inference_pb2.DESCRIPTOR) -> list[Rpc]:
 
 
 def strings(known: Sequence[str]) -> st.SearchStrategy[str]:
-    unicode = st.characters(exclude_categories=("Cs",))  # every plane; lone surrogates are not UTF-8
+    unicode = st.characters(exclude_categories=["Cs"])  # every plane; lone surrogates are not UTF-8
     huge = st.builds(lambda c, n: c * n, unicode, st.integers(1_000, 200_000))
     branches = [
         st.just(""),
@@ -114,7 +116,7 @@ def integers(lo: int, hi: int) -> st.SearchStrategy[int]:
     )
 
 
-def floats(width: int) -> st.SearchStrategy[float]:
+def floats(width: Literal[32, 64]) -> st.SearchStrategy[float]:
     return st.one_of(
         st.sampled_from(SPECIAL_FLOATS), st.floats(0.0, 2.0, width=width), st.floats(width=width, allow_subnormal=True)
     )

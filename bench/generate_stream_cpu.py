@@ -1,10 +1,10 @@
 """Server CPU per generated token under concurrent GenerateStream calls (a real `python -m service`).
 
-Starts the service on 127.0.0.1 over `--models`, warms it, then runs `--rounds` rounds of
-`--streams` concurrent streams, each making `--calls` GenerateStream calls of `--new-tokens` greedy
-tokens one after the other (a grpc.aio client in this process), reading the server's user + system
-CPU time from /proc around each round. Prints JSON: median server CPU per generated token (and the
-share of its main thread, the event loop), tokens/s and messages per call.
+Starts the service (bench.common.ServiceProcess) over `--models`, warms it, then runs `--rounds`
+rounds of `--streams` concurrent streams, each making `--calls` GenerateStream calls of
+`--new-tokens` greedy tokens one after the other (a grpc.aio client in this process), reading the
+server's user + system CPU time from /proc around each round. Prints JSON: median server CPU per
+generated token (and the share of its main thread, the event loop), tokens/s and messages per call.
 
     python -m bench.generate_stream_cpu --models DIR [--model NAME] [--streams 64] [--calls 1] [--new-tokens 40]
 """
@@ -15,15 +15,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import grpc
 
+from bench.common import ServiceProcess
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 
@@ -73,22 +71,23 @@ async def _round(address: str, pid: int, args) -> dict[str, float]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def measure(address: str, pid: int, args) -> dict:
     async with grpc.aio.insecure_channel(address) as channel:
         await asyncio.wait_for(channel.channel_ready(), 120)
     rounds = [await _round(address, pid, args) for _ in range(args.rounds)]
     out = {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]}
-    out["range_cpu_us_per_token"] = [
+    spread = [
         round(min(r["server_cpu_us_per_token"] for r in rounds), 2),
         round(max(r["server_cpu_us_per_token"] for r in rounds), 2),
     ]
-    return {**out, "streams": args.streams, "calls": args.calls, "new_tokens": args.new_tokens, "rounds": args.rounds}
+    return {
+        **out,
+        "range_cpu_us_per_token": spread,
+        "streams": args.streams,
+        "calls": args.calls,
+        "new_tokens": args.new_tokens,
+        "rounds": args.rounds,
+    }
 
 
 def main() -> None:
@@ -101,32 +100,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1, help="calls each stream makes one after the other per round")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--models",
-        str(args.models),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--metrics-port",
-        "-1",
-        "--http-port",
-        "-1",
-        "--gen-max-batch",
-        str(args.max_batch),
-        "--log-level",
-        "WARNING",
-    ]
-    server = subprocess.Popen(cmd)
+    server = ServiceProcess(args.models, ["--gen-max-batch", str(args.max_batch)], http=False)
     try:
-        print(json.dumps(asyncio.run(measure(f"127.0.0.1:{port}", server.pid, args))))
+        print(json.dumps(asyncio.run(measure(server.address, server.proc.pid, args))))
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -36,14 +36,14 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
     returns the checkpoint both sides load and a description of the weights."""
     import torch
 
-    from export.build import build_generation
-    from export.checkpoint import save_checkpoint
-    from export.decoder import DecoderConfig, GPTDecoder
-    from export.heldout import heldout_sample
-    from export.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
+    from export.build import build_model_dir
+    from export.models.decoder import DecoderConfig, GPTDecoder
+    from export.train.checkpoint import save_checkpoint
+    from export.train.heldout import heldout_sample
+    from export.train.tokenizer_train import GENERATOR_SPECIAL_TOKENS, train_generator_tokenizer
 
     if (checkpoint / "config.json").is_file():
-        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out)
+        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out, GPTDecoder)
         special = meta["special_tokens"]
         sample = heldout_sample(meta, model.config, tokenizer, checkpoint)  # as `make models` judges int8
     else:
@@ -64,7 +64,8 @@ def build_model(checkpoint: Path, out: Path) -> tuple[Path, str]:
             fp16=False,
         )
     cfg = model.config
-    build_generation(
+    build_model_dir(
+        "generation",
         model,
         tokenizer,
         out / "models" / "bench-gpt",

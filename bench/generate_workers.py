@@ -4,7 +4,7 @@
     python -m bench.generate_workers engine --model-dir DIR  --new-tokens N --threads T --repeats R
     python -m bench.generate_workers client --address HOST:PORT --metrics-url URL --streams 1,8 ...
 
-- torch: greedy decoding with the PyTorch model's own KV cache (export.decoder.GPTDecoder, fp32,
+- torch: greedy decoding with the PyTorch model's own KV cache (export.models.decoder.GPTDecoder, fp32,
   `torch.set_num_threads(T)`), one token per forward call, argmax on the last logits.
 - engine: the service's GenerationModel (scheduler, KV cache, sampling, detokenising; no gRPC),
   onnxruntime with T intra-op threads. Imports no torch.
@@ -40,7 +40,7 @@ def torch_side(args: argparse.Namespace) -> dict:
     import torch
     from tokenizers import Tokenizer
 
-    from export.checkpoint import load_checkpoint
+    from export.train.checkpoint import load_checkpoint
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
@@ -84,7 +84,8 @@ async def engine_side(args: argparse.Namespace) -> dict:
 
     async def decode() -> tuple[float, list[int]]:
         handle = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=args.new_tokens))
-        tokens, first_at = [], None
+        tokens: list[int] = []
+        first_at = 0.0
         async for chunk in handle:
             first_at = first_at or time.perf_counter()
             tokens += chunk.token_ids

@@ -22,7 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from bench import gpu_service as svc
 from bench.common import ROOT, ServiceProcess, conditions, run_worker
@@ -118,8 +121,9 @@ def environment(device: str) -> dict:
     return env
 
 
-def inputs(checkpoints: Path, sentences_file: Path | None, size: dict, tmp: Path) -> dict[str, Path]:
-    """JSON files the sides share: generation prompts, embedding sentences, translation sources."""
+def inputs(checkpoints: Path, sentences_file: Path | None, size: dict, tmp: Path) -> tuple[dict[str, Path], int]:
+    """JSON files the sides share (generation prompts, embedding sentences, translation sources) and
+    how many distinct sentences the embedding file cycles through."""
     sources = [
         json.loads(line)["source"]
         for line in (checkpoints / "tatoeba-en-fr" / "heldout.jsonl").read_text(encoding="utf-8").splitlines()
@@ -132,20 +136,21 @@ def inputs(checkpoints: Path, sentences_file: Path | None, size: dict, tmp: Path
         "sentences": (sentences * (count // len(sentences) + 1))[:count],
         "sources": sorted(sources[: size["translate_sentences"]], key=len),
     }  # the same order for both sides
-    paths = {}
+    paths: dict[str, Path] = {}
     for name, items in files.items():
         paths[name] = tmp / f"{name}.json"
         paths[name].write_text(json.dumps(items), encoding="utf-8")
-    paths["distinct_sentences"] = len(sentences)
-    return paths
+    return paths, len(sentences)
 
 
 def torch_phases(args, size: dict, files: dict, tmp: Path) -> dict:
     """PyTorch on the device, each in its own process."""
-    ckpt, out = args.checkpoints, {}
+    ckpt = args.checkpoints
+    out: dict[str, Callable[[], dict]] = {}
     budget = ["--device", args.device, "--budget-s", str(size["budget_s"])]
     for dtype in ("fp16", "fp32") if args.device == "cuda" else ("fp32",):
-        out[f"generate_{dtype}"] = lambda dtype=dtype: run_worker(
+        out[f"generate_{dtype}"] = partial(
+            run_worker,
             "bench.gpu_torch",
             "generate",
             "--checkpoint",
@@ -161,7 +166,8 @@ def torch_phases(args, size: dict, files: dict, tmp: Path) -> dict:
             *budget,
             timeout=240,
         )
-        out[f"translate_{dtype}"] = lambda dtype=dtype: run_worker(
+        out[f"translate_{dtype}"] = partial(
+            run_worker,
             "bench.translate_workers",
             "torch",
             "--checkpoint",
@@ -314,13 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     size = SIZES["small" if args.small else "full"]
     started = time.perf_counter()
-    report = {
+    report: dict[str, Any] = {
         "environment": environment(args.device),
         "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
     }
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        files = inputs(args.checkpoints, args.sentences, size, Path(tmp))
-        report["sizes"]["distinct_sentences"] = files.pop("distinct_sentences")
+        files, report["sizes"]["distinct_sentences"] = inputs(args.checkpoints, args.sentences, size, Path(tmp))
         report["torch"], report["ceiling"] = {}, {}
         report["server_flags"] = {v: server_flags(args, size, v) for v in ("auto", "optimized")}
         run_phases(torch_phases(args, size, files, Path(tmp)), report["torch"])

@@ -135,7 +135,8 @@ def _bound_loop(sess, kv_names, shape, kv_type, vocab: int, args):
 def _timed(run, budget_s: float) -> list[float]:
     """Seconds of run() after one warm-up call, repeated until budget_s has passed (at least once)."""
     run()
-    seconds, end = [], time.perf_counter() + budget_s
+    seconds: list[float] = []
+    end = time.perf_counter() + budget_s
     while not seconds or time.perf_counter() < end:
         start = time.perf_counter()
         run()

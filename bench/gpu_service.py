@@ -15,6 +15,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,11 @@ async def generate_streams(address: str, prompts: list[str], streams: int, new_t
     async with AsyncClient(address, timeout=600) as client:
 
         async def one(prompt: str) -> tuple[list[int], float, list[float]]:
-            tokens, gaps, sent = [], [], time.perf_counter()
-            first = last = None
+            tokens: list[int] = []
+            gaps: list[float] = []
+            sent = time.perf_counter()
+            first: float | None = None
+            last = sent
             async for chunk in client.generate_stream(prompt, max_new_tokens=new_tokens):
                 now = time.perf_counter()
                 if chunk.token_ids and first is None:
@@ -186,7 +190,7 @@ class Workloads:
             "generate_alone_and_together": self.alone,
             "embed_single": self.embed_single,
             "embed_batched": self.embed_batched,
-            **{f"generate_{n}_streams": (lambda n=n: self.streams(n)) for n in self.size["streams"]},
+            **{f"generate_{n}_streams": partial(self.streams, n) for n in self.size["streams"]},
             "translate": self.translate,
         }
 

@@ -3,7 +3,7 @@
     python -m bench.gpu_torch generate --checkpoint DIR --device cuda --dtype fp16 --prompts FILE ...
     python -m bench.gpu_torch embed --device cuda --sentences FILE --batches 64,128,256 --vectors OUT.npy
 
-- generate: the decoder (export.decoder.GPTDecoder) with its own KV cache on `--device` in
+- generate: the decoder (export.models.decoder.GPTDecoder) with its own KV cache on `--device` in
   `--dtype`. Correctness: each prompt alone, greedy, stopped at EOS (the service stops there too).
   Throughput: one stream (decode tokens/s: tokens after the first over the time since the first),
   and a static batch of `--rows` left-padded prompts stepped together for `--new-tokens` steps
@@ -33,10 +33,13 @@ def generate_side(args: argparse.Namespace) -> dict:
     import torch
     from tokenizers import Tokenizer
 
-    from export.checkpoint import load_checkpoint
+    from export.models.decoder import GPTDecoder
+    from export.train.checkpoint import load_checkpoint
 
     dev = torch.device(args.device)
-    model, _ = load_checkpoint(args.checkpoint)
+    model, meta = load_checkpoint(args.checkpoint)
+    if not isinstance(model, GPTDecoder):
+        raise SystemExit(f"{args.checkpoint}: a {meta['architecture']} checkpoint, not a generator")
     model = model.to(dev, torch.float16 if args.dtype == "fp16" else torch.float32)
     cfg = model.config
     tok = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
@@ -83,7 +86,8 @@ def generate_side(args: argparse.Namespace) -> dict:
 def _timed(run, budget_s: float) -> tuple[list[float], object]:
     """Runs run() -> (result, seconds) once to warm up, then until budget_s has passed (at least once)."""
     run()
-    seconds, result, end = [], None, time.perf_counter() + budget_s
+    seconds: list[float] = []
+    result, end = None, time.perf_counter() + budget_s
     while not seconds or time.perf_counter() < end:
         result, s = run()
         seconds.append(s)
@@ -101,7 +105,8 @@ def embed_side(args: argparse.Namespace) -> dict:
     from bench.embed_throughput import sentence_transformers_run
 
     sentences = json.loads(args.sentences.read_text(encoding="utf-8"))
-    sweep, end = {}, time.perf_counter() + args.budget_s
+    sweep: dict[str, float] = {}
+    end = time.perf_counter() + args.budget_s
     for batch in (int(b) for b in args.batches.split(",")):
         if sweep and time.perf_counter() > end:
             break
@@ -109,7 +114,7 @@ def embed_side(args: argparse.Namespace) -> dict:
         sweep[str(batch)] = round(len(sentences) / seconds, 1)
     _, vectors = sentence_transformers_run(sentences, int(args.batches.split(",")[0]), 0, args.device)
     np.save(args.vectors, vectors)
-    best = max(sweep, key=sweep.get)
+    best = max(sweep, key=sweep.__getitem__)
     return {
         "device": args.device,
         "fp16": args.device != "cpu",

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import ROOT, ServiceProcess, conditions
+from bench.common import ServiceProcess, ServiceStartError, conditions
 from bench.procstat import rss_mb
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
@@ -239,36 +238,15 @@ def _corrupt_graph(model_dir: Path) -> None:
 
 
 def _start_once(models: Path, flags: list[str], timeout: float) -> str:
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--models",
-        str(models),
-        "--port",
-        "0",
-        "--http-port",
-        "-1",
-        "--metrics-port",
-        "-1",
-        *flags,
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    lines = []
     try:
-        for line in proc.stderr:
-            lines.append(line.rstrip())
-            if "model(s) on" in line:
-                return "SERVED (started)"
-        proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        ServiceProcess(models, flags, http=False, exit_timeout=timeout).stop()
+        return "SERVED (started)"
+    except ServiceStartError as e:
+        lines, code = e.log, e.returncode
     traceback = any(line.startswith("Traceback") for line in lines)
     last = next((line for line in reversed(lines) if line.strip()), "")
     reason = last.split("cannot start: ", 1)[1] if "cannot start: " in last else last
-    return f"refused (exit {proc.returncode}{', traceback' if traceback else ''}): {reason[:160]}"
+    return f"refused (exit {code}{', traceback' if traceback else ''}): {reason[:160]}"
 
 
 def errors_logged(lines: list[str]) -> int:

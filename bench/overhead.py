@@ -110,7 +110,7 @@ def measure_streams(
         seconds, n, m = asyncio.run(generate_streams(address, streams, tokens, 1000 * r, interval_ms, temperature))
         wall, received, messages = wall + seconds, received + n, messages + m
     cpu = cpu_seconds(pid) - before
-    out = {
+    out: dict[str, float | None] = {
         "streams": streams,
         "stream_interval_ms": interval_ms,
         "tokens": received,

@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = -(-sum(map(len, b)) // args.row_tokens)
         return [[[1] * args.row_tokens for _ in range(rows)]]
 
-    plans = {
+    plans: dict[str, Callable[[list[list[int]]], list[list[list[int]]]]] = {
         "padded": lambda b: [b],
         "turns": lambda b: turns(b, PREFILL_TOKENS_PER_STEP),
         "sub_batches": sub_batches,
@@ -130,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # what a packed prefill adds: each prompt's K/V out of the packed rows into its cache row
     kv_shape = (1, io.n_heads, args.row_tokens, io.head_dim)
-    present = [np.random.default_rng(0).normal(size=kv_shape).astype(io.kv_dtype) for _ in io.past_names]
-    buffers = [np.zeros((16, io.n_heads, context, io.head_dim), io.kv_dtype) for _ in io.past_names]
+    present: list[np.ndarray] = [
+        np.random.default_rng(0).normal(size=kv_shape).astype(io.kv_dtype) for _ in io.past_names
+    ]
+    buffers: list[np.ndarray] = [np.zeros((16, io.n_heads, context, io.head_dim), io.kv_dtype) for _ in io.past_names]
     start, copies = time.perf_counter(), 0
     for b in batches:
         offset = 0

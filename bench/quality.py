@@ -1,6 +1,6 @@
 """What each servable variant costs in quality, on held-out data, through the serving code; JSON out.
 
-The export gate judges a reduced-precision variant on a sample (export/parity.py); this measures
+The export gate judges a reduced-precision variant on a sample (export/gate/parity.py); this measures
 the whole held-out data, with the figures a user compares models by:
 - translation models: sacrebleu BLEU and chrF (multi-reference, the same scoring as
   `python -m export evaluate translator`) of the service's TranslationModel on the Tatoeba test
@@ -33,8 +33,8 @@ def generation_perplexity(model_dir, variant: str) -> dict:
     """exp(mean next-token NLL) of the variant's graph over the held-out windows (one thread)."""
     from tokenizers import Tokenizer
 
-    from export import data
-    from export.parity import forced_logits, log_softmax, onnx_step, session
+    from export.gate.parity import forced_logits, log_softmax, onnx_step, session
+    from export.train import data
 
     m = model_dir.manifest
     meta = m.extra.get("training", {})
@@ -46,7 +46,7 @@ def generation_perplexity(model_dir, variant: str) -> dict:
     nll, count, started = 0.0, 0, time.perf_counter()
     for s in range(0, len(stream) - 1, context):
         chunk = stream[s : s + context + 1]
-        logits = forced_logits(step, chunk)  # (T, V) for inputs chunk[:-1]
+        logits = forced_logits(step, chunk.tolist())  # (T, V) for inputs chunk[:-1]
         nll -= float(log_softmax(logits)[np.arange(len(chunk) - 1), chunk[1:]].sum())
         count += len(chunk) - 1
     return {
@@ -58,8 +58,8 @@ def generation_perplexity(model_dir, variant: str) -> dict:
 
 async def translation_scores(model_dir, variant: str, beams: list[int], max_length: int, threads: int) -> dict:
     """BLEU / chrF of the served TranslationModel on the test split, per beam size."""
-    from export import data
-    from export.evaluate import translation_scores as score
+    from export.train import data
+    from export.train.evaluate import translation_scores as score
     from service.runtime import Runtime
     from service.settings import Settings
     from service.translation.model import TranslateOptions, TranslationModel

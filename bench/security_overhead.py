@@ -69,8 +69,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--connections", type=int, default=100)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         (tmp / "models").mkdir()
         (tmp / "models" / args.model_dir.name).symlink_to(args.model_dir.resolve(), target_is_directory=True)
         subprocess.run([str(ROOT / "deploy/scripts/make-dev-certs.sh"), str(tmp / "certs")], check=True)

@@ -37,6 +37,8 @@ def _baseline(ref: str):
     path = Path(tempfile.mkdtemp()) / "baseline_batchcache.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_batchcache", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     sides = {"baseline": _baseline(args.baseline), "working_tree": batchcache}
     out = {"conditions": conditions(), "variant": variant, "provider": runtime.provider, "baseline": args.baseline}
     for rows in args.rows:
-        runs = {name: [] for name in sides}
+        runs: dict[str, list] = {name: [] for name in sides}
         for _ in range(args.rounds):
             for name, module in sides.items():
                 runs[name].append(

@@ -24,6 +24,7 @@ import time
 import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -62,7 +63,7 @@ def make_call(channel: grpc.aio.Channel, rng: random.Random, texts: list[str], d
             return kind, lambda t: stub.Embed(requests[0], timeout=t)
         return kind, lambda t: _drain(stub.EmbedStream(iter(requests), timeout=t))
     if kind.startswith("Generate"):
-        stub = pb_grpc.GenerationServiceStub(channel)
+        generation = pb_grpc.GenerationServiceStub(channel)
         request = pb.GenerateRequest(
             prompt=rng.choice(texts),
             max_new_tokens=rng.randint(4, 48),
@@ -72,13 +73,13 @@ def make_call(channel: grpc.aio.Channel, rng: random.Random, texts: list[str], d
             stop=rng.choice([[], ["."]]),
         )
         if kind == "Generate":
-            return kind, lambda t: stub.Generate(request, timeout=t)
-        return kind, lambda t: _drain(stub.GenerateStream(request, timeout=t))
-    stub = pb_grpc.TranslationServiceStub(channel)
+            return kind, lambda t: generation.Generate(request, timeout=t)
+        return kind, lambda t: _drain(generation.GenerateStream(request, timeout=t))
+    translation = pb_grpc.TranslationServiceStub(channel)
     request = pb.TranslateRequest(
         inputs=pick(rng.randint(1, 4)), beam_size=rng.choice([1, 1, 2, 4]), max_length=rng.choice([0, 16, 32])
     )
-    return kind, lambda t: stub.Translate(request, timeout=t)
+    return kind, lambda t: translation.Translate(request, timeout=t)
 
 
 async def _drain(call) -> None:
@@ -148,7 +149,7 @@ class Watch:
         self.samples: list[dict] = []
 
     def sample(self, t0: float) -> dict:
-        s = {"t": round(time.monotonic() - t0, 1)}
+        s: dict[str, Any] = {"t": round(time.monotonic() - t0, 1)}
         if self.pid:
             s["rss_mb"] = round(rss_mb(self.pid), 1)
         if self.url:
@@ -204,7 +205,7 @@ async def soak(address: str, pid: int | None, metrics_url: str | None, args: arg
         stop.set()
         await watcher
     last = await watch.drained(t0) if metrics_url else {}
-    counts = defaultdict(dict)
+    counts: defaultdict[str, dict[str, int]] = defaultdict(dict)
     for (name, code), n in sorted(load.counts.items()):
         counts[name][code] = n
     return {
@@ -249,10 +250,10 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     server = None if args.address else ServiceProcess(Path(args.models), [], metrics=True)
     try:
-        where = (
-            (args.address, args.pid, args.metrics_url)
-            if args.address
-            else (server.address, server.proc.pid, server.metrics_url)
+        where: tuple[str, int | None, str | None] = (
+            (server.address, server.proc.pid, server.metrics_url)
+            if server
+            else (args.address, args.pid, args.metrics_url)
         )
         report = asyncio.run(soak(*where, args))
     finally:

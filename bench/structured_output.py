@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import openai
@@ -25,8 +26,8 @@ import openai
 from bench.common import ServiceProcess, conditions, emit, summary
 from bench.procstat import cpu_seconds
 
-MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
-SCHEMA = {
+MESSAGES: list[Any] = [{"role": "user", "content": "Describe a person as JSON."}]
+SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "name": {"type": "string"},

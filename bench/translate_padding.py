@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, ServiceProcess, conditions, emit, run_worker, scrape_histogram, summary
 from bench.procstat import cpu_seconds
@@ -183,7 +184,9 @@ def bench(args, tmp: Path) -> dict:
 
     m = load_model_dir(args.model).manifest
     tok = Tokenizer.from_file(str(args.model / m.tokenizer["file"]))
-    files, tokens, counts = {}, {}, {}
+    files: dict[str, Path] = {}
+    tokens: dict[str, int] = {}
+    counts: dict[str, Any] = {}
     for shape in ("mixed", "uniform"):
         items = sources(args.model, args.sentences, shape == "uniform")
         files[shape] = tmp / f"{shape}.json"
@@ -220,9 +223,10 @@ def bench(args, tmp: Path) -> dict:
 
 
 def report(rounds: list[dict], tokens: dict, counts: dict, variant: str, role: str) -> dict:
-    out = {"variant": variant, "served_encoder": role, "input_tokens": tokens, "sentences": counts}
+    out: dict[str, Any] = {"variant": variant, "served_encoder": role, "input_tokens": tokens, "sentences": counts}
     for mode in ("packed", "padded"):
-        side = out[mode] = {}
+        side: dict[str, Any] = {}
+        out[mode] = side
         for shape in ("mixed", "uniform"):
             side[f"{shape}_sentences_per_s"] = summary([counts[shape] / r[mode][shape]["wall_s"] for r in rounds], 1)
             side[f"{shape}_cpu_s_per_1000_tokens"] = summary(

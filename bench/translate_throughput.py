@@ -34,14 +34,14 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
     returns the checkpoint both sides load and a description of the weights."""
     import torch
 
-    from export.build import build_translation
-    from export.checkpoint import save_checkpoint
-    from export.heldout import heldout_sample
-    from export.seq2seq import Seq2SeqConfig, Translator
-    from export.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
+    from export.build import build_model_dir
+    from export.models.seq2seq import Seq2SeqConfig, Translator
+    from export.train.checkpoint import save_checkpoint
+    from export.train.heldout import heldout_sample
+    from export.train.tokenizer_train import TRANSLATOR_SPECIAL_TOKENS, train_translator_tokenizer
 
     if (checkpoint / "config.json").is_file():
-        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out)
+        checkpoint, model, meta, tokenizer, source = snapshot_checkpoint(checkpoint, out, Translator)
         special = meta["special_tokens"]
         sample = heldout_sample(meta, model.config, tokenizer, checkpoint)  # as `make models` judges int8
     else:
@@ -62,7 +62,8 @@ def build_model(checkpoint: Path, out: Path, split) -> tuple[Path, str]:
             fp16=False,
         )
     cfg = model.config
-    build_translation(
+    build_model_dir(
+        "translation",
         model.eval(),
         tokenizer,
         out / "models" / "bench-translate",
@@ -126,7 +127,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from export import data
+    from export.train import data
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     args = parse_args(sys.argv[1:] if argv is None else argv)

@@ -3,7 +3,7 @@
     python -m bench.translate_workers torch  --checkpoint DIR --sentences FILE --batch 32 --max-length 48 ...
     python -m bench.translate_workers engine --model-dir DIR  --sentences FILE --batch 32 --max-length 48 ...
 
-- torch: batched greedy with the PyTorch KV cache (export.seq2seq.Translator, `--device`,
+- torch: batched greedy with the PyTorch KV cache (export.models.seq2seq.Translator, `--device`,
   `--dtype`), batches in file order run until every row has ended; `--reference` adds the model's
   cache-less `greedy_decode`.
 - engine: the service's TranslationModel (its queue batching concurrent calls). Imports no torch.
@@ -26,12 +26,15 @@ def torch_side(args: argparse.Namespace, sentences: list[str]) -> dict:
     import torch
     from tokenizers import Tokenizer
 
-    from export import data
-    from export.checkpoint import load_checkpoint
+    from export.models.seq2seq import Translator
+    from export.train import data
+    from export.train.checkpoint import load_checkpoint
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    model, _ = load_checkpoint(args.checkpoint)
+    model, meta = load_checkpoint(args.checkpoint)
+    if not isinstance(model, Translator):
+        raise SystemExit(f"{args.checkpoint}: a {meta['architecture']} checkpoint, not a translator")
     dev = torch.device(args.device)
     model = model.to(dev, torch.float16 if args.dtype == "fp16" else torch.float32)
     cfg = model.config

@@ -16,76 +16,21 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import re
 import resource
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import grpc
 
-from bench.common import ROOT, conditions, summary
+from bench.common import ServiceProcess, conditions, summary
 from bench.embed_throughput import load_sentences
+from bench.procstat import cpu_seconds
 from client import embed_request
 from service.proto import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("bench.workers")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU seconds of one process so far (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-class Group:
-    """`python -m service --workers W --compute-workers C` until `stop()`; pids of every process."""
-
-    def __init__(self, models: Path, workers: int, compute: int):
-        cmd = [
-            sys.executable,
-            "-m",
-            "service",
-            "--models",
-            str(models),
-            "--port",
-            "0",
-            "--metrics-port",
-            "-1",
-            "--http-port",
-            "-1",
-            "--workers",
-            str(workers),
-            "--compute-workers",
-            str(compute),
-            "--intra-op-threads",
-            "1",
-        ]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.pids, self.address = [self.proc.pid], ""
-        ready = f"all {workers} workers serving on" if workers > 1 else "model(s) on"
-        for line in self.proc.stderr:
-            if m := re.search(r"gRPC listening on (\S+?)\s", line + " "):
-                self.address = self.address or m.group(1)
-            if m := re.search(r"worker \d+ ready \(pid (\d+)\)", line):
-                self.pids.append(int(m.group(1)))
-            if ready in line:
-                threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # keep the pipe drained
-                return
-        raise RuntimeError(f"{' '.join(cmd)} did not start")
-
-    def cpu(self) -> float:
-        return sum(cpu_seconds(pid) for pid in self.pids)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
 
 
 async def send(address: str, sentences: list[str], clients: int) -> None:
@@ -107,16 +52,17 @@ async def send(address: str, sentences: list[str], clients: int) -> None:
 
 
 def measure(models: Path, workers: int, compute: int, sentences: list[str], clients: int) -> dict:
-    group = Group(models, workers, compute)
+    flags = ["--workers", str(workers), "--compute-workers", str(compute), "--intra-op-threads", "1"]
+    group = ServiceProcess(models, flags, http=False)
     try:
         asyncio.run(send(group.address, sentences[: clients * 8], clients))  # warm-up
-        server_cpu, client_cpu = group.cpu(), resource.getrusage(resource.RUSAGE_SELF)
+        server_start, client_start = cpu_seconds(group.proc.pid), resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         asyncio.run(send(group.address, sentences, clients))
         wall = time.perf_counter() - start
-        server_cpu = group.cpu() - server_cpu
+        server_cpu = cpu_seconds(group.proc.pid) - server_start  # the supervisor and every worker
         after = resource.getrusage(resource.RUSAGE_SELF)
-        client_cpu = after.ru_utime + after.ru_stime - client_cpu.ru_utime - client_cpu.ru_stime
+        client_cpu = after.ru_utime + after.ru_stime - client_start.ru_utime - client_start.ru_stime
     finally:
         exit_code = group.stop()
     calls = len(sentences)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -24,7 +24,7 @@ from service.proto import inference_pb2 as pb
 
 
 def generate_request(
-    prompt: str,
+    prompt: str | Sequence[int],
     model: str = "",
     max_new_tokens: int = 0,
     temperature: float = 0.0,
@@ -34,9 +34,12 @@ def generate_request(
     stop: Iterable[str] = (),
     seed: int | None = None,
     stream_interval_ms: int = 0,
+    n: int = 0,
+    logprobs: int | None = None,
+    echo: bool = False,
 ) -> pb.GenerateRequest:
+    """prompt: a text, or token ids taken as they are (prompt_token_ids)."""
     request = pb.GenerateRequest(
-        prompt=prompt,
         model=model,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -45,9 +48,17 @@ def generate_request(
         repetition_penalty=repetition_penalty,
         stop=list(stop),
         stream_interval_ms=stream_interval_ms,
+        n=n,
+        echo=echo,
     )
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.prompt_token_ids.extend(prompt)
     if seed is not None:
         request.seed = seed
+    if logprobs is not None:
+        request.logprobs = logprobs
     return request
 
 

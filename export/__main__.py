@@ -25,9 +25,9 @@ COMMANDS = {
     "convert": "export.convert.cli",
     "tiny": "export.cli",
     "heldout": "export.cli",
-    "tokenizer": "export.tokenizer_train",
-    "train": "export.train",
-    "evaluate": "export.evaluate",
+    "tokenizer": "export.train.tokenizer_train",
+    "train": "export.train.loop",
+    "evaluate": "export.train.evaluate",
 }
 
 

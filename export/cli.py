@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from export import gpu_gate, minilm, parity
 from export import tiny as tiny_models
 from export.build import VARIANT_ORDER
-from export.checkpoint import build_checkpoint
-from export.heldout import HELDOUT_FILE, write_heldout
+from export.convert import minilm
+from export.gate import gpu_gate, parity
 from export.modeldir import is_current, source_hash
+from export.train.checkpoint import build_checkpoint
+from export.train.heldout import HELDOUT_FILE, write_heldout
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,9 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 def _model_jobs(checkpoints: Path) -> list[tuple[str, str, list[Path], Callable]]:
     """(name, kind, input files, build(out, variants, extra)) for MiniLM and every complete checkpoint."""
-    jobs = [(minilm.DIR_NAME, "embedding", [minilm.weights_path(), *minilm.quality_files()], minilm.build_minilm)]
+    jobs: list[tuple[str, str, list[Path], Callable]] = [
+        (minilm.DIR_NAME, "embedding", [minilm.weights_path(), *minilm.quality_files()], minilm.build_minilm)
+    ]
     for ckpt in sorted(p for p in checkpoints.iterdir() if p.is_dir()) if checkpoints.is_dir() else []:
         missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
         if missing:

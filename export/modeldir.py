@@ -5,17 +5,22 @@ torch-free loader the service uses (`load_model_dir`), then moved into place wit
 reader never sees a half-written directory and a failed export leaves the old one untouched.
 
 Each manifest records in `extra.source_sha256` a hash of everything the export depends on (the
-export sources, the manifest module, the library versions and the input weights); `is_current`
-compares it so `python -m export models` can skip directories that are already up to date.
+export sources, the service modules they write to, the library versions and the input weights);
+`is_current` compares it so `python -m export models` can skip directories that are already up to
+date. The sources are derived from the code (`source_files`), never listed by hand: a list kept by
+hand once left the quantizer out, and a changed quantizer left stale int8 graphs marked current.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,37 +29,14 @@ import onnx
 import onnxruntime
 import torch
 
-from export.onnx_export import OPSET
+from export.onnx.graphs import OPSET
 from service.manifest import GraphSpec, Manifest, ModelDir, ModelDirError, TensorSpec, load_model_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
-# The files whose content decides what an export writes (model code, exporter, gate, contract).
-SOURCE_FILES = (
-    "export/layers.py",
-    "export/encoder.py",
-    "export/decoder.py",
-    "export/seq2seq.py",
-    "export/checkpoint.py",
-    "export/onnx_export.py",
-    "export/parity.py",
-    "export/modeldir.py",
-    "export/minilm.py",
-    "export/tiny.py",
-    "export/build.py",
-    "export/gpu_gate.py",
-    "export/attention.py",
-    "export/mlm.py",
-    "export/fill_mask.py",
-    "service/manifest.py",
-    "service/generation/chat_template.py",  # the conversion checks its rendering against transformers
-    "export/heldout.py",
-    "export/packed.py",
-    "service/engine/packing.py",
-    "service/translation/encoder.py",
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "export" / "convert").glob("*.py")),  # converters
-)
+# The commands that write model directories; what they import decides what an export writes.
+BUILD_COMMANDS = ("export.cli", "export.convert.cli")
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -70,15 +52,63 @@ class GraphFile:
     parity: dict[str, Any] = field(default_factory=dict)
 
 
+def _module_file(name: str, root: Path) -> Path | None:
+    """The file of a module of this repository (a.b -> a/b.py or a/b/__init__.py); None elsewhere."""
+    base = root.joinpath(*name.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _imports(path: Path, name: str, root: Path) -> set[str]:
+    """The modules that the file's import statements name, those inside functions included (lazy
+    imports run in a build too); `from a import b` names a.b where that is a module, else a."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parents = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            base = ".".join([*parents, *([node.module] if node.module else [])])
+            names.update(f"{base}.{a.name}" if _module_file(f"{base}.{a.name}", root) else base for a in node.names)
+    return names
+
+
+@functools.cache
+def source_files(root: Path = ROOT) -> tuple[str, ...]:
+    """The files whose content decides what an export writes, relative to root, sorted: every
+    module of `export` that BUILD_COMMANDS import at any depth (with the packages around them), and
+    the modules outside `export` that those import directly (service's manifest contract and the
+    packing the packed graphs are gated with), not what those import in turn."""
+    seen: set[str] = set()
+    outside: set[str] = set()
+    todo = list(BUILD_COMMANDS)
+    while todo:
+        name = todo.pop()
+        path = _module_file(name, root)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # a module's packages run first
+        for imported in _imports(path, name, root):
+            if imported.split(".")[0] == "export":
+                todo.append(imported)
+            elif _module_file(imported, root):
+                outside.add(imported)
+    files = [_module_file(name, root) for name in seen | outside]
+    return tuple(sorted(str(f.relative_to(root)) for f in files if f is not None))
+
+
 def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
 
 
-def source_hash(inputs: list[Path] = (), salt: str = "") -> str:
-    """sha256 over the export sources, library versions, the given input files (weights) and a salt."""
+def source_hash(inputs: Sequence[Path] = (), salt: str = "", root: Path = ROOT) -> str:
+    """sha256 over the export sources (`source_files`), library versions, the given input files
+    (weights) and a salt."""
     h = hashlib.sha256()
-    for rel in SOURCE_FILES:
-        path = ROOT / rel
+    for rel in source_files(root):
+        path = root / rel
         h.update(rel.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
     h.update(repr(sorted(versions().items())).encode())
     for path in inputs:

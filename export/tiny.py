@@ -20,11 +20,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from torch import nn
 
-from export.build import build_embedding, build_fill_mask, build_generation, build_translation
-from export.decoder import DecoderConfig, GPTDecoder
-from export.encoder import EncoderConfig, SentenceEncoder
-from export.mlm import MaskedLM
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.build import build_model_dir
+from export.models.decoder import DecoderConfig, GPTDecoder
+from export.models.encoder import EncoderConfig, SentenceEncoder
+from export.models.mlm import MaskedLM
+from export.models.seq2seq import Seq2SeqConfig, Translator
 from service.manifest import ModelDir
 
 NAMES = {
@@ -38,6 +38,12 @@ SPECIALS = {
     "fill-mask": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
     "generation": ["<|endoftext|>"],
     "translation": ["<pad>", "<s>", "</s>", "<unk>"],
+}
+ROLES = {  # the manifest's special token roles -> the tokens above
+    "embedding": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]"},
+    "fill-mask": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+    "generation": {"bos": "<|endoftext|>", "eos": "<|endoftext|>", "pad": "<|endoftext|>"},
+    "translation": {"pad": "<pad>", "bos": "<s>", "decoder_start": "<s>", "eos": "</s>", "unk": "<unk>"},
 }
 MAX_INPUT_TOKENS = {"embedding": 48, "generation": 48, "translation": 48, "fill-mask": 48}
 MAX_OUTPUT_TOKENS = 64
@@ -75,7 +81,7 @@ def _widen(model: nn.Module, std: float) -> nn.Module:
 
 def tiny_model(kind: str, vocab_size: int) -> nn.Module:
     torch.manual_seed(SEED)
-    if kind == "embedding":
+    if kind in ("embedding", "fill-mask"):
         cfg = EncoderConfig(
             vocab_size=vocab_size,
             d_model=32,
@@ -83,24 +89,13 @@ def tiny_model(kind: str, vocab_size: int) -> nn.Module:
             n_heads=4,
             d_ff=64,
             max_positions=64,
-            max_length=MAX_INPUT_TOKENS["embedding"],
+            max_length=MAX_INPUT_TOKENS[kind],
         )
-        return _widen(SentenceEncoder(cfg), 0.5)
-    if kind == "fill-mask":
-        cfg = EncoderConfig(
-            vocab_size=vocab_size,
-            d_model=32,
-            n_layers=2,
-            n_heads=4,
-            d_ff=64,
-            max_positions=64,
-            max_length=MAX_INPUT_TOKENS["fill-mask"],
-        )
-        return _widen(MaskedLM(cfg), 0.3)
+        return _widen(SentenceEncoder(cfg), 0.5) if kind == "embedding" else _widen(MaskedLM(cfg), 0.3)
     if kind == "generation":
-        cfg = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
-        return _widen(GPTDecoder(cfg), 0.3)
-    cfg = Seq2SeqConfig(
+        gen = DecoderConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=160)
+        return _widen(GPTDecoder(gen), 0.3)
+    s2s = Seq2SeqConfig(
         vocab_size=vocab_size,
         d_model=32,
         n_encoder_layers=2,
@@ -110,68 +105,28 @@ def tiny_model(kind: str, vocab_size: int) -> nn.Module:
         max_positions=160,
         dropout=0.0,
     )
-    return _widen(Translator(cfg), 0.3)
+    return _widen(Translator(s2s), 0.3)
+
+
+def special_tokens(kind: str, tok: Tokenizer) -> dict[str, int]:
+    """The manifest's special_tokens of the kind's tiny model: role -> id in its tokenizer."""
+    vocab = tok.get_vocab()
+    return {role: vocab[token] for role, token in ROLES[kind].items()}
 
 
 def build_tiny(kind: str, out: Path, variants=(), device: str = "cpu") -> ModelDir:
     """Export the tiny model of one kind into out (a model directory), through the parity gate."""
     tok = byte_tokenizer(kind)
-    model = tiny_model(kind, tok.get_vocab_size())
-    extra = {"tiny": True, "seed": SEED}
-    ids = {t: tok.token_to_id(t) for t in SPECIALS[kind]}
-    if kind == "embedding":
-        special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
-        return build_embedding(
-            model, tok, out, name=NAMES[kind], special_tokens=special, variants=variants, extra=extra, device=device
-        )
-    if kind == "fill-mask":
-        special = {
-            "pad": ids["[PAD]"],
-            "unk": ids["[UNK]"],
-            "cls": ids["[CLS]"],
-            "sep": ids["[SEP]"],
-            "mask": ids["[MASK]"],
-        }
-        return build_fill_mask(
-            model,
-            tok,
-            out,
-            name=NAMES[kind],
-            special_tokens=special,
-            max_input_tokens=MAX_INPUT_TOKENS[kind],
-            variants=variants,
-            extra=extra,
-        )
-    if kind == "generation":
-        eot = ids["<|endoftext|>"]
-        return build_generation(
-            model,
-            tok,
-            out,
-            name=NAMES[kind],
-            special_tokens={"bos": eot, "eos": eot, "pad": eot},
-            max_input_tokens=MAX_INPUT_TOKENS[kind],
-            max_output_tokens=MAX_OUTPUT_TOKENS,
-            variants=variants,
-            extra=extra,
-            device=device,
-        )
-    special = {
-        "pad": ids["<pad>"],
-        "bos": ids["<s>"],
-        "decoder_start": ids["<s>"],
-        "eos": ids["</s>"],
-        "unk": ids["<unk>"],
-    }
-    return build_translation(
-        model,
+    return build_model_dir(
+        kind,
+        tiny_model(kind, tok.get_vocab_size()),
         tok,
         out,
         name=NAMES[kind],
-        special_tokens=special,
+        special_tokens=special_tokens(kind, tok),
         max_input_tokens=MAX_INPUT_TOKENS[kind],
-        max_output_tokens=MAX_OUTPUT_TOKENS,
+        max_output_tokens=MAX_OUTPUT_TOKENS if kind in ("generation", "translation") else None,
         variants=variants,
-        extra=extra,
+        extra={"tiny": True, "seed": SEED},
         device=device,
     )

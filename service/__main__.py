@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
 
 from service.settings import Settings
@@ -22,6 +23,8 @@ log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):  # until the server's own handlers
+        signal.signal(sig, signal.SIG_IGN)  # (service/signals.py): their default action ends the process
     settings = Settings.from_args(argv)
     configure_logging(settings.log_level)
     if settings.workers == 0:

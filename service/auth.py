@@ -70,18 +70,19 @@ class Tokens:
         return len(self._tokens)
 
     def check(self, header_value: str | bytes | None) -> str | None:
-        """None when `header_value` ("Bearer <token>") carries an accepted token, else the reason."""
+        """None when `header_value` ("Bearer <token>") carries an accepted token, else the reason. The
+        token is compared as UTF-8 bytes, the tokens file's encoding: an HTTP header's raw bytes as
+        they came, gRPC metadata (text) encoded."""
         if not self.enabled:
             return None
-        if isinstance(header_value, bytes):
-            header_value = header_value.decode("latin-1")
+        if isinstance(header_value, str):
+            header_value = header_value.encode("utf-8", "surrogatepass")
         if not header_value:
             return "missing"
-        scheme, _, token = header_value.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        scheme, _, token = header_value.strip().partition(b" ")
+        given = token.strip()
+        if scheme.lower() != b"bearer" or not given:
             return "malformed"
-        given = token.encode()
         matched = False
         for accepted in self._tokens:  # all of them, always: the time does not depend on which matched
             matched |= hmac.compare_digest(given, accepted)

@@ -1,18 +1,30 @@
-"""The cores of one process, built once over its registry and shared by every door (gRPC, HTTP, KServe)."""
+"""The cores of one process, built once over its registry and shared by every door (gRPC, HTTP, KServe),
+and the backend class of each kind, which the registry loads models with (`BACKENDS`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from service.embedding.core import EmbeddingCore
+from service.embedding.model import EmbeddingModel
 from service.fillmask.core import FillMaskCore
+from service.fillmask.model import FillMaskModel
 from service.generation.core import GenerationCore
+from service.generation.model import GenerationModel
 from service.inspection.core import AttentionCore
 from service.models import ModelsCore
-from service.registry import ModelRegistry
+from service.registry import Backend, ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
 from service.translation.core import TranslationCore
+from service.translation.model import TranslationModel
+
+BACKENDS: dict[str, type[Backend]] = {  # kind (service/kinds.py) -> the class that serves a model of it
+    "embedding": EmbeddingModel,
+    "generation": GenerationModel,
+    "translation": TranslationModel,
+    "fill-mask": FillMaskModel,
+}
 
 
 @dataclass(frozen=True)

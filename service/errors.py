@@ -113,14 +113,18 @@ class _Call:
         if self.code == grpc.StatusCode.OK:
             self.code = context.code() or grpc.StatusCode.UNKNOWN
 
-    async def fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-        """Maps exc to a status and aborts the call (raises grpc's AbortError)."""
+    def fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+        """Sets the status and message exc maps to; the handler then ends without an answer, which
+        grpc sends as that status. Not `context.abort`: grpc keeps the last call's AbortError, whose
+        traceback holds every frame of the call, and so the request in them (and, chained, exc's): a
+        refused 15 MB request stayed resident until the next call."""
         if isinstance(exc, ServiceError):
             self.code, message = exc.code, bounded(exc.message)
         else:
             self.code, message = grpc.StatusCode.INTERNAL, "internal error (logged on the server)"
             log.error("%s/%s failed", self.service, self.method, exc_info=exc)
-        await context.abort(self.code, message)
+        context.set_code(self.code)
+        context.set_details(message)
 
     def finish(self) -> None:
         count, duration = _series(self.service, self.method, self.model, self.code.name, self.protocol)
@@ -176,7 +180,8 @@ def _wrap_unary(service: str, fn: Callable) -> Callable:
             call.aborted(context)
             raise
         except Exception as exc:
-            await call.fail(context, exc)
+            call.fail(context, exc)
+            return None
         finally:
             call.finish()
 
@@ -197,7 +202,7 @@ def _wrap_stream(service: str, fn: Callable) -> Callable:
             call.aborted(context)
             raise
         except Exception as exc:
-            await call.fail(context, exc)
+            call.fail(context, exc)
         finally:
             call.finish()
 

@@ -27,7 +27,7 @@ POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manife
 ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
-PACKED_ROLE = "packed"  # optional: several inputs per row (export/packed.py); older directories lack it
+PACKED_ROLE = "packed"  # optional: several inputs per row (export/onnx/packed.py); older directories lack it
 OPTIONAL_ROLES = {k.name: k.optional_roles for k in KIND_TABLE.values() if k.optional_roles}
 
 

@@ -2,11 +2,17 @@
 
 A large request passes through allocations of hundreds of MB (the tokenizer's encodings, protobuf
 and JSON copies); freed, that memory stays resident in glibc's arenas (figures:
-docs/performance.md, "Hostile input at the doors"). `MemoryTrimmer.run` is a server task: every
-CHECK_S seconds it reads the process's resident memory (/proc/self/statm) and the bytes free in
-glibc's arenas (`mallinfo2`), and calls `malloc_trim(0)` in a thread when either grew by TRIM_BYTES
-since the last trim. Memory in use is not touched, a server whose memory is flat never trims, and
-without glibc (musl, macOS) the task does nothing.
+docs/design/robustness.md, "Memory goes back"). Two things give it back:
+- blocks of MMAP_BYTES and more are mapped on their own (`mallopt(M_MMAP_THRESHOLD)`, set once
+  when the trimmer is built), so a freed request buffer goes back at once. glibc's default
+  threshold rises to the largest block freed (up to 32 MiB), after which 15 MB request copies came
+  from the arenas and stayed there, fragmented;
+- `MemoryTrimmer.run`, a server task: every CHECK_S seconds it reads the process's resident memory
+  (/proc/self/statm) and the bytes free in glibc's arenas (`mallinfo2`); when either grew by
+  TRIM_BYTES since the last trim it collects garbage cycles (a refused call's exception, traceback
+  and request can form one) and calls `malloc_trim(0)` in a thread.
+Memory in use is not touched, a server whose memory is flat never trims, and without glibc (musl,
+macOS) nothing is done.
 """
 
 from __future__ import annotations
@@ -14,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 
 log = logging.getLogger(__name__)
 
 CHECK_S = 5.0  # seconds between two looks
-TRIM_BYTES = 64 << 20  # growth of resident or free memory that makes a trim worth it
+TRIM_BYTES = 32 << 20  # growth of resident or free memory that makes a trim worth it
+MMAP_BYTES = 1 << 20  # blocks this large and larger are mapped on their own, unmapped when freed
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -47,6 +56,7 @@ def _glibc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallinfo2.restype = _MallInfo2
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         return libc
     except (OSError, AttributeError):  # not glibc, or glibc < 2.33 (no mallinfo2)
         return None
@@ -63,6 +73,8 @@ class MemoryTrimmer:
         self._libc = _glibc()
         self._resident = self._free = 0  # both right after the last trim
         self.trims = 0
+        if self._libc is not None:
+            self._libc.mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)
 
     def _free_bytes(self) -> int:
         assert self._libc is not None  # run() returns at once without glibc
@@ -88,4 +100,5 @@ class MemoryTrimmer:
         while True:
             await asyncio.sleep(self.check_s)
             if self.due():
+                gc.collect()  # on the loop: finalizers of asyncio and grpc objects expect its thread
                 await asyncio.to_thread(self.trim)

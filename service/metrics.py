@@ -3,7 +3,8 @@
 The names are public (dashboards and alerts in deploy/ use them). Series shared by every model
 kind live here; generation-only series live in service/generation/metrics.py and reuse the buckets.
 All metrics are registered on prometheus_client's default registry, served over HTTP on their own
-port by `start_metrics_server` (port 0 picks a free port; the port actually bound is returned).
+port by `start_metrics_server` (port 0 picks a free port; the port actually bound is returned;
+threads and idle connections bounded: service/metrics_server.py).
 
 With several worker processes (service/supervisor.py) prometheus_client runs in multiprocess mode:
 each worker writes its samples to files in PROMETHEUS_MULTIPROC_DIR and the supervisor serves their
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from service import metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +101,9 @@ WORKER_RPCS = Counter(
 
 
 def start_metrics_server(host: str, port: int) -> tuple[object, int]:
-    """Serves /metrics in a daemon thread; returns (server, bound port). Call `server.shutdown()` to stop."""
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    """Serves /metrics in a daemon thread (bounded: service/metrics_server.py); returns (server, bound
+    port). Call `server.shutdown()` to stop."""
+    server = metrics_server.start(host, port, REGISTRY)
     bound = server.server_port
     log.info("metrics on http://%s:%d/metrics", host, bound)
     return server, bound

@@ -1,17 +1,18 @@
 """The served models: the `Backend` protocol every model kind implements, and `ModelRegistry`.
 
 `ModelRegistry.load` reads every model directory under the models root (verified by
-`service.manifest.load_model_dir`) and builds one backend per directory, chosen by its manifest's
-kind in the table of kinds (service/kinds.py; a kind's code is imported only when a model of it is
-served). One model per kind is the default: the settings' `default_<kind>_model`, else the one
-whose manifest says `extra["default"]: true`, else the first by name.
+`service.manifest.load_model_dir`) and builds one backend per directory, the class its manifest's
+kind names in the table it is handed (service/cores.py `BACKENDS`: the kinds' packages import this
+module, so it names none of them). One model per kind (service/kinds.py) is the default: the
+settings' `default_<kind>_model`, else the one whose manifest says `extra["default"]: true`, else
+the first by name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -111,27 +112,28 @@ class ModelRegistry:
         self.gate.enter()
 
     @classmethod
-    def load(cls, settings: Settings, runtime: Runtime) -> ModelRegistry:
-        """Loads every model directory under settings.models; raises ModelLoadError naming the cause."""
+    def load(cls, settings: Settings, runtime: Runtime, backends: Mapping[str, type[Backend]]) -> ModelRegistry:
+        """Loads every model directory under settings.models, each with the class `backends` names for its
+        kind; raises ModelLoadError naming the cause."""
         dirs = discover(settings.models)
         if not dirs:
             raise ModelLoadError(
                 f"no model directories (folders with model.json) under {Path(settings.models)}; "
                 "run `make models` or pass --models DIR"
             )
-        backends = [cls._load_one(path, settings, runtime) for path in dirs]
-        names = [b.name for b in backends]
+        served = [cls._load_one(path, settings, runtime, backends) for path in dirs]
+        names = [b.name for b in served]
         if len(set(names)) != len(names):
             raise ModelLoadError(f"duplicate model names under {settings.models}: {sorted(names)}")
-        chats = {b.name for b in backends if b.kind == "generation"}
+        chats = {b.name for b in served if b.kind == "generation"}
         unknown = sorted(set(settings.chat_templates()) - chats)
         if unknown:
             raise ModelLoadError(
                 f"chat_template names {', '.join(unknown)}, not a generation model served here "
                 f"(generation models: {', '.join(sorted(chats)) or 'none'})"
             )
-        registry = cls(backends, _defaults(backends, settings), dict(zip(names, dirs)), runtime.gate)
-        for b in backends:
+        registry = cls(served, _defaults(served, settings), dict(zip(names, dirs)), runtime.gate)
+        for b in served:
             metrics.MODEL_INFO.labels(b.name, b.kind, b.provider, b.variant, runtime.requested_provider).set(1)
             log.info(
                 "model %s: kind=%s provider=%s (requested %s) variant=%s default=%s from %s",
@@ -146,14 +148,14 @@ class ModelRegistry:
         return registry
 
     @staticmethod
-    def _load_one(path: Path, settings: Settings, runtime: Runtime) -> Backend:
+    def _load_one(path: Path, settings: Settings, runtime: Runtime, backends: Mapping[str, type[Backend]]) -> Backend:
         """One directory's backend; every failure names the directory, or the file when it is known."""
         model_dir = load_model_dir(path, verify_hashes=settings.verify_hashes)
         kind = model_dir.manifest.kind
+        if kind not in backends:
+            raise ModelLoadError(f"{path}: no backend for kind {kind!r} (service/cores.py BACKENDS)")
         try:
-            return KINDS[kind].backend_class().load(model_dir, settings, runtime)
-        except ImportError as e:
-            raise ModelLoadError(f"{path}: no backend for kind {kind!r} ({e})") from e
+            return backends[kind].load(model_dir, settings, runtime)
         except (ModelDirError, ModelLoadError, ProviderError):
             raise  # their messages name the file already
         except Exception as e:  # a file that loads but cannot be served (bad names, bad UTF-8...)

@@ -129,7 +129,7 @@ class Runtime:
 
         auto on CUDA: fp16 (unless the gate judged its quality below the limits), else optimized,
         else fp32. auto on CPU: int8 when the gate measured it on held-out text and found it within
-        its quality limits, each row independent of its batch (`quality_ok`, export/parity.py:
+        its quality limits, each row independent of its batch (`quality_ok`, export/gate/parity.py:
         perplexity and top-1 predictions for decoders, cosines and similarity ranking for
         encoders), else optimized (fused), else fp32.
         """

@@ -1,37 +1,39 @@
 """The server: models, the cores and every door over them, health, reflection, metrics and the drain.
 
 `Server.start` loads every model directory, builds the cores (service/cores.py), registers every
-gRPC service one way (`register(server, cores)` of each module in service/kinds.py `GRPC_DOORS`),
+gRPC service one way (`register(server, cores)` of each module in `GRPC_DOORS`),
 binds with health NOT_SERVING, warms every model up, then serves (a worker of several warms up
-before it binds, so the kernel never hands a connection to a cold one). SIGTERM / SIGINT start
-`shutdown`: health NOT_SERVING, new calls UNAVAILABLE (the drain gate, service/admission.py),
-in-flight calls finish within `grace_seconds` with the port open, then the queues drain and
-`serve()` returns 0. HTTP (service/http/) binds with gRPC over the same cores and drains with it.
+before it binds, so the kernel never hands a connection to a cold one). SIGTERM / SIGINT (handled
+from the first moment of `serve`: service/signals.py) start `shutdown`: health NOT_SERVING (no
+Watch stream can hold it: service/health.py), new calls UNAVAILABLE (the drain gate,
+service/admission.py), in-flight calls finish within `grace_seconds` with the port open, then the
+queues drain and `serve()` returns 0. HTTP (service/http/) binds with gRPC over the same cores and drains with it.
 The lifecycle, security and workers are in docs/design/service.md, security.md and workers.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-import signal
 from collections.abc import Callable
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from starlette.middleware import Middleware
 
 from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
-from service.cores import Cores
+from service.cores import BACKENDS, Cores
+from service.grpc import embedding, fillmask, generation, inspection, models, translation
+from service.health import HealthServicer
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
 from service.http.server import LAST_SECONDS, HttpServer
 from service.inflight import Inflight, TrackCalls
-from service.kinds import GRPC_DOORS, KINDS
+from service.kinds import KINDS
+from service.kserve import rest as kserve_rest
 from service.kserve import servicer as kserve
 from service.manifest import ModelDirError
 from service.memory import MemoryTrimmer
@@ -39,12 +41,15 @@ from service.proto import inference_pb2 as pb
 from service.registry import ModelLoadError, ModelRegistry
 from service.runtime import ProviderError, Runtime
 from service.settings import Settings
+from service.signals import Signals
 
 log = logging.getLogger(__name__)
 
 SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.items()}
 SERVICES[kserve.SERVICE] = kserve.SERVICE_NAME  # the Open Inference Protocol (KServe v2), service/kserve
 SERVICE_KINDS = {service: kind.name for kind in KINDS.values() for service in kind.services}
+# The gRPC doors, each a module with `register(server, cores)`: every service is registered this one way.
+GRPC_DOORS = (embedding, generation, translation, fillmask, inspection, models, kserve)
 
 
 class Server:
@@ -71,12 +76,15 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
+                # Calls per connection: a client that never reads its answers holds each one in the
+                # server (its stream, its queued bytes); without a bound one connection pinned 100s of MB.
+                ("grpc.max_concurrent_streams", settings.grpc_max_streams),
                 # grpc sets SO_REUSEPORT by default on Linux, so a second server on a taken port would
                 # silently share it; one process refuses a taken port, workers share theirs on purpose.
                 ("grpc.so_reuseport", 0 if worker is None else 1),
             ],
         )
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()  # status changes never wait on a Watch writer (service/health.py)
         self.port = 0
         self.http: HttpServer | None = None
         self.serving = False  # the overall health status is SERVING (HTTP's /health reads it)
@@ -97,7 +105,7 @@ class Server:
         tokens, credentials = Tokens.from_settings(settings), server_credentials(settings)  # bad files: fail fast
         runtime = Runtime(settings)
         try:
-            registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime)
+            registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
         except BaseException:
             runtime.close()
             raise
@@ -112,14 +120,14 @@ class Server:
         except BaseException:
             await server.shutdown(grace=0)
             raise
-        await server._set_health(health_pb2.HealthCheckResponse.SERVING)
+        server._set_health(health_pb2.HealthCheckResponse.SERVING)
         server._trimming = asyncio.create_task(server.memory.run(), name="memory-trim")
         log.info("serving %d model(s) on %s", len(list(registry)), server.address)
         return server
 
     async def _bind(self, status: int = health_pb2.HealthCheckResponse.NOT_SERVING) -> None:
         for door in GRPC_DOORS:  # every service registered one way: its module's register(server, cores)
-            importlib.import_module(door).register(self.grpc, self.cores)
+            door.register(self.grpc, self.cores)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (
             *SERVICES.values(),
@@ -130,7 +138,7 @@ class Server:
             pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR, kserve.oip.DESCRIPTOR
         )
         reflection.enable_server_reflection(names, self.grpc, pool=pool)
-        await self._set_health(status)
+        self._set_health(status)
         address = f"{self.settings.host}:{self.settings.port}"
         try:
             if self.credentials is None:
@@ -148,7 +156,13 @@ class Server:
         )
         if self.settings.http_port >= 0:
             guard = [Middleware(BearerAuth, tokens=self.tokens)] if self.tokens.enabled else []
-            app = build_app(self.cores, lambda: self.serving, middleware=guard, worker_calls=self._worker_calls)
+            app = build_app(
+                self.cores,
+                lambda: self.serving,
+                middleware=guard,
+                worker_calls=self._worker_calls,
+                extra_routes=kserve_rest.routes(self.cores),
+            )
             self.http = await HttpServer.start(
                 app,
                 self.settings.http_address,
@@ -156,6 +170,7 @@ class Server:
                 reuse_port=self.worker is not None,
                 ssl=ssl_options(self.settings),
                 header_timeout=self.settings.http_header_timeout_s,
+                write_timeout=self.settings.http_write_timeout_s,
                 max_connections=self.settings.http_max_connections,
             )
         if self.settings.metrics_port >= 0:
@@ -163,14 +178,14 @@ class Server:
                 self.settings.metrics_address, self.settings.metrics_port
             )
 
-    async def _set_health(self, status: int) -> None:
+    def _set_health(self, status: int) -> None:
         served_kinds = {b.kind for b in self.registry}
         self.serving = status == health_pb2.HealthCheckResponse.SERVING
-        await self.health.set("", status)
+        self.health.set("", status)
         for name, full_name in SERVICES.items():
             kind = SERVICE_KINDS.get(name)
             ok = kind is None or kind in served_kinds
-            await self.health.set(full_name, status if ok else health_pb2.HealthCheckResponse.NOT_SERVING)
+            self.health.set(full_name, status if ok else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def shutdown(self, grace: float | None = None) -> asyncio.Task:
         """Starts the graceful shutdown once (later calls return the same task); await it to wait."""
@@ -191,7 +206,7 @@ class Server:
         self.registry.draining = True
         if self._trimming is not None:
             self._trimming.cancel()
-        await self.health.enter_graceful_shutdown()
+        self.health.enter_graceful_shutdown()
         await asyncio.gather(self._stop_grpc(grace), *([self.http.stop(grace)] if self.http else []))
         await self.registry.stop()
         await asyncio.to_thread(self.runtime.close)
@@ -202,34 +217,13 @@ class Server:
         self.stopped.set()
 
 
-def install_signal_handlers(server: Server) -> None:
-    """SIGTERM / SIGINT start the graceful shutdown (a second signal does not restart it); SIGHUP
-    re-reads the bearer tokens file."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, server, sig)
-    loop.add_signal_handler(signal.SIGHUP, _reload_tokens, server)
-
-
-def _reload_tokens(server: Server) -> None:
-    """SIGHUP: re-read the tokens file (rotation); on failure keep the tokens in use."""
-    try:
-        server.tokens.reload()
-    except (OSError, ValueError) as e:
-        log.error("SIGHUP: cannot re-read the tokens file, keeping the current tokens: %s", e)
-
-
-def _on_signal(server: Server, sig: signal.Signals) -> None:
-    log.info("received %s", sig.name)
-    server.shutdown()
-
-
 async def serve(settings: Settings, worker: int | None = None, on_ready: Callable[[Server], None] | None = None) -> int:
     """Runs the service until a signal stops it; returns the process exit code.
 
     on_ready(server) is called once it serves (a worker tells its supervisor)."""
+    signals = Signals()  # before the load: a signal while it runs must not kill a half-loaded process
     server = await Server.start(settings, worker)
-    install_signal_handlers(server)
+    signals.attach(server)
     if on_ready is not None:
         on_ready(server)
     await server.stopped.wait()

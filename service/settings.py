@@ -49,15 +49,30 @@ class Settings:
         "seconds an HTTP client has to send a request's whole body once the route "
         "reads it; then 408 and the connection is closed",
     )
+    http_write_timeout_s: float = _f(
+        30.0,
+        "seconds an HTTP response may wait on a client that reads none of it (the "
+        "connection's send buffer stays full); then the connection is closed and its answer freed",
+    )
     http_max_connections: int = _f(1024, "open HTTP connections per process; one more gets 503 and is closed")
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
+    grpc_max_streams: int = _f(
+        100,
+        "gRPC calls open at once on one connection (HTTP/2 streams, answers not yet taken by the "
+        "client included); more are refused with REFUSED_STREAM until one ends",
+    )
     log_level: str = _f("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
     verify_hashes: bool = _f(True, "check every model file's sha256 against its manifest at load")
     workers: int = _f(
         1,
         "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
         "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)",
+    )
+    worker_liveness_s: float = _f(
+        10.0,
+        "--workers: a serving worker whose event loop answers none of the supervisor's pings (one a "
+        "second) for this many seconds is killed and restarted; 0 = never",
     )
     # Security (docs/design/security.md)
     tls_cert: str = _f("", "PEM certificate (chain) of the gRPC port; with --tls-key turns TLS on")
@@ -159,6 +174,7 @@ class Settings:
             "intra_op_threads",
             "compute_workers",
             "max_message_bytes",
+            "grpc_max_streams",
             "embed_max_queue",
             "embed_max_inputs",
             "gen_max_batch",
@@ -171,6 +187,7 @@ class Settings:
             "attention_max_in_flight",
             "http_header_timeout_s",
             "http_body_timeout_s",
+            "http_write_timeout_s",
             "http_max_connections",
         )
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
@@ -178,6 +195,7 @@ class Settings:
             "workers",
             "port",
             "grace_seconds",
+            "worker_liveness_s",
             "embed_max_wait_ms",
             "translate_default_max_length",
             "embed_max_batch_tokens",

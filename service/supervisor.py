@@ -12,24 +12,25 @@ the supervisor's metrics port. SIGHUP is passed on (tokens re-read). Details: do
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.process
 import os
-import shutil
 import signal
-import socket
-import tempfile
 import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from service import metrics_server
+from service.metrics_dir import own_metrics_dir
+from service.ports import reserve_port
 from service.settings import Settings
 from service.worker import usable_cores, worker_main
 
@@ -39,26 +40,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 1.0, 30.0
 CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_SECONDS = 5, 60.0
 KILL_AFTER_GRACE_SECONDS = 15.0
-
-
-def reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
-    """A bound, never listening SO_REUSEPORT socket holding host:port (port 0: a free one) for the workers.
-
-    A plain bind first: it fails when anyone holds the port, where SO_REUSEPORT alone could join a
-    stranger's group. Only listening sockets get connections, so the reservation gets none."""
-    family, _, _, _, address = socket.getaddrinfo(
-        host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind(address)
-            chosen = probe.getsockname()[1]
-        hold = socket.socket(family, socket.SOCK_STREAM)
-        hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        hold.bind((address[0], chosen, *address[2:]))
-    except OSError as e:
-        raise OSError(f"cannot bind {what} to {host}:{port} ({e})") from e
-    return hold
+PING_INTERVAL_S = 1.0  # liveness pings to each serving worker (settings.worker_liveness_s)
 
 
 @dataclasses.dataclass
@@ -67,6 +49,10 @@ class Worker:
     process: multiprocessing.process.BaseProcess
     conn: Connection  # the supervisor's end of the worker's pipe
     ready: bool = False
+    answered: float = 0.0  # monotonic time of its last message (ready, or a ping's answer)
+    pinged: float = 0.0  # monotonic time of the last ping sent
+    killed: bool = False  # killed for answering no ping; its exit restarts it
+    closed: bool = False  # its end of the pipe is closed (it is exiting): nothing more to read
 
 
 class Supervisor:
@@ -86,13 +72,10 @@ class Supervisor:
         self._spawn = multiprocessing.get_context("spawn")
 
     def run(self) -> int:
-        own_dir = MULTIPROC_ENV not in os.environ
-        metrics_dir = Path(tempfile.mkdtemp(prefix="ts-metrics-") if own_dir else os.environ[MULTIPROC_ENV])
-        try:
+        if MULTIPROC_ENV in os.environ:  # yours: emptied at start, kept
+            return self._run(Path(os.environ[MULTIPROC_ENV]))
+        with own_metrics_dir() as metrics_dir:  # ours: removed at exit, or by the next start if we are killed
             return self._run(metrics_dir)
-        finally:
-            if own_dir:
-                shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def _run(self, metrics_dir: Path) -> int:
         metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -100,12 +83,12 @@ class Supervisor:
             stale.unlink()
         os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every worker
         self.metrics_dir = metrics_dir
-        hold = http_hold = metrics_server = None
+        hold = http_hold = scrape_server = None
         try:
             hold = reserve_port(self.settings.host, self.settings.port)
             if self.settings.http_port >= 0:  # the workers' HTTP servers share a port the same way
                 http_hold = reserve_port(self.settings.http_address, self.settings.http_port, "HTTP")
-            metrics_server = self._start_metrics()
+            scrape_server = self._start_metrics()
         except OSError as e:
             log.error("cannot start: %s", e)
             for held in (hold, http_hold):
@@ -142,9 +125,9 @@ class Supervisor:
             hold.close()
             if http_hold is not None:
                 http_hold.close()
-            if metrics_server is not None:
-                metrics_server.shutdown()
-                metrics_server.server_close()
+            if scrape_server is not None:
+                scrape_server.shutdown()
+                scrape_server.server_close()
         log.info("all workers stopped; exit %d", self.exit_code)
         return self.exit_code
 
@@ -166,9 +149,7 @@ class Supervisor:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(self.metrics_dir))
         registry.register(_SupervisorCollector(self))
-        server, _thread = start_http_server(
-            self.settings.metrics_port, addr=self.settings.metrics_address, registry=registry
-        )
+        server = metrics_server.start(self.settings.metrics_address, self.settings.metrics_port, registry)
         log.info("metrics on http://%s:%d/metrics (all workers)", self.settings.metrics_address, server.server_port)
         return server
 
@@ -194,7 +175,7 @@ class Supervisor:
         due = [t for t in (*self.restart_at.values(), self.stop_deadline) if t is not None]
         timeout = max(0.0, min(due, default=now + 1.0) - now)
         watched = {w.process.sentinel: w for w in self.workers.values()}
-        pipes = {w.conn: w for w in self.workers.values() if not w.ready}
+        pipes = {w.conn: w for w in self.workers.values() if not w.closed}
         fired = wait([wake_r, *watched, *pipes], timeout=min(timeout, 1.0))
         if wake_r in fired:
             os.read(wake_r, 512)
@@ -215,6 +196,7 @@ class Supervisor:
             self._signal = None
             self._stop(exit_code=0)
         self._restart_due()
+        self._check_liveness()
         if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
             for worker in self.workers.values():
                 log.error(
@@ -227,9 +209,13 @@ class Supervisor:
 
     def _on_message(self, worker: Worker) -> None:
         try:
-            worker.conn.recv()
+            message = worker.conn.recv()
         except (EOFError, OSError):
-            return  # it exited before reporting; its sentinel says so
+            worker.closed = True  # it is exiting; its sentinel says so
+            return
+        worker.answered = time.monotonic()
+        if message[0] != "ready" or worker.ready:
+            return  # a ping's answer
         worker.ready = True
         log.info("worker %d ready (pid %d)", worker.index, worker.process.pid)
         group = self.workers.values()
@@ -266,6 +252,32 @@ class Supervisor:
         delay = min(MAX_BACKOFF_SECONDS, BACKOFF_SECONDS * 2 ** (len(self.crashes) - 1))
         log.info("restarting worker %d in %.1f s", worker.index, delay)
         self.restart_at[worker.index] = now + delay
+
+    def _check_liveness(self) -> None:
+        """Pings every serving worker once a second over its pipe; its event loop answers. One that
+        answered nothing for `worker_liveness_s` (a blocked loop, a stopped process) is killed, and
+        its exit restarts it: the kernel would go on handing it connections that nobody accepts."""
+        limit = self.settings.worker_liveness_s
+        if not limit or self.stop_deadline is not None:
+            return
+        now = time.monotonic()
+        for worker in self.workers.values():
+            if not worker.ready or worker.killed:
+                continue
+            if now - worker.answered > limit:
+                log.error(
+                    "worker %d (pid %d) answered no ping for %.0f s (its event loop is blocked or it is "
+                    "stopped); killing it",
+                    worker.index,
+                    worker.process.pid,
+                    now - worker.answered,
+                )
+                worker.killed = True
+                worker.process.kill()
+            elif now - worker.pinged >= PING_INTERVAL_S:
+                worker.pinged = now
+                with contextlib.suppress(OSError):  # it exited; its sentinel says so
+                    worker.conn.send(("ping",))
 
     def _restart_due(self) -> None:
         now = time.monotonic()

@@ -24,6 +24,7 @@ from service.errors import InvalidArgument
 from service.manifest import ModelDirError
 
 INLINE_CHARS = 4096  # calls up to this many characters tokenize on the event loop (microseconds)
+INLINE_TEXTS = 8  # and of at most this many texts: each `encode` costs tens of microseconds on its own
 HUGE_CHARS = 1 << 20  # calls from this many characters on tokenize one at a time per Encoder
 COMPOSE_SHRINK = 4  # NFC / NFKC: characters one composed character can replace (U+1F82: 4)
 _GROWING_NORMALIZERS = {
@@ -122,8 +123,9 @@ def check_chars(text: str, limit: int | None, what: str, model: str, max_tokens:
 
 
 class Encoder:
-    """A tokenizer that tokenizes calls from the event loop: small ones inline, larger ones in a
-    thread running `encode_batch` (the GIL released), and huge ones (HUGE_CHARS) one at a time:
+    """A tokenizer that tokenizes calls from the event loop: small ones inline (few texts, few
+    characters), larger ones in a thread running `encode_batch` (the GIL released), so the loop
+    stays free to refuse overload at once while admitted calls tokenize, and huge ones (HUGE_CHARS) one at a time:
     a 15 MB text takes GBs while it is tokenized (the models that refuse long inputs refuse such
     a text by `check_chars` first where the tokenizer bounds it; truncating embeddings do not)."""
 
@@ -133,7 +135,7 @@ class Encoder:
 
     async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
         chars = sum(map(len, texts))
-        if chars <= INLINE_CHARS:
+        if chars <= INLINE_CHARS and len(texts) <= INLINE_TEXTS:
             return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         if chars < HUGE_CHARS:
             return await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens=add_special_tokens)

@@ -2,7 +2,8 @@
 
 `worker_main` is the entry point the supervisor spawns: it logs with a `[worker I pid P]` tag,
 runs the ordinary server (service/server.py) as worker I, tells the supervisor over its pipe once
-it serves, and drains when that pipe closes (the supervisor has gone).
+it serves, answers the supervisor's liveness pings on that pipe from its event loop, and drains
+when the pipe closes (the supervisor has gone).
 `auto_workers` is `--workers 0`.
 """
 
@@ -34,16 +35,22 @@ def worker_main(settings: Settings, index: int, conn: Connection) -> None:
 
     def on_ready(server) -> None:
         conn.send(("ready", os.getpid()))
-        asyncio.get_running_loop().add_reader(conn.fileno(), _on_supervisor_closed, server, conn)
+        asyncio.get_running_loop().add_reader(conn.fileno(), _on_supervisor_message, server, conn)
 
     sys.exit(run(settings, worker=index, on_ready=on_ready))
 
 
-def _on_supervisor_closed(server, conn: Connection) -> None:
-    """The pipe turned readable: the supervisor never writes, so it has gone (EOF): drain and exit."""
-    asyncio.get_running_loop().remove_reader(conn.fileno())
-    log.warning("supervisor gone; draining")
-    server.shutdown()
+def _on_supervisor_message(server, conn: Connection) -> None:
+    """The pipe turned readable: a liveness ping, answered from the event loop (a loop that is
+    blocked answers none, and the supervisor replaces the worker); EOF: the supervisor has gone,
+    drain and exit."""
+    try:
+        conn.recv()
+        conn.send(("pong",))
+    except (EOFError, OSError):
+        asyncio.get_running_loop().remove_reader(conn.fileno())
+        log.warning("supervisor gone; draining")
+        server.shutdown()
 
 
 def auto_workers(settings: Settings) -> int:

@@ -77,7 +77,7 @@ def reference_perplexity(model_dir: Path, variant: str, max_length: int, limit: 
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
     from tokenizers import Tokenizer
 
-    from export.parity import forced_logits, log_softmax, onnx_step, session
+    from export.gate.parity import forced_logits, log_softmax, onnx_step, session
     from service.manifest import load_model_dir
 
     md = load_model_dir(model_dir)

@@ -12,30 +12,31 @@ any other (export/build.py: ONNX export, parity gate, variants). Anything unsupp
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
+from export.convert import bert, gpt2, llama, marian
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 
 log = logging.getLogger(__name__)
 
 KINDS = ("embedding", "fill-mask", "generation", "translation")
-# architectures[0] -> (converter module under export/convert/, the kind it makes by default, kinds it can make)
-ARCHITECTURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "BertModel": ("bert", "embedding", ("embedding",)),
-    "BertForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
-    "RobertaModel": ("bert", "embedding", ("embedding",)),
-    "RobertaForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
-    "XLMRobertaModel": ("bert", "embedding", ("embedding",)),
-    "XLMRobertaForMaskedLM": ("bert", "fill-mask", ("fill-mask", "embedding")),
-    "GPT2LMHeadModel": ("gpt2", "generation", ("generation",)),
-    "LlamaForCausalLM": ("llama", "generation", ("generation",)),
-    "MistralForCausalLM": ("llama", "generation", ("generation",)),
-    "Qwen2ForCausalLM": ("llama", "generation", ("generation",)),
-    "MarianMTModel": ("marian", "translation", ("translation",)),
+# architectures[0] -> (its converter module, the kind it makes by default, kinds it can make)
+ARCHITECTURES: dict[str, tuple[ModuleType, str, tuple[str, ...]]] = {
+    "BertModel": (bert, "embedding", ("embedding",)),
+    "BertForMaskedLM": (bert, "fill-mask", ("fill-mask", "embedding")),
+    "RobertaModel": (bert, "embedding", ("embedding",)),
+    "RobertaForMaskedLM": (bert, "fill-mask", ("fill-mask", "embedding")),
+    "XLMRobertaModel": (bert, "embedding", ("embedding",)),
+    "XLMRobertaForMaskedLM": (bert, "fill-mask", ("fill-mask", "embedding")),
+    "GPT2LMHeadModel": (gpt2, "generation", ("generation",)),
+    "LlamaForCausalLM": (llama, "generation", ("generation",)),
+    "MistralForCausalLM": (llama, "generation", ("generation",)),
+    "Qwen2ForCausalLM": (llama, "generation", ("generation",)),
+    "MarianMTModel": (marian, "translation", ("translation",)),
 }
 
 
@@ -50,8 +51,8 @@ class Options:
     chat_template: Path | None = None  # generation: a Jinja file instead of the folder's template
 
 
-def family(folder: HFFolder, kind: str | None) -> tuple[str, str]:
-    """-> (converter module name, kind); ConversionError for an unknown architecture or kind."""
+def family(folder: HFFolder, kind: str | None) -> tuple[ModuleType, str]:
+    """-> (converter module, kind); ConversionError for an unknown architecture or kind."""
     arch = folder.architecture
     if arch not in ARCHITECTURES:
         raise refuse(folder.where(), "architectures", arch, sorted(ARCHITECTURES))
@@ -66,8 +67,7 @@ def family(folder: HFFolder, kind: str | None) -> tuple[str, str]:
 def load(path: str | Path, options: Options = Options()) -> Converted:
     """The folder mapped onto our modules and checked against transformers (no file written)."""
     folder = HFFolder(path)
-    module, kind = family(folder, options.kind)
-    converter = importlib.import_module(f"export.convert.{module}")
+    converter, kind = family(folder, options.kind)
     converted = converter.load(folder, kind, options)
     from export.convert import reference
 

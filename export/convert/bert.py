@@ -5,7 +5,7 @@ differ in plain config fields: positions (RoBERTa and XLM-R count from padding_i
 type, and the masked-LM head's names (`cls.predictions.*` or `lm_head.*`, both dense -> activation
 -> LayerNorm -> the tied embedding + bias). A sentence-transformers folder (modules.json) adds
 pooling (mean, CLS or max), max_seq_length and whether it normalises; any other module (Dense) is
-refused. all-MiniLM-L6-v2 (export/minilm.py) comes through here.
+refused. all-MiniLM-L6-v2 (export/convert/minilm.py) comes through here.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder, fast_tokenizer
-from export.encoder import EncoderConfig, SentenceEncoder
-from export.layers import ACTIVATIONS
-from export.mlm import MaskedLM
+from export.models.encoder import EncoderConfig, SentenceEncoder
+from export.models.layers import ACTIVATIONS
+from export.models.mlm import MaskedLM
 
 MODEL_TYPES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}  # model_type -> weight prefix
 POSITION_TYPES = ("absolute",)
@@ -28,7 +28,7 @@ ST_MODULES = (
     "sentence_transformers.models.Pooling",
     "sentence_transformers.models.Normalize",
 )
-_ENCODER_RENAMES = [  # (HF name after the prefix, export/encoder.py name)
+_ENCODER_RENAMES = [  # (HF name after the prefix, export/models/encoder.py name)
     (r"^embeddings\.word_embeddings\.", "embeddings.word."),
     (r"^embeddings\.position_embeddings\.", "embeddings.position."),
     (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
@@ -40,7 +40,7 @@ _ENCODER_RENAMES = [  # (HF name after the prefix, export/encoder.py name)
     (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"blocks.\1.ffn.fc_out."),
     (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"blocks.\1.ln_ffn."),
 ]
-_HEAD_RENAMES = [  # (HF masked-LM head name, export/mlm.py name)
+_HEAD_RENAMES = [  # (HF masked-LM head name, export/models/mlm.py name)
     (r"^(cls\.predictions\.transform|lm_head)\.dense\.", "head.dense."),
     (r"^(cls\.predictions\.transform\.LayerNorm|lm_head\.layer_norm)\.", "head.norm."),
     (r"^(cls\.predictions|lm_head)\.bias$", "head.bias"),

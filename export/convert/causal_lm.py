@@ -17,7 +17,7 @@ import torch
 
 from export.convert.errors import ConversionError, Converted
 from export.convert.folder import HFFolder
-from export.decoder import DecoderConfig, GPTDecoder
+from export.models.decoder import DecoderConfig, GPTDecoder
 
 DEFAULT_CONTEXT = 2048
 MIN_CONTEXT = 128

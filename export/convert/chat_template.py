@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export import parity
 from export.convert.errors import ConversionError
 from export.convert.folder import HFFolder
+from export.gate import parity
 from service.generation import chat_template as renderer
 from service.manifest import sha256_file
 

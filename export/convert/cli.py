@@ -6,8 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from export import parity
 from export.convert import KINDS, ConversionError, Options, convert, default_name
+from export.gate import parity
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from export import gpu_gate
     from export.cli import _variant_list
+    from export.gate import gpu_gate
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

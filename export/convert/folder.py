@@ -31,8 +31,8 @@ class HFFolder:
         if not (self.path / "config.json").is_file():
             raise ConversionError(f"{self.path}: no config.json (not a Hugging Face model folder)")
 
-    def json(self, name: str) -> dict[str, Any] | list | None:
-        """A JSON file of the folder, or None when it is absent."""
+    def json(self, name: str) -> Any:
+        """A JSON file of the folder (its parsed value: an object or a list), or None when it is absent."""
         file = self.path / name
         return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
 

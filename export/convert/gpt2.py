@@ -1,4 +1,4 @@
-"""GPT-2 folders (GPT2LMHeadModel) -> `GPTDecoder` (export/decoder.py), kind generation.
+"""GPT-2 folders (GPT2LMHeadModel) -> `GPTDecoder` (export/models/decoder.py), kind generation.
 
 GPT-2 is the block the decoder was written from (pre-LN, learned positions, tied head, gelu_new);
 what differs is storage: `Conv1D` keeps weights as (in, out), the transpose of a Linear's, and one
@@ -6,7 +6,7 @@ what differs is storage: `Conv1D` keeps weights as (in, out), the transpose of a
 Names may carry a `transformer.` prefix. Refused, naming the field: attention options our attention
 does not compute (`scale_attn_weights` false, `scale_attn_by_inverse_layer_idx`,
 `reorder_and_upcast_attn`, `add_cross_attention`) and activations outside
-`export.layers.ACTIVATIONS`. The context is n_positions capped as export/convert/causal_lm.py says.
+`export.models.layers.ACTIVATIONS`. The context is n_positions capped as export/convert/causal_lm.py says.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from export.convert import causal_lm
 from export.convert.errors import Converted, refuse
 from export.convert.folder import HFFolder, fast_tokenizer
-from export.decoder import DecoderConfig
-from export.layers import ACTIVATIONS
+from export.models.decoder import DecoderConfig
+from export.models.layers import ACTIVATIONS
 
 # config field -> the one value converted (its transformers default)
 ATTENTION_FIELDS = {
@@ -29,7 +29,7 @@ ATTENTION_FIELDS = {
     "add_cross_attention": False,
 }
 _CONV1D = re.compile(r"\.(c_attn|c_proj|c_fc)\.weight$")
-_RENAMES = [  # (GPT-2 name, without transformer. and with c_attn split, export/decoder.py name)
+_RENAMES = [  # (GPT-2 name, without transformer. and with c_attn split, export/models/decoder.py name)
     (r"^(wte|wpe|ln_f)\.", r"\1."),
     (r"^h\.(\d+)\.ln_1\.", r"blocks.\1.ln_attn."),
     (r"^h\.(\d+)\.attn\.(query|key|value)\.", r"blocks.\1.attn.\2."),

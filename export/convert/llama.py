@@ -1,4 +1,4 @@
-"""Llama, Mistral and Qwen2 folders -> `GPTDecoder` (export/decoder.py) in its Llama form, kind generation.
+"""Llama, Mistral and Qwen2 folders -> `GPTDecoder` (export/models/decoder.py) in its Llama form, kind generation.
 
 The three share one block (transformers' modeling_llama.py, modeling_mistral.py, modeling_qwen2.py):
 RMSNorm, rotary positions (non-interleaved halves), grouped-query attention, a SwiGLU MLP and an
@@ -7,7 +7,7 @@ output head tied or not. They differ in plain config fields (`FAMILIES`): biases
 `use_sliding_window`), which equals full causal attention within W tokens, so the context is
 capped to W (export/convert/causal_lm.py) and the graph needs no window mask. Rotary scaling comes
 from `rope_parameters` or `rope_scaling` + `rope_theta` and must be in `decoder.ROPE_TYPES`;
-`partial_rotary_factor` below 1 and activations outside `export.layers.ACTIVATIONS` are refused.
+`partial_rotary_factor` below 1 and activations outside `export.models.layers.ACTIVATIONS` are refused.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from export.convert import causal_lm
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder, fast_tokenizer
-from export.decoder import ROPE_TYPES, DecoderConfig
-from export.layers import ACTIVATIONS
+from export.models.decoder import ROPE_TYPES, DecoderConfig
+from export.models.layers import ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ FAMILIES = {  # architectures[0] -> Family
     "MistralForCausalLM": Family(False, False, False, 131072, 4096, True),
     "Qwen2ForCausalLM": Family(True, False, False, 32768, 4096, "use_sliding_window"),
 }
-_RENAMES = [  # (transformers name, export/decoder.py name)
+_RENAMES = [  # (transformers name, export/models/decoder.py name)
     (r"^model\.embed_tokens\.", "wte."),
     (r"^model\.norm\.", "ln_f."),
     (r"^model\.layers\.(\d+)\.input_layernorm\.", r"blocks.\1.ln_attn."),

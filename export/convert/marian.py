@@ -1,4 +1,4 @@
-"""Marian / OPUS-MT folders (MarianMTModel) -> `Translator` (export/seq2seq.py), kind translation.
+"""Marian / OPUS-MT folders (MarianMTModel) -> `Translator` (export/models/seq2seq.py), kind translation.
 
 The model as transformers' modeling_marian.py computes it: post-LN layers, no final norms,
 `activation_function` (OPUS-MT: SiLU), embeddings scaled by sqrt(d_model) when `scale_embedding`,
@@ -21,8 +21,8 @@ from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 from export.convert.marian_tokenizer import marian_tokenizer
 from export.convert.reference import hf_tokenizer
-from export.layers import ACTIVATIONS, POSITION_LAYOUTS
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.models.layers import ACTIVATIONS, POSITION_LAYOUTS
+from export.models.seq2seq import Seq2SeqConfig, Translator
 
 BANNED_LOGIT = -100.0
 # config.json field -> the one value converted (the value transformers computes with, also when absent)
@@ -50,7 +50,7 @@ NEUTRAL = {
 }
 EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 POSITIONS = re.compile(r"^model\.(encoder|decoder)\.embed_positions\.weight$")
-_RENAMES = [  # (transformers name, export/seq2seq.py name)
+_RENAMES = [  # (transformers name, export/models/seq2seq.py name)
     (r"^model\.encoder\.layers\.(\d+)\.self_attn\.", r"encoder_layers.\1.attn."),
     (r"^model\.encoder\.layers\.(\d+)\.self_attn_layer_norm\.", r"encoder_layers.\1.ln_attn."),
     (r"^model\.encoder\.layers\.(\d+)\.", r"encoder_layers.\1."),

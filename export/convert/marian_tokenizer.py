@@ -44,7 +44,7 @@ def _source_model(folder: HFFolder):
     file = folder.path / "source.spm"
     if not file.is_file():
         raise ConversionError(f"{file}: missing (a Marian folder has source.spm, target.spm and vocab.json)")
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf module, no stubs
     proto.ParseFromString(file.read_bytes())
     spec = proto.trainer_spec
     if spec.model_type not in SPM_MODEL_TYPES:
@@ -107,7 +107,7 @@ def marian_tokenizer(folder: HFFolder, hf_tokenizer) -> tuple[Tokenizer, dict]:
             return piece, 0.0
         return MARK + piece, 0.0
 
-    pieces = sorted(vocab, key=vocab.get)
+    pieces = sorted(vocab, key=vocab.__getitem__)
     tok = Tokenizer(Unigram([entry(p) for p in pieces], unk_id=vocab[hf_tokenizer.unk_token], byte_fallback=False))
     tok.normalizer = normalizers.Sequence([base.normalizer, _unknown_runs(known)])
     tok.pre_tokenizer = base.pre_tokenizer

@@ -13,14 +13,19 @@ go into the manifest (`extra.converted_from.reference`).
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 import torch
 
-from export import parity
 from export.convert.errors import Converted
 from export.convert.folder import HFFolder
+from export.gate import parity
+from export.models.decoder import GPTDecoder
+from export.models.encoder import SentenceEncoder
+from export.models.seq2seq import Translator
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=torch.nn.Module)
 
 GREEDY_TOKENS = 24
 LOGITS_MAX_ABS = 1e-3  # fp32 on real-size checkpoints: sums over thousands of products, two code paths
@@ -71,13 +76,21 @@ def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tenso
     return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
+def _ours(c: Converted, cls: type[M]) -> M:
+    """c.model, checked to be the module its kind maps onto."""
+    if not isinstance(c.model, cls):
+        raise TypeError(f"a {c.kind} conversion gave {type(c.model).__name__}, not {cls.__name__}")
+    return c.model
+
+
 def _embedding(folder: HFFolder, c: Converted) -> dict:
     from transformers import AutoModel
 
     hf = AutoModel.from_pretrained(str(folder.path), local_files_only=True).eval()
     ids, mask = _batch(c.tokenizer, TEXTS, c.max_input_tokens, c.special_tokens.get("pad", 0))
     with torch.no_grad():
-        ref = _pool(hf(input_ids=ids, attention_mask=mask).last_hidden_state, mask, c.model.config.pooling)
+        pooling = _ours(c, SentenceEncoder).config.pooling
+        ref = _pool(hf(input_ids=ids, attention_mask=mask).last_hidden_state, mask, pooling)
         got = c.model(ids, mask)
     cos = torch.nn.functional.cosine_similarity(ref.double(), got.double(), dim=-1)
     figures = {"cos_min": float(cos.min()), "inputs": len(TEXTS)}
@@ -110,9 +123,11 @@ def _generation(folder: HFFolder, c: Converted) -> dict:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(folder.path), local_files_only=True).eval()
-    figures, greedy, stops = {}, 0, 0
+    model = _ours(c, GPTDecoder)
+    figures: dict = {}
+    greedy, stops = 0, 0
     ends = c.eos_token_ids or [c.special_tokens["eos"]]  # what the service stops at
-    prompt_limit = min(32, c.model.config.max_positions - GREEDY_TOKENS)  # ours sees the whole sequence too
+    prompt_limit = min(32, model.config.max_positions - GREEDY_TOKENS)  # ours sees the whole sequence too
     for text in TEXTS[:4]:
         ids = torch.tensor([c.tokenizer.encode(text).ids[:prompt_limit]])
         with torch.no_grad():
@@ -128,7 +143,7 @@ def _generation(folder: HFFolder, c: Converted) -> dict:
                 eos_token_id=None,
                 pad_token_id=0,
             )
-            mine = c.model.generate(ids, GREEDY_TOKENS, stop_at_eos=False)
+            mine = model.generate(ids, GREEDY_TOKENS, stop_at_eos=False)
         if expected[0].tolist() != mine[0].tolist():
             raise parity.ParityError(
                 f"greedy tokens differ from transformers' generate on {text!r}: "
@@ -161,9 +176,11 @@ def _translation(folder: HFFolder, c: Converted) -> dict:
     from transformers import AutoModelForSeq2SeqLM
 
     hf = AutoModelForSeq2SeqLM.from_pretrained(str(folder.path), local_files_only=True).eval()
-    keep = torch.ones(c.model.config.vocab_size, dtype=torch.bool)  # (V,)
+    model = _ours(c, Translator)
+    keep = torch.ones(model.config.vocab_size, dtype=torch.bool)  # (V,)
     keep[c.source.get("banned_tokens", [])] = False  # generate bans them, the converted logits bias does
-    figures, total = {}, 0
+    figures: dict = {}
+    total = 0
     for text in TEXTS[:4]:
         ids = torch.tensor([c.tokenizer.encode(text).ids[:32]])
         mask = torch.ones_like(ids)
@@ -171,8 +188,8 @@ def _translation(folder: HFFolder, c: Converted) -> dict:
             expected = hf.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS + 1, do_sample=False, num_beams=1
             )[0, 1:].tolist()  # without the decoder start token
-            mine = c.model.greedy_decode(ids, mask, GREEDY_TOKENS)[0]
-            target = torch.tensor([[c.model.config.decoder_start_token_id, *mine]])  # teacher-forced logits
+            mine = model.greedy_decode(ids, mask, GREEDY_TOKENS)[0]
+            target = torch.tensor([[model.config.decoder_start_token_id, *mine]])  # teacher-forced logits
             ref = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits[..., keep]
             got = c.model(ids, mask, target, torch.ones_like(target))[..., keep]
         if expected[: len(mine)] != mine:

@@ -12,6 +12,7 @@ from service.core import check_inputs
 from service.errors import label_model
 from service.registry import ModelRegistry
 from service.settings import Settings
+from service.timings import Timings
 
 if TYPE_CHECKING:
     from service.embedding.model import EmbeddingModel
@@ -31,10 +32,7 @@ class Embeddings:
     model: str
     vectors: np.ndarray  # (N, D) float32, in input order
     input_tokens: int
-    tokenize_s: float
-    queue_s: float
-    inference_s: float
-    total_s: float
+    timings: Timings
 
 
 class EmbeddingCore:
@@ -54,12 +52,5 @@ class EmbeddingCore:
         model = cast("EmbeddingModel", self.registry.get("embedding", query.model))
         label_model(model.name)
         r = await model.embed(query.inputs, query.normalize, query.truncate, query.dimensions, deadline)
-        return Embeddings(
-            model.name,
-            r.embeddings,
-            r.input_tokens,
-            r.tokenize_s,
-            r.queue_s,
-            r.inference_s,
-            time.perf_counter() - start,
-        )
+        timings = Timings.of_seconds(time.perf_counter() - start, r.tokenize_s, r.queue_s, r.inference_s)
+        return Embeddings(model.name, r.embeddings, r.input_tokens, timings)

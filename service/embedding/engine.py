@@ -2,9 +2,9 @@
 
 `EmbeddingEngine` runs the padded graph (role `encoder`): the session is introspected once at
 load (which of input_ids / attention_mask / token_type_ids it takes, with which integer dtype; its
-output sentence_embedding (B, C), pooled and not normalised: export/encoder.py) and each batch is
+output sentence_embedding (B, C), pooled and not normalised: export/models/encoder.py) and each batch is
 padded to its longest row. `PackedEmbeddingEngine` runs the packed graph (role `packed`,
-export/packed.py): inputs side by side in rows of `row_tokens` (packing.py), pooled per input here.
+export/onnx/packed.py): inputs side by side in rows of `row_tokens` (packing.py), pooled per input here.
 Both count the tokens they compute and the padding among them (`ts_batch_tokens`,
 `ts_batch_padding_ratio`). `forward` is blocking and runs in the runtime's compute executor; it
 never sees protobuf. `postprocess` keeps the first `dimensions` values and L2-normalises

@@ -6,7 +6,7 @@ of what the encoder computes is padding. A packed batch (`pack`) places inputs i
 into the emptiest row, so the rows end nearly level and the padded tails stay short (a row may pass
 row_tokens by a little); int8 graphs start each input at a multiple of 16 tokens (`alignment`).
 It gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ...
-per input within its row, 0 for padding). The packed graph (export/packed.py) lets a token
+per input within its row, 0 for padding). The packed graph (export/onnx/packed.py) lets a token
 attend only to tokens of its own segment, so an input's result does not depend on its neighbours;
 only the rows' tails are padding. An input longer than `row_tokens` gets a row of its own.
 

@@ -11,6 +11,7 @@ from service.errors import label_model
 from service.fillmask.model import Candidate
 from service.registry import ModelRegistry
 from service.settings import Settings
+from service.timings import Timings
 
 if TYPE_CHECKING:
     from service.fillmask.model import FillMaskModel
@@ -28,10 +29,7 @@ class FilledMasks:
     model: str
     results: list[list[list[Candidate]]]  # input -> mask (in order) -> candidates, best first
     input_tokens: int
-    tokenize_s: float
-    queue_s: float
-    inference_s: float
-    total_s: float
+    timings: Timings
 
 
 class FillMaskCore:
@@ -46,6 +44,5 @@ class FillMaskCore:
         model = cast("FillMaskModel", self.registry.get("fill-mask", query.model))
         label_model(model.name)
         r = await model.fill(query.inputs, query.top_k, deadline)
-        return FilledMasks(
-            model.name, r.results, r.input_tokens, r.tokenize_s, r.queue_s, r.inference_s, time.perf_counter() - start
-        )
+        timings = Timings.of_seconds(time.perf_counter() - start, r.tokenize_s, r.queue_s, r.inference_s)
+        return FilledMasks(model.name, r.results, r.input_tokens, timings)

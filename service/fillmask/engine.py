@@ -1,6 +1,6 @@
 """The fill-mask engines: the embedding engines' sessions, padding or packing, a different output step.
 
-The graph (kind "fill-mask", export/fill_mask.py) returns `logits` (B, T, V) at every position;
+The graph (kind "fill-mask", export/onnx/fill_mask.py) returns `logits` (B, T, V) at every position;
 `forward` keeps the rows at the `[MASK]` positions of the whole batch at once, turns them into
 probabilities (softmax over the vocabulary, as Hugging Face's fill-mask pipeline does) and keeps
 the `keep` most likely tokens of each mask, best first (ties: lower id first). It returns one

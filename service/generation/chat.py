@@ -3,9 +3,10 @@
 `ChatCore.chat(query)` checks the messages (roles, content as text or text parts, a tool message's
 `tool_call_id`, an assistant's `tool_calls` with JSON arguments), renders them with the model's
 template (service/generation/chat_template.py), tokenizes the prompt without adding special
-tokens (the template writes its own BOS: no double BOS) and admits `n` generations of it through
-`GenerationCore.generate_many`. A model without a template is FAILED_PRECONDITION saying how to
-give it one. Doors turn the generations' chunks into their replies (service/http/chat.py).
+tokens (the template writes its own BOS: no double BOS) and admits it as one generation of `n`
+choices (`GenerationCore.generate`, choice j with seed + j). A model without a template is
+FAILED_PRECONDITION saying how to give it one. Doors turn the choices' chunks into their replies
+(service/http/chat.py, service/grpc/chat.py).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from service.generation.chat_template import ChatTemplate
 from service.generation.constraint import Structure
 from service.generation.core import GenerateQuery, Generation, GenerationCore
 from service.generation.decoding import SamplingParams
+from service.generation.query import MAX_N
 
 if TYPE_CHECKING:
     from service.generation.model import GenerationModel
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_CHOICES = 16
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,12 @@ class ChatQuery:
 
 @dataclass(frozen=True)
 class Chat:
-    """An admitted chat: the prompt as rendered and its ids, and one generation per choice."""
+    """An admitted chat: the prompt as rendered and its ids, and its generation of n choices."""
 
     model: str
     prompt: str
     prompt_ids: list[int]
-    generations: list[Generation]
+    generation: Generation
     template: str  # the template's source that rendered the prompt (reasoning.py reads its tags)
 
     def splitter(self) -> reasoning.Splitter:
@@ -59,8 +60,7 @@ class Chat:
         return reasoning.Splitter(self.template, self.prompt)
 
     def cancel(self) -> None:
-        for generation in self.generations:
-            generation.cancel()
+        self.generation.cancel()
 
 
 class ChatCore:
@@ -100,16 +100,15 @@ class ChatCore:
         return model, text, list(encoding.ids), template.pick(query.tools)
 
     async def chat(self, query: ChatQuery, deadline: float | None = None) -> Chat:
-        """Renders and admits the query's n generations (refusals raise here, before any reply)."""
-        if not 1 <= query.n <= MAX_CHOICES:
-            raise InvalidArgument(f"n must be in [1, {MAX_CHOICES}], got {query.n}")
+        """Renders and admits the query's n choices (refusals raise here, before any reply)."""
+        if not 1 <= query.n <= MAX_N:  # before rendering
+            raise InvalidArgument(f"n must be in [1, {MAX_N}] (choices per prompt), got {query.n}")
         model, text, ids, source = await self._render(query)
         params = query.params
         if query.structure is not None:
             params = dataclasses.replace(params, constraint=await model.constraints.compile(query.structure))
-        queries = [GenerateQuery(ids, choice_params(params, j), model.name) for j in range(query.n)]
-        generations = await self.core.generate_many(queries, deadline)
-        return Chat(model.name, text, ids, generations, source)
+        generation = await self.core.generate(GenerateQuery(ids, params, model.name, n=query.n), deadline)
+        return Chat(model.name, text, ids, generation, source)
 
 
 def template_of(model: GenerationModel) -> ChatTemplate:
@@ -121,11 +120,6 @@ def template_of(model: GenerationModel) -> ChatTemplate:
             f"--chat-template {model.name}=FILE, or send the text to /v1/completions"
         )
     return template
-
-
-def choice_params(params: SamplingParams, j: int) -> SamplingParams:
-    """Choice j's own seed stream (seed + j; unseeded stays unseeded)."""
-    return dataclasses.replace(params, seed=None if params.seed is None else (params.seed + j) % 2**64)
 
 
 def checked_message(message: Any, i: int) -> dict[str, Any]:

@@ -1,23 +1,26 @@
-"""The generation core: a prompt and sampling parameters in, an async iterator of `Chunk`s out.
+"""The generation core: a query (a prompt, sampling parameters, `n`, `echo`, `logprobs`) in, an
+async iterator of `Chunk`s out.
 
-`generate` validates and admits the call before any work (the model's queue place), then returns
-a `Generation` (`generate_many`: a call's several generations, admitted all or none): iterate it
-for chunks (`ready()` takes those already posted, `collect()` waits for all of them at once). Its
-deadline is one timer: when it passes, a generation still waiting is dropped (counted "expired")
-and the iterator raises DeadlineExceeded; `cancel()` frees the row.
+`generate` validates and admits the call before any work (the model's queue places, one per
+choice), then returns a `Generation` (`generate_many`: a call's several queries, admitted all or
+none): iterate it for one choice's chunks (`ready()` takes those already posted), or `collect()`
+every choice, one joined chunk each. What OpenAI's completions ask beyond one generation (choices,
+echo, scores and their text offsets) is done here, for every door (query.py). Its deadline is one
+timer: when it passes, a generation still waiting is dropped (counted "expired") and the iterator
+raises DeadlineExceeded; `cancel()` frees the rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from service.errors import DeadlineExceeded, InvalidArgument, label_model
 from service.generation import scoring
-from service.generation.decoding import SamplingParams
-from service.generation.sequence import EOS, LENGTH, STOP, Chunk, GenerationHandle
+from service.generation.handle import GenerationHandle
+from service.generation.output import EOS, LENGTH, STOP, Chunk
+from service.generation.query import GenerateQuery, Shaper, check_query, choice_params
 from service.generation.tokens import INLINE_TOKENS, TOKENIZE_MAX_CHARS, Detokenized, Tokenized, TokenizerInfo
 from service.registry import ModelRegistry
 from service.timings import Timings
@@ -37,58 +40,69 @@ __all__ = [
     "join_chunks",
 ]
 
-MAX_STREAM_INTERVAL_MS = 1000
-
 if TYPE_CHECKING:
     from service.generation.model import GenerationModel
 
 
-@dataclass(frozen=True)
-class GenerateQuery:
-    prompt: str | list[int]  # text, or token ids taken as they are (no start token added)
-    params: SamplingParams
-    model: str = ""  # empty: the default generation model
-    stream_interval_ms: int = 0  # a stream pauses this long after each message (0: none)
-    prompt_name: str = "prompt"  # how a refusal names the prompt (a request's prompt[i])
-
-
 class Generation:
-    """One admitted generation: `async for chunk in generation`, `ready()`, `collect()`, `cancel()`."""
+    """One admitted query: `async for chunk in generation` (its one choice), `ready()`, `collect()`
+    (every choice), `cancel()`."""
 
-    def __init__(self, model, handle: GenerationHandle, interval_s: float, deadline: float | None, prompt_text: str):
+    def __init__(self, model, handles: list[GenerationHandle], query: GenerateQuery, deadline: float | None):
         self.model = model.name
-        self.interval_s = interval_s
-        self.prompt_text = prompt_text  # the prompt as text (token ids decoded, special tokens left out)
-        self._handle, self._expire, self._deadline = handle, model.expire, deadline
+        self.interval_s = query.stream_interval_ms / 1e3
+        self.n = query.n
+        self._handles, self._expire, self._deadline = handles, model.expire, deadline
+        self._shaped = query.shaped
+        self._shapers: list[Shaper] = []
+        if self._shaped:
+            prompt_text = _text(model, query.prompt)
+            self._shapers = [Shaper(prompt_text, query.echo, query.params.logprobs is not None) for _ in handles]
         self._timer = None
         if deadline is not None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_at(loop.time() + (deadline - time.monotonic()), self._expired)
 
     def _expired(self) -> None:
-        self._expire(
-            self._handle,
-            DeadlineExceeded(
-                "the call's deadline passed before the generation finished; allow more time or ask for fewer tokens"
-            ),
+        error = DeadlineExceeded(
+            "the call's deadline passed before the generation finished; allow more time or ask for fewer tokens"
         )
+        for handle in self._handles:
+            self._expire(handle, error)
 
-    def __aiter__(self) -> GenerationHandle:
-        return self._handle  # chunks straight from the scheduler's handle: nothing added per token
+    def __aiter__(self):
+        """Choice 0's chunks; without echo or logprobs straight from the scheduler's handle (nothing
+        added per token)."""
+        return self if self._shaped else self._handles[0]
+
+    async def __anext__(self) -> Chunk:
+        return self._shapers[0](await self._handles[0].__anext__())
 
     def ready(self) -> list[Chunk]:
-        return self._handle.ready()
+        chunks = self._handles[0].ready()
+        return [self._shapers[0](c) for c in chunks] if self._shaped else chunks
 
     async def collect(self) -> list[Chunk]:
-        return await self._handle.collect()
+        """Every choice, one joined chunk each (n), once all have ended (one wake-up per choice); a
+        score-only query's one chunk stands for its n alike choices."""
+        if len(self._handles) == 1:
+            results = [await self._handles[0].collect()]
+        else:
+            results = await asyncio.gather(*(handle.collect() for handle in self._handles))
+        chunks = [join_chunks(c) for c in results]
+        if self._shaped:
+            prompt = chunks[0].prompt_logprobs  # choice 0 scored the prompt for every choice
+            chunks = [shape(c, prompt) for shape, c in zip(self._shapers, chunks, strict=True)]
+        return chunks if len(chunks) == self.n else chunks * self.n
 
     def cancel(self) -> None:
-        """Ends the generation (idempotent): its row is freed at the scheduler's next step."""
+        """Ends the generation (idempotent): its rows are freed at the scheduler's next step."""
         if self._timer is not None:
             self._timer.cancel()
             if self._deadline is not None and time.monotonic() >= self._deadline:  # the door's deadline fired first
                 self._expired()
-        self._handle.cancel()
+        for handle in self._handles:
+            handle.cancel()
 
 
 def join_chunks(chunks: list[Chunk]) -> Chunk:
@@ -118,27 +132,25 @@ class GenerationCore:
         return generation
 
     async def generate_many(self, queries: list[GenerateQuery], deadline: float | None = None) -> list[Generation]:
-        """Several generations of one model (a call's prompts and choices), admitted all or none: their
-        queue places taken at once, a call bigger than the queue refused (INVALID_ARGUMENT). The caller
+        """Several queries of one model (a call's prompts), admitted all or none: every choice's queue
+        place taken at once, a call bigger than the queue refused (INVALID_ARGUMENT). The caller
         cancels every one it got once it is done with them, or when anything fails."""
         if not queries:
             raise InvalidArgument("no generation asked for; send at least one prompt")
         for query in queries:
-            if query.stream_interval_ms > MAX_STREAM_INTERVAL_MS:
-                raise InvalidArgument(
-                    f"stream_interval_ms must be at most {MAX_STREAM_INTERVAL_MS} (0 = send tokens as "
-                    f"soon as they are ready), got {query.stream_interval_ms}"
-                )
+            check_query(query)
         if len({q.model for q in queries}) > 1:
             raise InvalidArgument("the generations of one call must name one model")
         model = cast("GenerationModel", self.registry.get("generation", queries[0].model))
         label_model(model.name)
-        handles = await model.submit_many([(q.prompt, q.params, q.prompt_name) for q in queries])
+        runs = [(q, j) for q in queries for j in range(q.runs)]
+        handles = await model.submit_many([(q.prompt, choice_params(q, j), q.prompt_name) for q, j in runs])
         try:
-            return [
-                Generation(model, handle, q.stream_interval_ms / 1e3, deadline, _text(model, q.prompt))
-                for q, handle in zip(queries, handles, strict=True)
-            ]
+            out, at = [], 0
+            for q in queries:
+                out.append(Generation(model, handles[at : at + q.runs], q, deadline))
+                at += q.runs
+            return out
         except BaseException:
             for handle in handles:
                 handle.cancel()
@@ -168,14 +180,19 @@ class GenerationCore:
         (encoding,) = await backend.text_encoder.encode([text], add_special_tokens)
         return Tokenized(backend.name, list(encoding.ids), list(encoding.tokens), backend.context)
 
-    async def detokenize(self, ids: list[int], model: str = "") -> Detokenized:
-        """Token ids (checked: INVALID_ARGUMENT naming `tokens`) -> their text, special tokens left out."""
+    async def detokenize(self, ids: list, model: str = "") -> Detokenized:
+        """Token ids (checked: INVALID_ARGUMENT naming `tokens`) -> their text, special tokens left out;
+        more than INLINE_TOKENS are checked and decoded in a thread (the check is per element)."""
         backend = self._model(model)
-        if ids:
-            backend.check_ids(ids, "tokens")
         if len(ids) <= INLINE_TOKENS:
-            return Detokenized(backend.name, backend.tokenizer.decode(ids))
-        return Detokenized(backend.name, await asyncio.to_thread(backend.tokenizer.decode, ids))
+            return Detokenized(backend.name, _decode(backend, ids))
+        return Detokenized(backend.name, await asyncio.to_thread(_decode, backend, ids))
+
+
+def _decode(model: GenerationModel, ids: list) -> str:
+    if ids:
+        model.check_ids(ids, "tokens")
+    return model.tokenizer.decode(ids)
 
 
 def _text(model: GenerationModel, prompt: str | list[int]) -> str:

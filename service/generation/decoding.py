@@ -1,10 +1,9 @@
-"""Pure decoding helpers shared by the generator: sampling, stop sequences, incremental detokenising.
+"""Pure decoding helpers shared by the generator: sampling settings, stop sequences, incremental
+detokenising (the tokens of a step are chosen by sampler.py, for the whole batch at once).
 
 - `SamplingParams` + `check_params`: the knobs of one generation and their allowed ranges
-  (violations raise `ParamError`, which the servicer maps to INVALID_ARGUMENT).
-- `next_token`: one row of logits -> one token id, with Hugging Face semantics for repetition
-  penalty (divide positive / multiply negative logits of seen tokens), temperature, top-k and
-  top-p (the smallest set of tokens whose probability reaches top_p). Temperature 0 is greedy.
+  (violations raise `ParamError`, which the model maps to INVALID_ARGUMENT); `make_rng`, the
+  generator of one request.
 - `IncrementalDetokenizer`: token ids -> text deltas that never split a UTF-8 character
   (byte-level BPE tokens may end mid-character; the decoder then yields U+FFFD: hold it back),
   following TGI's prefix/read offsets.
@@ -102,44 +101,6 @@ def check_params(p: SamplingParams) -> None:
 def make_rng(seed: int | None) -> np.random.Generator:
     """One generator per request, so a seed reproduces the output whatever else runs."""
     return np.random.default_rng(seed)
-
-
-def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """HF semantics: for each previously seen token, logit / penalty if > 0 else logit * penalty."""
-    if penalty in (0.0, 1.0) or seen.size == 0:
-        return logits
-    logits = logits.copy()
-    ids = np.unique(seen)
-    vals = logits[ids]
-    logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
-    return logits
-
-
-def next_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng: np.random.Generator) -> int:
-    """One row of logits (V,) -> the next token id (argmax when greedy, else a draw from rng)."""
-    scores = apply_repetition_penalty(logits, seen, p.repetition_penalty)
-    if p.greedy:
-        return int(np.argmax(scores))
-    return _sample(scores.astype(np.float64) / p.temperature, p.top_k, p.top_p, rng)
-
-
-def _sample(scores: np.ndarray, top_k: int, top_p: float, rng: np.random.Generator) -> int:
-    if 0 < top_k < scores.size:
-        part = np.argpartition(-scores, top_k - 1)[:top_k]
-        order = part[np.argsort(-scores[part], kind="stable")]  # the top_k token ids, most likely first
-    else:
-        order = np.argsort(-scores, kind="stable")  # token ids, most likely first
-    kept = scores[order]
-    probs = np.exp(kept - kept[0])
-    probs /= probs.sum()
-    if 0.0 < top_p < 1.0:
-        before = np.cumsum(probs) - probs  # probability mass of the tokens ranked above each one
-        n = max(1, int(np.count_nonzero(before < top_p)))
-        probs = probs[:n] / probs[:n].sum()
-        order = order[:n]
-    cdf = np.cumsum(probs)
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return int(order[min(i, order.size - 1)])
 
 
 class IncrementalDetokenizer:

@@ -19,14 +19,15 @@ from tokenizers import Tokenizer
 
 from service import tokenizing
 from service.engine.graphio import GraphIO
-from service.errors import InvalidArgument, ServiceError
+from service.errors import InvalidArgument, ServiceError, quote
 from service.generation import chat_template
 from service.generation.chat_template import ChatTemplate
 from service.generation.constraint import Constraints
 from service.generation.decoding import ParamError, SamplingParams, check_params
+from service.generation.handle import GenerationHandle
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
-from service.generation.sequence import GenerationHandle, Sequence
+from service.generation.sequence import Sequence
 from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info
@@ -171,15 +172,18 @@ class GenerationModel:
         """Token ids a prompt may hold: those both the graph and the tokenizer know."""
         return min(self.io.vocab_size, self.tokenizer.get_vocab_size(with_added_tokens=True))
 
-    def check_ids(self, ids: list[int], name: str = "prompt") -> None:
-        """InvalidArgument naming `name` unless ids is a non-empty list of this model's token ids."""
-        if not ids:
-            raise InvalidArgument(f"{name} is an empty list of token ids; send at least one token")
-        bad = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), None)
+    def check_ids(self, ids: list, name: str = "prompt") -> None:
+        """InvalidArgument naming `name` unless ids is a non-empty list of this model's token ids
+        (integers: JSON doors pass their arrays unchecked)."""
+        if not isinstance(ids, list) or not ids:
+            raise InvalidArgument(f"{name} is not a non-empty list of token ids; send at least one token")
+        vocab = self.vocab_size
+        bad = next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < vocab), None)
         if bad is not None:
+            shown = ids[bad] if type(ids[bad]) is int else quote(repr(ids[bad]))
             raise InvalidArgument(
-                f"{name}[{bad}]={ids[bad]} is not a token id of model {self.name!r} "
-                f"(its vocabulary is ids 0 to {self.vocab_size - 1})"
+                f"{name}[{bad}]={shown} is not a token id of model {self.name!r} "
+                f"(its vocabulary is ids 0 to {vocab - 1})"
             )
 
     def _check(self, prompt: str | list[int], params: SamplingParams, name: str = "prompt") -> None:
@@ -195,6 +199,7 @@ class GenerationModel:
                 f"logit_bias names token {bad}; model {self.name!r} has ids 0 to {self.vocab_size - 1}"
             )
         if isinstance(prompt, list):
+            self._check_length(len(prompt), params, name)  # before each id is looked at
             self.check_ids(prompt, name)
         else:
             tokens, chars = self._prompt_limit(params)
@@ -207,22 +212,25 @@ class GenerationModel:
             return self.max_prompt, self.max_prompt_chars
         return self.context - 1, self.max_scored_chars
 
-    def _queue(self, ids: list[int], params: SamplingParams, name: str = "prompt") -> GenerationHandle:
-        if not ids:
-            if self.bos_id is None:
-                raise InvalidArgument(f"{name} is empty and the model has no start token; send some text")
-            ids = [int(self.bos_id)]
+    def _check_length(self, tokens: int, params: SamplingParams, name: str) -> None:
         limit, _ = self._prompt_limit(params)
-        if len(ids) > limit:
+        if tokens > limit:
             capped = (
                 f"; its context is capped at {self.context} tokens by gen_max_context"
                 if self.context < self.model_context
                 else ""
             )
             raise InvalidArgument(
-                f"{name} is {len(ids)} tokens; model {self.name!r} accepts at most "
+                f"{name} is {tokens} tokens; model {self.name!r} accepts at most "
                 f"{limit} prompt tokens (shorten the prompt{capped})"
             )
+
+    def _queue(self, ids: list[int], params: SamplingParams, name: str = "prompt") -> GenerationHandle:
+        if not ids:
+            if self.bos_id is None:
+                raise InvalidArgument(f"{name} is empty and the model has no start token; send some text")
+            ids = [int(self.bos_id)]
+        self._check_length(len(ids), params, name)
         wanted = 0 if params.score_only else params.max_new_tokens or self.settings.gen_default_max_new_tokens
         limit = min(self.max_output, self.context - len(ids))
         params = dataclasses.replace(params, max_new_tokens=min(wanted, limit))

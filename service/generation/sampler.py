@@ -1,8 +1,8 @@
 """The next token of every row of a decode step at once: `choose_tokens(logits (B, V), rows)`.
 
-Row i's token is exactly `decoding.next_token(logits[i], params_i, seen_i, rng_i)` (the per-row
-reference; tests compare them on random mixes), with the array work done per batch, not per row
-(vLLM's sampler: one pass over the (B, V) logits):
+Row i's token is exactly what one row sampled alone would give (the per-row reference in
+tests/service/generation/test_sampler.py; they are compared on random mixes), with the array work
+done per batch, not per row (vLLM's sampler: one pass over the (B, V) logits):
 - repetition penalty: one fancy-indexed update over every penalised row's seen tokens;
 - greedy rows: one argmax over their subset;
 - sampled rows, grouped by top-k (argpartition's order of ties depends on k, so a group shares

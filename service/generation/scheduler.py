@@ -24,8 +24,10 @@ from service.engine.graphio import GraphIO
 from service.errors import ServiceError, Unavailable
 from service.generation import scoring
 from service.generation.cache import SlotCache
+from service.generation.handle import GenerationHandle
+from service.generation.output import Chunk
 from service.generation.sampler import choose_tokens
-from service.generation.sequence import Chunk, GenerationHandle, Sequence
+from service.generation.sequence import Sequence
 from service.generation.stepseries import Series, observe_many
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ class Scheduler:
             metrics.DROPPED.labels(self.name, "expired").inc()
             metrics.QUEUE_DEPTH.labels(self.name).set(len(self.waiting))
         seq.cancelled = True
-        seq.post(error)
+        seq.outbox.post(error)
         self.wake.set()
 
     async def stop(self, grace: float) -> None:
@@ -121,7 +123,7 @@ class Scheduler:
         for seq in [*self.waiting, *self.running]:
             if not seq.done:
                 seq.cancelled = True
-                seq.post(Unavailable(f"model {self.name!r} shut down before the generation finished"))
+                seq.outbox.post(Unavailable(f"model {self.name!r} shut down before the generation finished"))
         self.wake.set()
         if self._task is not None:
             while (not self.idle or self._computing) and not self._task.done():
@@ -383,10 +385,10 @@ class Scheduler:
         for seq, item in delivery:
             if isinstance(item, BaseException):
                 seq.cancelled = True
-                seq.post(item)
+                seq.outbox.post(item)
             elif item is not None:
                 tokens += len(item.token_ids)
-                seq.post(item)
+                seq.outbox.post(item)
             # A row leaves once, but it may sit in two deliveries queued before the loop runs them.
             if seq.left and not seq.counted_out:
                 seq.counted_out = True

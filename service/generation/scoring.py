@@ -21,9 +21,9 @@ MAX_TOP = 20  # alternatives per position the engine computes at most (OpenAI's 
 class TokenLogprobs:
     """Per position: the token, its log-probability (None: a prompt's first token, which nothing
     predicts) and its position's most likely tokens, most likely first, with theirs. What a door
-    shows of them the Sequence adds where it detokenizes: each token's text (special tokens spelled
-    out) and the characters it adds to the decoded text (0 while a character is split, or for a
-    special token the text leaves out)."""
+    shows of them the output processing adds where it detokenizes: each token's text (special tokens
+    spelled out) and the characters it adds to the decoded text (0 while a character is split, or for
+    a special token the text leaves out); the core adds each token's offset in the text (query.py)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
@@ -32,6 +32,7 @@ class TokenLogprobs:
     tokens: list[str] = field(default_factory=list)  # token_ids' texts
     top_tokens: list[list[str]] = field(default_factory=list)  # top_ids' texts
     widths: list[int] = field(default_factory=list)  # characters each of token_ids adds to the text
+    offsets: list[int] = field(default_factory=list)  # each token's character offset in prompt + completion
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -44,6 +45,7 @@ class TokenLogprobs:
         self.tokens += other.tokens
         self.top_tokens += other.top_tokens
         self.widths += other.widths
+        self.offsets += other.offsets
 
     def take(self) -> TokenLogprobs:
         """The positions so far, leaving this one empty."""

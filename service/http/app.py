@@ -11,7 +11,8 @@ it mirrors (protocol="http"), gives the core its deadline and maps failures to O
     POST /v1/translate         TranslationService/Translate
     POST /v1/fill-mask         FillMaskService/FillMask
     GET  /health               200 while SERVING, else 503 (warming up, draining); not counted
-    /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py
+    /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py,
+                               whose routes the server hands in (`build_app(extra_routes=...)`)
 
 Authentication (anything every route must pass) goes in `build_app(middleware=...)`.
 """
@@ -28,19 +29,21 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from service.cores import Cores
-from service.fillmask import converters as fillmask_converters
-from service.generation.chat import ChatCore
-from service.generation.core import GenerateQuery, join_chunks
+from service.generation.chat import Chat, ChatCore
+from service.generation.core import Chunk, GenerateQuery, Generation, join_chunks
+from service.grpc.fillmask import fill_mask_query, fill_mask_response
+from service.grpc.translation import translate_query, translate_response
 from service.http import chat, completions, schemas, tokenization
 from service.http.body import read_json
-from service.http.completions import Choice, Completion, CompletionRequest  # for annotations: a method shadows
+from service.http.completions import (
+    Completion,
+    CompletionRequest,
+)  # for annotations: a method shadows the module's name
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
-from service.kserve import rest as kserve_rest
-from service.translation import converters as translation_converters
 
 
 class Routes:
@@ -56,61 +59,48 @@ class Routes:
 
     @route("EmbeddingService", "Embed")
     async def embeddings(self, request: Request, call: HttpCall) -> Response:
-        query, packed = schemas.embed_request(await self._json(request))
+        query, packed = schemas.embed_request(await self._json(request), self.settings.embed_max_inputs)
         answer = await call.unless_gone(request, self.cores.embedding.embed(query, call.deadline))
         return JSONResponse(schemas.embed_response(answer, packed))
 
     @route("GenerationService", "Generate")
     async def completions(self, request: Request, call: HttpCall) -> Response:
-        query = completions.parse(await self._json(request))  # service/http/completions.py
+        query = completions.parse(await self._json(request), self.settings.gen_max_queue)  # completions.py
         if query.stream:
             call.method = "GenerateStream"
-        runs = await self._generate(query, call.deadline)  # refusals here, before any 200
+        # Every choice of every prompt admitted at once; refusals here, before any 200.
+        generations = await self.cores.generation.generate_many(await self._constrained(query), call.deadline)
         try:
-            completion = completions.Completion(runs[0][1].model)
+            completion = completions.Completion(generations[0].model)
             if query.stream:
-                choice = completions.Choice(runs[0][1].prompt_text, query.echo, query.logprobs)
-                return call.stream(self._chunks(runs[0][1], completion, choice), on_close=runs[0][1].cancel)
+                return call.stream(self._chunks(generations[0], completion), on_close=generations[0].cancel)
             try:
-                results = await call.unless_gone(request, _collect(runs))  # one wake-up per choice, at its end
+                results = await call.unless_gone(request, _collect(generations))  # one wake-up per choice
             finally:
-                for _, generation in runs:
+                for generation in generations:
                     generation.cancel()
-            prompts = [generation.prompt_text for (_, j), generation in runs if j == 0]
-            return JSONResponse(completions.response(query, completion, prompts, results))
+            return JSONResponse(completions.response(query, completion, results))
         except BaseException:  # nothing admitted runs on for a call that failed before its stream took it
-            for _, generation in runs:
+            for generation in generations:
                 generation.cancel()
             raise
 
-    async def _generate(self, query: CompletionRequest, deadline: float | None) -> list:
-        """Every choice of every prompt as its own generation, admitted all or none (the core's generate_many)."""
-        keys = completions.runs(query)
-        if query.structure is not None:  # compiled once for every choice (each row copies it)
-            model = self.chats.model(query.model)
-            compiled = await model.constraints.compile(query.structure)
-            query = dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled))
-        generations = await self.cores.generation.generate_many(
-            [
-                GenerateQuery(
-                    query.prompts[i],
-                    completions.choice_params(query, j),
-                    query.model,
-                    prompt_name="prompt" if len(query.prompts) == 1 else f"prompt[{i}]",
-                )
-                for i, j in keys
-            ],
-            deadline,
-        )
-        return list(zip(keys, generations, strict=True))
+    async def _constrained(self, query: CompletionRequest) -> list[GenerateQuery]:
+        """The queries with their structure compiled once for every choice (each row copies it)."""
+        if query.structure is None:
+            return query.queries
+        compiled = await self.chats.model(query.queries[0].model).constraints.compile(query.structure)
+        return [
+            dataclasses.replace(q, params=dataclasses.replace(q.params, constraint=compiled)) for q in query.queries
+        ]
 
     @staticmethod
-    async def _chunks(generation, completion: Completion, choice: Choice):
+    async def _chunks(generation: Generation, completion: Completion):
         # The response cancels the generation when it ends: a client gone frees its cache row; the
         # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
         async for chunk in generation:
             # Chunks that queued up while the previous event was written go out as one.
-            yield completions.event(completion, choice, join_chunks([chunk, *generation.ready()]))
+            yield completions.event(completion, join_chunks([chunk, *generation.ready()]))
 
     @route("GenerationService", "Chat")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
@@ -124,10 +114,9 @@ class Routes:
                 events = _chat_events(admitted, completion, query)
                 return call.stream(events, on_close=admitted.cancel)
             try:
-                results = await call.unless_gone(request, _collect(list(enumerate(admitted.generations))))
+                (chunks,) = await call.unless_gone(request, _collect([admitted.generation]))
             finally:
                 admitted.cancel()
-            chunks = [results[j] for j in range(len(admitted.generations))]
             return JSONResponse(completion.response(admitted, chunks, query))
         except BaseException:
             admitted.cancel()
@@ -159,15 +148,17 @@ class Routes:
 
     @route("TranslationService", "Translate")
     async def translate(self, request: Request, call: HttpCall) -> Response:
-        query = translation_converters.translate_query(schemas.translate_request(await self._json(request)))
+        body = schemas.translate_request(await self._json(request), self.settings.translate_max_inputs)
+        query = translate_query(body)
         answer = await call.unless_gone(request, self.cores.translation.translate(query, call.deadline))
-        return JSONResponse(schemas.message_json(translation_converters.translate_response(answer)))
+        return JSONResponse(schemas.message_json(translate_response(answer)))
 
     @route("FillMaskService", "FillMask")
     async def fill_mask(self, request: Request, call: HttpCall) -> Response:
-        query = fillmask_converters.fill_mask_query(schemas.fill_mask_request(await self._json(request)))
+        body = schemas.fill_mask_request(await self._json(request), self.settings.embed_max_inputs)
+        query = fill_mask_query(body)
         answer = await call.unless_gone(request, self.cores.fill_mask.fill_mask(query, call.deadline))
-        reply = fillmask_converters.fill_mask_response(answer, self.settings.max_message_bytes)
+        reply = fill_mask_response(answer, self.settings.max_message_bytes)
         return JSONResponse(schemas.message_json(reply))
 
     async def health(self, request: Request) -> Response:
@@ -175,12 +166,12 @@ class Routes:
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
 
 
-async def _chat_events(admitted, completion: chat.Completion, query: chat.ChatRequest):
+async def _chat_events(admitted: Chat, completion: chat.Completion, query: chat.ChatRequest):
     """A streamed chat: the role first, then each batch of chunks as one delta, then the usage."""
-    generation, splitter = admitted.generations[0], admitted.splitter()
+    generation, splitter = admitted.generation, admitted.splitter()
     yield completion.first(query.include_usage)
     if query.tool_choice.mode != "none":  # tool calls are parsed from the whole reply
-        whole = join_chunks(await generation.collect())
+        (whole,) = await generation.collect()
         yield completion.whole_event(admitted, whole, query)
         if query.include_usage:
             yield completion.usage_event(whole)
@@ -192,10 +183,9 @@ async def _chat_events(admitted, completion: chat.Completion, query: chat.ChatRe
             yield completion.usage_event(joined)
 
 
-async def _collect(runs: list) -> dict:
-    """(prompt, choice) -> the choice's chunks joined, once every generation has ended."""
-    chunks = await asyncio.gather(*(generation.collect() for _, generation in runs))
-    return {key: join_chunks(c) for (key, _), c in zip(runs, chunks, strict=True)}
+async def _collect(generations: list[Generation]) -> list[list[Chunk]]:
+    """Each prompt's choices (one joined chunk each), once every generation has ended."""
+    return list(await asyncio.gather(*(generation.collect() for generation in generations)))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -211,10 +201,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(
-    cores: Cores, is_serving: Callable[[], bool], middleware: Sequence[Middleware] = (), worker_calls=None
+    cores: Cores,
+    is_serving: Callable[[], bool],
+    middleware: Sequence[Middleware] = (),
+    worker_calls=None,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The ASGI app; `app.state.inflight` counts the calls the drain waits for; worker_calls (a
-    worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does."""
+    worker's `ts_worker_rpcs_total` child) counts every routed call, as gRPC's interceptor does;
+    extra_routes are another door's on the same port (KServe's REST binding)."""
     r = Routes(cores, is_serving)
     app = Starlette(
         routes=[
@@ -229,7 +224,7 @@ def build_app(
             Route("/v1/translate", r.translate, methods=["POST"]),
             Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
             Route("/health", r.health, methods=["GET"]),
-            *kserve_rest.routes(cores),
+            *extra_routes,
         ],
         middleware=list(middleware),
         exception_handlers={HTTPException: _http_error},

@@ -25,9 +25,10 @@ from typing import Any
 
 from service.errors import InvalidArgument
 from service.generation import reasoning, tools
-from service.generation.chat import MAX_CHOICES, Chat, ChatQuery
+from service.generation.chat import Chat, ChatQuery
 from service.generation.core import Chunk
 from service.generation.decoding import SamplingParams
+from service.generation.query import MAX_N
 from service.generation.scoring import MAX_TOP, TokenLogprobs
 from service.http.completions import FINISH, usage
 from service.http.schemas import FLOAT32, UINT64, field, penalties, refuse_unsupported, strings
@@ -79,7 +80,7 @@ def parse(body: dict) -> ChatRequest:
         messages=messages,
         params=params,
         model=field(body, "model", str, ""),
-        n=field(body, "n", int, 1, minimum=1, maximum=MAX_CHOICES),
+        n=field(body, "n", int, 1, minimum=1, maximum=MAX_N),
         tools=listed,
         documents=_objects(body, "documents"),
         add_generation_prompt=field(body, "add_generation_prompt", bool, True),

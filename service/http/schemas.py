@@ -17,11 +17,11 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from service.converters import float32
 from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
+from service.grpc.converters import float32
+from service.grpc.packing import WIRE_DTYPE
 from service.models import ModelInfo
-from service.packing import WIRE_DTYPE
 from service.proto import inference_pb2 as pb
 
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
@@ -60,13 +60,16 @@ def text(name: str, value: str) -> str:
     return value
 
 
-def strings(body: dict, name: str, default: list[str] | None = None) -> list[str]:
-    """A string or an array of strings as a list (token-id arrays are not accepted)."""
+def strings(body: dict, name: str, default: list[str] | None = None, most: tuple[int, str] | None = None) -> list[str]:
+    """A string or an array of strings as a list (token-id arrays are not accepted); most: (the
+    limit, its setting) on the array's length, checked before any element is."""
     value = body.get(name)
     if value is None and default is not None:
         return default
     if isinstance(value, str):
         return [text(name, value)]
+    if isinstance(value, list) and most is not None:
+        count(name, value, *most)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return [text(f"{name}[{i}]", v) for i, v in enumerate(value)]
     raise InvalidArgument(f"{name} must be a string or an array of strings (token-id arrays are not accepted)")
@@ -97,6 +100,13 @@ def penalties(body: dict) -> dict:
     )
 
 
+def count(name: str, values: list, most: int, setting: str) -> None:
+    """InvalidArgument when the array `name` holds more than `most` (the setting's value) elements:
+    checked on its length, before any work per element."""
+    if len(values) > most:
+        raise InvalidArgument(f"{name} holds {len(values)} elements; one call takes at most {most} ({setting})")
+
+
 def refuse_unsupported(body: dict, names: dict[str, Any]) -> None:
     """OpenAI fields this server does not implement: refused unless left at their default value."""
     for name, neutral in names.items():
@@ -104,20 +114,20 @@ def refuse_unsupported(body: dict, names: dict[str, Any]) -> None:
             raise InvalidArgument(f"{name} is not supported by this server (leave it out or set {neutral!r})")
 
 
-def embed_request(body: dict) -> tuple[EmbedQuery, bool]:
-    """(the embedding core's query, base64?)."""
+def embed_request(body: dict, most: int) -> tuple[EmbedQuery, bool]:
+    """(the embedding core's query, base64?); most: embed_max_inputs."""
     fmt = field(body, "encoding_format", str, "float")
     if fmt not in ENCODING_FORMATS:
         raise InvalidArgument(f"encoding_format={fmt[:32]!r} is not one of float, base64")
     return EmbedQuery(
-        inputs=strings(body, "input"),
+        inputs=strings(body, "input", most=(most, "embed_max_inputs")),
         model=field(body, "model", str, ""),
         dimensions=field(body, "dimensions", int, 0, minimum=0),
     ), fmt == "base64"
 
 
 def embed_response(answer: Embeddings, packed: bool) -> dict:
-    """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/packing.py)."""
+    """OpenAI's embeddings list; base64 = the packed little-endian float32 bytes (service/grpc/packing.py)."""
     rows = answer.vectors.astype(WIRE_DTYPE, copy=False) if packed else answer.vectors.tolist()
     data = [
         {
@@ -136,17 +146,21 @@ def embed_response(answer: Embeddings, packed: bool) -> dict:
     }
 
 
-def translate_request(body: dict) -> pb.TranslateRequest:
-    """The JSON form of TranslateRequest (protobuf's JSON mapping; snake_case or camelCase names)."""
-    return _parse(body, pb.TranslateRequest())
+def translate_request(body: dict, most: int) -> pb.TranslateRequest:
+    """The JSON form of TranslateRequest (protobuf's JSON mapping; snake_case or camelCase names);
+    most: translate_max_inputs."""
+    return _parse(body, pb.TranslateRequest(), (most, "translate_max_inputs"))
 
 
-def fill_mask_request(body: dict) -> pb.FillMaskRequest:
-    """The JSON form of FillMaskRequest (protobuf's JSON mapping, as translate_request)."""
-    return _parse(body, pb.FillMaskRequest())
+def fill_mask_request(body: dict, most: int) -> pb.FillMaskRequest:
+    """The JSON form of FillMaskRequest (protobuf's JSON mapping, as translate_request); most: embed_max_inputs."""
+    return _parse(body, pb.FillMaskRequest(), (most, "embed_max_inputs"))
 
 
-def _parse(body: dict, message):
+def _parse(body: dict, message, most: tuple[int, str]):
+    """body as `message`, its `inputs` counted first: json_format parses element by element."""
+    if isinstance(body.get("inputs"), list):
+        count("inputs", body["inputs"], *most)
     for f in message.DESCRIPTOR.fields:  # numbers a 32-bit float would turn into 0
         if f.cpp_type == FieldDescriptor.CPPTYPE_FLOAT and not f.is_repeated:
             for name in {f.name, f.json_name}:

@@ -1,10 +1,12 @@
 """uvicorn inside the service's event loop: bind, serve as a task, drain with the gRPC server.
 
 uvicorn speaks HTTP/1.1 through service/http/protocol.py's h11 protocol, which adds a header
-timeout and a connection cap. The socket is bound here, not by uvicorn, so that a taken port fails the
-start with a clear OSError, port 0's choice is known (and logged) at once, and worker processes can share one port
-with SO_REUSEPORT (service/supervisor.py reserves it, each worker binds it). uvicorn's own signal
-handling is off: service/server.py owns SIGTERM and calls `stop(grace)`, which
+timeout and a connection cap, on a service/http/listener.py socket, which refuses connections
+instead of flooding the log when the process is out of file descriptors. The socket is bound
+here, not by uvicorn, so that a taken port fails the start with a clear OSError, port 0's choice
+is known (and logged) at once, and worker processes can share one port with SO_REUSEPORT
+(service/supervisor.py reserves it, each worker binds it). uvicorn's own signal handling is off:
+service/server.py owns SIGTERM and calls `stop(grace)`, which
 1. keeps the listener open while in-flight calls finish, so that new calls get 503 (the registry
    is draining) rather than a refused connection, for at most `grace` seconds; then
 2. tells uvicorn to exit: it closes the listener and idle keep-alive connections, and cancels what
@@ -20,6 +22,7 @@ import socket
 
 import uvicorn
 
+from service.http.listener import Listener
 from service.http.protocol import guarded
 from service.inflight import Inflight
 
@@ -40,7 +43,7 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     )[0]
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and without it
     # every small response waits ~40 ms (Nagle against the client's delayed ACK; measured).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = Listener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # sheds connections at the fd limit
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds past TIME_WAIT
         if reuse_port:
@@ -63,6 +66,7 @@ class HttpServer:
         ssl: dict | None = None,
         header_timeout: float = 10.0,
         max_connections: int = 1024,
+        write_timeout: float = 30.0,
     ):
         self.port = sock.getsockname()[1]
         self._inflight = inflight
@@ -73,7 +77,7 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=LAST_SECONDS,
-            http=guarded(header_timeout, max_connections),
+            http=guarded(header_timeout, max_connections, write_timeout),
             **(ssl or {}),
         )
         self._server = _Uvicorn(config)
@@ -89,10 +93,12 @@ class HttpServer:
         ssl: dict | None = None,
         header_timeout: float = 10.0,
         max_connections: int = 1024,
+        write_timeout: float = 30.0,
     ) -> HttpServer:
-        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext; header_timeout
-        and max_connections: the door's limits (service/http/protocol.py)."""
-        server = cls(app, bind(host, port, reuse_port), app.state.inflight, ssl, header_timeout, max_connections)
+        """ssl: uvicorn's TLS options (service/http/security.py), None for plaintext; header_timeout,
+        max_connections and write_timeout: the door's limits (service/http/protocol.py)."""
+        sock = bind(host, port, reuse_port)
+        server = cls(app, sock, app.state.inflight, ssl, header_timeout, max_connections, write_timeout)
         while not server._server.started:  # startup is one create_server call: a few loop turns
             if server._task.done():
                 server._task.result()  # raises what stopped it

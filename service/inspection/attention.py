@@ -1,6 +1,6 @@
 """`AttentionInspector`: one model's attention graph (manifest role "attention"), torch-free.
 
-The graph (export/attention.py) outputs every layer's attention probabilities, one tensor per
+The graph (export/onnx/attention.py) outputs every layer's attention probabilities, one tensor per
 layer and kind, `self_attention.{i}`, `causal_attention.{i}`, `cross_attention.{i}`, each
 (1, heads, queries, keys); the inspector reads which it has from the manifest instead of
 branching on the model kind. Its session opens on the first call (inspection is rare; a model

@@ -21,6 +21,7 @@ from service.manifest import ModelDir
 from service.registry import ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
+from service.timings import Timings
 
 __all__ = ["AttentionCore", "AttentionMaps", "AttentionQuery"]
 
@@ -30,7 +31,7 @@ class AttentionMaps:
     model: str
     kind: str  # the model's kind
     result: AttentionResult
-    total_s: float
+    timings: Timings
 
 
 class AttentionCore:
@@ -51,7 +52,8 @@ class AttentionCore:
         self.registry.admit()  # a translator's greedy target queues a translation: the same call
         with self.admission.holding():
             result = await inspector.inspect(query, deadline)
-        return AttentionMaps(backend.name, backend.kind, result, time.perf_counter() - start)
+        timings = Timings.of_seconds(time.perf_counter() - start, result.tokenize_s, inference=result.inference_s)
+        return AttentionMaps(backend.name, backend.kind, result, timings)
 
     async def _inspector(self, backend) -> AttentionInspector:
         """The model's inspector, made once, off the event loop (concurrent first calls share it)."""

@@ -1,17 +1,15 @@
-"""What a kind brings to the Open Inference Protocol: its module `service/<kind>/oip.py`, named by the
-kind's row in service/kinds.py, gives its request parameters, its output tensors and one inference
-over its core. The data plane (dataplane.py) knows no kind by name.
+"""What a kind brings to the Open Inference Protocol: its module here, `service/kserve/<kind>.py`, gives
+its request parameters, its output tensors and one inference over its core (the `Adapter` protocol).
+The data plane (dataplane.py) reaches them through its table `ADAPTERS` and names no kind otherwise.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from service.kinds import KINDS
 from service.kserve.tensors import Tensor
 
 if TYPE_CHECKING:
@@ -27,7 +25,10 @@ class Produced:
 
 
 class Adapter(Protocol):
-    PARAMETERS: tuple[str, ...]  # parameters a request may set: field names of the kind's inference.v1 request
+    @property
+    def PARAMETERS(self) -> tuple[str, ...]:
+        """Parameters a request may set: field names of the kind's inference.v1 request."""
+        ...
 
     def outputs(self, info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:
         """output -> (datatype, shape), -1 for any size, as ModelMetadata describes them for the model
@@ -39,10 +40,6 @@ class Adapter(Protocol):
     ) -> Produced:
         """The `text` input's texts through the kind's core, with the checked parameters."""
         ...
-
-
-def adapter(kind: str) -> Adapter:
-    return cast(Adapter, importlib.import_module(KINDS[kind].oip))
 
 
 def texts_tensor(name: str, texts: list[str]) -> Tensor:

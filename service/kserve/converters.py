@@ -2,21 +2,20 @@
 
 The input travels as `contents.bytes_contents` (grpcurl, hand-written clients) or as
 `raw_input_contents` (what tritonclient sends: per element a 4-byte little-endian length, then
-the bytes); either way it becomes the plain `tensors.Tensor` the REST binding decodes, which the
+the bytes); either way it becomes the plain `arrays.Tensor` the REST binding decodes, which the
 data plane checks for both. Outputs always go back raw, as Triton's do: numbers little-endian, BYTES
-length-prefixed (tensors.py). Parameters go to the data plane as plain values.
+length-prefixed (arrays.py). Parameters go to the data plane as plain values.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from service.errors import InvalidArgument, quote
+from service.kserve.arrays import DATATYPES, Expect, Spec, Tensor, element_count, from_binary, numbers, pack_bytes
 from service.kserve.dataplane import VERSION, Inference, ModelMetadata
-from service.kserve.tensors import DATATYPES, Tensor, from_binary, numbers, pack_bytes
 from service.proto import open_inference_grpc_pb2 as oip
 
 
@@ -47,38 +46,41 @@ CONTENTS = {  # datatype -> its InferTensorContents field (FP16 travels only raw
 }
 
 
-def input_tensors(request: oip.ModelInferRequest) -> list[Tensor]:
-    """The request's inputs as the plain tensors the REST binding decodes too (the data plane's
-    `input_texts` then checks them for both); INVALID_ARGUMENT naming the input that is malformed."""
+def input_tensors(request: oip.ModelInferRequest, most: int, expect: Expect | None = None) -> list[Tensor]:
+    """The request's inputs as the plain tensors the REST binding decodes too; most: elements a tensor
+    may hold (the server's message size); expect: the caller's rules on every input's name, datatype
+    and shape, before any element is decoded. INVALID_ARGUMENT naming the input that is malformed."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input")
-    decoded = []
+    specs = []
     for i, tensor in enumerate(request.inputs):
-        where, shape = f"inputs[{i}] ({quote(tensor.name)})", list(tensor.shape)
+        where = f"inputs[{i}] ({quote(tensor.name)})"
         if tensor.datatype not in DATATYPES:
             raise InvalidArgument(f"{where}.datatype={quote(tensor.datatype)} is not one of {', '.join(DATATYPES)}")
-        if any(d < 0 for d in shape):
-            raise InvalidArgument(f"{where}.shape={shape} must hold non-negative sizes")
-        if raw:
-            array = from_binary(memoryview(raw[i]), tensor.datatype, shape, where)
-        else:
-            array = _from_contents(tensor.contents, tensor.datatype, shape, where)
+        shape = list(tensor.shape)
+        specs.append(Spec(tensor.name, tensor.datatype, shape, element_count(shape, where, most)))
+    if expect is not None:
+        expect(specs)
+    decoded = []
+    for i, (spec, tensor) in enumerate(zip(specs, request.inputs, strict=True)):
+        where = f"inputs[{i}] ({quote(tensor.name)})"
+        array = from_binary(memoryview(raw[i]), spec, where) if raw else _from_contents(tensor.contents, spec, where)
         decoded.append(Tensor(tensor.name, tensor.datatype, array))
     return decoded
 
 
-def _from_contents(contents: oip.InferTensorContents, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    if datatype not in CONTENTS:
-        raise InvalidArgument(f"{where}: {datatype} travels only in raw_input_contents")
-    values, count = list(getattr(contents, CONTENTS[datatype])), math.prod(shape)
-    if len(values) != count:
-        raise InvalidArgument(f"{where}.shape={shape} holds {count} elements but its contents {len(values)}")
-    if datatype != "BYTES":
-        return numbers(values, datatype, where).reshape(shape)
-    array = np.empty(count, dtype=object)
-    array[:] = values
-    return array.reshape(shape)
+def _from_contents(contents: oip.InferTensorContents, spec: Spec, where: str) -> np.ndarray:
+    if spec.datatype not in CONTENTS:
+        raise InvalidArgument(f"{where}: {spec.datatype} travels only in raw_input_contents")
+    values = getattr(contents, CONTENTS[spec.datatype])
+    if len(values) != spec.count:  # counted before any element is copied
+        raise InvalidArgument(f"{where}.shape={spec.shape} holds {spec.count} elements but its contents {len(values)}")
+    if spec.datatype != "BYTES":
+        return numbers(list(values), spec.datatype, where).reshape(spec.shape)
+    array = np.empty(spec.count, dtype=object)
+    array[:] = list(values)
+    return array.reshape(spec.shape)
 
 
 def parameters(request: oip.ModelInferRequest) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The Open Inference Protocol's request parameters -> the inference.v1 request of the model's kind.
 
-Parameters are named like the fields of the kind's v1 request (its oip.py's `PARAMETERS`) and set on that
-message (`fill`), so a value that does not fit the field (a string temperature, a negative count) is
-refused here and the v1 converters and models check ranges as they do for every other door.
+Parameters are named like the fields of the kind's v1 request (the `PARAMETERS` of its module,
+service/kserve/<kind>.py) and set on that message (`fill`), so a value that does not fit the field
+(a string temperature, a negative count) is refused here and the v1 converters and models check
+ranges as they do for every other door.
 Both bindings (gRPC `InferParameter`s, REST JSON values) hand in plain bool / int / float / str.
 """
 
@@ -13,8 +14,8 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from service.converters import float32
 from service.errors import InvalidArgument, quote
+from service.grpc.converters import float32
 
 IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
 

@@ -12,8 +12,9 @@ The routes convert the wire format to the data plane's calls (dataplane.py, the 
 gRPC binding makes), counted as service GRPCInferenceService with protocol "http" and the same
 deadline header, body limits, drain and bearer tokens as every HTTP route. Failures answer the
 protocol's `{"error": "..."}` with the HTTP status the other routes give the same gRPC code (400
-bad input, 404 unknown model, 429 overloaded, 503 draining). A gzip or deflate request body
-(tritonclient's request_compression_algorithm) is inflated within the same size limit.
+bad input, 404 unknown model, 429 overloaded, 503 draining). A gzip (one or more members) or deflate
+request body (tritonclient's request_compression_algorithm) is inflated within the same size limit;
+bytes after it are refused.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class Routes:
     async def infer(self, request: Request, call: HttpCall) -> Response:
         model = self.plane.admit(*_model(request))  # 503 / 404 before the body is read
         body = await self._body(request)
-        decoded = tensors.decode_request(body, request.headers.get(tensors.HEADER_LENGTH))
+        expect, most = self.plane.expect_texts(model), self.settings.max_message_bytes
+        decoded = tensors.decode_request(body, request.headers.get(tensors.HEADER_LENGTH), most, expect)
         texts = input_texts(decoded.inputs)
         done = await call.unless_gone(
             request, self.plane.infer(model, texts, list(decoded.outputs), decoded.parameters, call.deadline)
@@ -117,18 +119,32 @@ class Routes:
             return body
         if encoding not in INFLATE:
             raise InvalidArgument(f"Content-Encoding {quote(encoding)} is not supported; send gzip, deflate or none")
+        return inflate(body, encoding, limit)
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip body of one or more members (RFC 1952: their data concatenated), or one deflate stream,
+    inflated to at most `limit` bytes; anything after the last member is refused, not ignored."""
+    parts, size, rest, member = [], 0, body, 0
+    while True:
         inflater = zlib.decompressobj(INFLATE[encoding])
         try:
-            data = inflater.decompress(body, limit + 1)
+            parts.append(inflater.decompress(rest, limit + 1 - size))
         except zlib.error as e:
-            raise InvalidArgument(f"the body is not valid {encoding} data ({e})") from e
-        if len(data) > limit:
+            where = f"the {len(rest)} bytes after its member {member}" if member else "the body"
+            raise InvalidArgument(f"{where} is not valid {encoding} data ({e})") from e
+        size += len(parts[-1])
+        if size > limit:
             raise InvalidArgument(
                 f"request body inflates to over {limit} bytes (--max-message-bytes); send less per call"
             )
         if not inflater.eof:
             raise InvalidArgument(f"the {encoding} body is cut short")
-        return data
+        rest, member = inflater.unused_data, member + 1
+        if not rest:
+            return b"".join(parts)
+        if encoding != "gzip":  # one zlib stream per body; gzip may hold several members
+            raise InvalidArgument(f"{len(rest)} bytes follow the {encoding} stream; send the stream alone")
 
 
 def _model(request: Request) -> tuple[str, str]:
@@ -136,7 +152,7 @@ def _model(request: Request) -> tuple[str, str]:
 
 
 def routes(cores: Cores) -> list[Route]:
-    """The protocol's routes over the cores, for the HTTP app (service/http/app.py)."""
+    """The protocol's routes over the cores, which the server adds to the HTTP app (service/http/app.py)."""
     r = Routes(cores)
     model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
     return [

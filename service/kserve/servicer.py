@@ -52,7 +52,8 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
         model = self.plane.admit(request.model_name, request.model_version)
-        texts = input_texts(converters.input_tensors(request))
+        expect = self.plane.expect_texts(model)
+        texts = input_texts(converters.input_tensors(request, self.plane.settings.max_message_bytes, expect))
         outputs, values = [o.name for o in request.outputs], converters.parameters(request)
         done = await self.plane.infer(model, texts, outputs, values, deadline_of(context))
         return converters.infer_response(request, done)

@@ -9,55 +9,41 @@ elements are JSON strings, or in binary a 4-byte little-endian length then the b
 binary when its request output says `binary_data: true`, or, for outputs not named, when the
 request's `binary_data_output` parameter is true; otherwise as JSON `data`.
 
-Everything here is plain data: a malformed request is `InvalidArgument` naming the field.
+Everything here is plain data: a malformed request is `InvalidArgument` naming the field. Work
+is bounded before it is done (arrays.py): the JSON's nesting and values are counted before it is
+parsed (service/http/body.py), every shape is bounded before it is multiplied, `expect` sees every
+input's name, datatype and shape before any element is decoded, and the elements are counted
+against the shape before each one is checked.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import struct
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from service.errors import QUOTE_CHARS, InvalidArgument, quote
-from service.http.body import TOO_DEEP, too_deep
+from service.errors import InvalidArgument, quote
+from service.http.body import TOO_DEEP, check_structure
+from service.kserve.arrays import (
+    DATATYPES,
+    Expect,
+    Scalar,
+    Spec,
+    Tensor,
+    element_count,
+    from_binary,
+    json_type,
+    numbers,
+    pack_bytes,
+    shown,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
-DATATYPES = {  # the protocol's tensor datatypes -> numpy (little-endian, as the binary data is)
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
-LENGTH = struct.Struct("<I")
-MAX_DEPTH = 32  # nesting of the JSON header, as every other HTTP body (service/http/body.py)
-Scalar = bool | int | float | str
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One tensor: BYTES as an object array of bytes, any other datatype as its numpy dtype."""
-
-    name: str
-    datatype: str
-    array: np.ndarray  # shaped as the tensor
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.array.shape)
+_DECIMAL = re.compile(r"[0-9]{1,19}")  # a header's size in ASCII digits (int() takes any Unicode digit)
 
 
 @dataclass(frozen=True)
@@ -72,69 +58,49 @@ class InferRequest:
     binary_output: bool = False
 
 
-def pack_bytes(elements: Iterable[Any]) -> bytes:
-    """BYTES elements (bytes or str) as the protocol's raw layout: a 4-byte LE length, then the bytes."""
-    parts: list[bytes] = []
-    for element in elements:
-        data = element if isinstance(element, bytes) else str(element).encode()
-        parts += (LENGTH.pack(len(data)), data)
-    return b"".join(parts)
-
-
-def split_bytes(raw: bytes | memoryview, what: str) -> list[bytes]:
-    """The elements of raw BYTES data; InvalidArgument naming `what` when a length runs past the end."""
-    raw = memoryview(raw)
-    elements, at = [], 0
-    while at < len(raw):
-        if at + LENGTH.size > len(raw):
-            raise InvalidArgument(f"{what}: raw BYTES content is cut inside an element's 4-byte length at byte {at}")
-        (size,) = LENGTH.unpack_from(raw, at)
-        at += LENGTH.size
-        if at + size > len(raw):
-            raise InvalidArgument(
-                f"{what}: raw BYTES content is cut: an element of {size} bytes at byte {at}, {len(raw) - at} left"
-            )
-        elements.append(bytes(raw[at : at + size]))
-        at += size
-    return elements
-
-
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
-    """An inference request from its HTTP body and Inference-Header-Content-Length header (or None)."""
+def decode_request(body: bytes, header_length: str | None, most: int, expect: Expect | None = None) -> InferRequest:
+    """An inference request from its HTTP body and Inference-Header-Content-Length header (or None);
+    most: elements a tensor may hold (the server's message size); expect: see Expect."""
     size = _header_size(header_length, len(body))
     header = _json_object(body[:size])
+    fields = [_spec(spec, f"inputs[{i}]", most) for i, spec in enumerate(_list(header, "inputs", required=True))]
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"id must be a string, not {json_type(request_id)}")
+    parameters = _parameters(header.get("parameters"), "parameters")
+    binary_output = parameters.pop("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise InvalidArgument(f"parameters.binary_data_output={shown(binary_output)} must be true or false")
+    outputs = _outputs(header, binary_output)
+    if expect is not None:
+        expect([spec for spec, _, _ in fields])
     binary = memoryview(body)[size:]
     inputs, used = [], 0
-    for i, spec in enumerate(_list(header, "inputs", required=True)):
-        tensor, taken = _input(spec, f"inputs[{i}]", binary[used:])
+    for spec, source, where in fields:
+        tensor, taken = _input(spec, source, where, binary[used:])
         inputs.append(tensor)
         used += taken
     if used != len(binary):
         raise InvalidArgument(
             f"{len(binary) - used} bytes of binary data follow the JSON that no input's binary_data_size accounts for"
         )
-    parameters = _parameters(header.get("parameters"), "parameters")
-    binary_output = parameters.pop("binary_data_output", False)
-    if not isinstance(binary_output, bool):
-        raise InvalidArgument(f"parameters.binary_data_output={_shown(binary_output)} must be true or false")
-    request_id = header.get("id", "")
-    if not isinstance(request_id, str):
-        raise InvalidArgument(f"id must be a string, not {_json_type(request_id)}")
-    return InferRequest(inputs, _outputs(header, binary_output), parameters, request_id, binary_output)
+    return InferRequest(inputs, outputs, parameters, _text(request_id, "id"), binary_output)
 
 
 def _header_size(header_length: str | None, body_size: int) -> int:
     if header_length is None:
         return body_size
-    if not header_length.strip().isdigit() or not 0 < int(header_length) <= body_size:
+    digits = header_length.strip()
+    if not _DECIMAL.fullmatch(digits) or not 0 < int(digits) <= body_size:
         raise InvalidArgument(
             f"header Inference-Header-Content-Length={header_length[:32]!r} must be the size "
-            f"of the JSON at the start of the body, 1 to {body_size} bytes"
+            f"of the JSON at the start of the body, 1 to {body_size} bytes in decimal digits"
         )
-    return int(header_length)
+    return int(digits)
 
 
 def _json_object(header: bytes | memoryview) -> dict:
+    check_structure(bytes(header))  # nesting and values bounded as every HTTP body's, before parsing
     try:
         value = json.loads(bytes(header))
     except RecursionError as e:
@@ -144,10 +110,8 @@ def _json_object(header: bytes | memoryview) -> dict:
             f"the request's JSON is not valid ({e}); with binary tensor data, header "
             "Inference-Header-Content-Length must give the JSON's size"
         ) from e
-    if too_deep(bytes(header), MAX_DEPTH):
-        raise InvalidArgument(TOO_DEEP)
     if not isinstance(value, dict):
-        raise InvalidArgument(f"the request must be a JSON object, not {_json_type(value)}")
+        raise InvalidArgument(f"the request must be a JSON object, not {json_type(value)}")
     return value
 
 
@@ -159,81 +123,74 @@ def _list(holder: dict, key: str, required: bool = False, where: str = "") -> li
         raise InvalidArgument(
             f"{where}{key} must be a non-empty array"
             if required
-            else f"{where}{key} must be an array, not {_json_type(value)}"
+            else f"{where}{key} must be an array, not {json_type(value)}"
         )
     return value
 
 
-def _input(spec: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
-    """One request input and how many bytes of the binary data it took."""
+def _spec(spec: Any, where: str, most: int) -> tuple[Spec, dict, str]:
+    """An input's name, datatype and shape, checked (its elements are not looked at), its JSON, and
+    how messages name it."""
     if not isinstance(spec, dict):
         raise InvalidArgument(f"{where} must be an object with name, shape, datatype and data")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{where}.name must be a non-empty string")
-    where = f"{where} ({quote(name)})"
+    where = f"{where} ({quote(_text(name, f'{where}.name'))})"
     datatype = spec.get("datatype")
     if datatype not in DATATYPES:
-        raise InvalidArgument(f"{where}.datatype={_shown(datatype)} is not one of {', '.join(DATATYPES)}")
-    shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InvalidArgument(f"{where}.shape={_shown(shape)} must be an array of non-negative integers")
-    parameters = _parameters(spec.get("parameters"), f"{where}.parameters")
+        raise InvalidArgument(f"{where}.datatype={shown(datatype)} is not one of {', '.join(DATATYPES)}")
+    shape: list[int] = spec.get("shape")  # type: ignore[assignment]  # element_count checks it
+    return Spec(name, datatype, shape, element_count(shape, where, most)), spec, where
+
+
+def _input(spec: Spec, source: dict, where: str, binary: memoryview) -> tuple[Tensor, int]:
+    """One request input and how many bytes of the binary data it took."""
+    parameters = _parameters(source.get("parameters"), f"{where}.parameters")
     if any(key.startswith("shared_memory") for key in parameters):
         raise InvalidArgument(f"{where}: shared memory is not supported here; send the data in the request")
     if "binary_data_size" in parameters:
         size = parameters["binary_data_size"]
         if type(size) is not int or not 0 <= size <= len(binary):
             raise InvalidArgument(
-                f"{where}.parameters.binary_data_size={_shown(size)} must be the size of "
+                f"{where}.parameters.binary_data_size={shown(size)} must be the size of "
                 f"its binary data, at most the {len(binary)} bytes left after the JSON"
             )
-        return Tensor(name, datatype, from_binary(binary[:size], datatype, shape, where)), size
-    if "data" not in spec:
+        return Tensor(spec.name, spec.datatype, from_binary(binary[:size], spec, where)), size
+    if "data" not in source:
         raise InvalidArgument(f"{where} has neither data nor parameters.binary_data_size")
-    return Tensor(name, datatype, _from_json(spec["data"], datatype, shape, where)), 0
+    return Tensor(spec.name, spec.datatype, _from_json(source["data"], spec, where)), 0
 
 
-def from_binary(raw: memoryview, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        elements = split_bytes(raw, where)
-        if len(elements) != count:
-            raise InvalidArgument(f"{where}.shape={shape} holds {count} elements but its binary data {len(elements)}")
-        array = np.empty(count, dtype=object)
-        array[:] = elements
-        return array.reshape(shape)
-    dtype = DATATYPES[datatype]
-    if len(raw) != count * dtype.itemsize:
-        raise InvalidArgument(
-            f"{where}.shape={shape} of {datatype} needs {count * dtype.itemsize} bytes but "
-            f"its binary_data_size is {len(raw)}"
-        )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    flat = _flatten(data)
-    count = math.prod(shape)
-    if len(flat) != count:
-        raise InvalidArgument(f"{where}.shape={shape} holds {count} elements but its data {len(flat)}")
-    if datatype == "BYTES":
+def _from_json(data: Any, spec: Spec, where: str) -> np.ndarray:
+    flat = _flatten(data, spec.count)
+    if len(flat) != spec.count:
+        shown = f"more than {spec.count}" if len(flat) > spec.count else len(flat)
+        raise InvalidArgument(f"{where}.shape={spec.shape} holds {spec.count} elements but its data {shown}")
+    if spec.datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
             raise InvalidArgument(f"{where}.data: BYTES elements must be JSON strings")
-        array = np.empty(count, dtype=object)
-        array[:] = [v.encode() for v in flat]
-        return array.reshape(shape)
-    return numbers(flat, datatype, where).reshape(shape)
+        array = np.empty(spec.count, dtype=object)
+        try:
+            array[:] = [v.encode() for v in flat]
+        except UnicodeEncodeError:
+            for i, v in enumerate(flat):
+                _text(v, f"{where}.data[{i}]")  # raises, naming the first element UTF-8 cannot carry
+            raise
+        return array.reshape(spec.shape)
+    return numbers(flat, spec.datatype, where).reshape(spec.shape)
 
 
-def _flatten(data: Any) -> list:
-    """Row-major elements of flat or nested arrays (a lone scalar is one element)."""
+def _flatten(data: Any, count: int) -> list:
+    """Row-major elements of flat or nested arrays (a lone scalar is one element); past `count`
+    elements it stops, one over."""
     if not isinstance(data, list):
         return [data]
     if not any(isinstance(v, list) for v in data):
         return data
-    flat, stack = [], [iter(data)]
-    while stack:
+    flat: list = []
+    stack = [iter(data)]
+    while stack and len(flat) <= count:
         for value in stack[-1]:
             if isinstance(value, list):
                 stack.append(iter(value))
@@ -244,33 +201,17 @@ def _flatten(data: Any) -> list:
     return flat
 
 
-def numbers(flat: list, datatype: str, where: str) -> np.ndarray:
-    dtype = DATATYPES[datatype]
-    if datatype == "BOOL":
-        ok = all(type(v) is bool for v in flat)
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)  # type: ignore[type-var]  # an integer dtype here
-        ok = all(type(v) is int and info.min <= v <= info.max for v in flat)
-    else:
-        ok = all(type(v) in (int, float) for v in flat)
-    if not ok:
-        expected = {"BOOL": "true or false"}.get(datatype, f"numbers that fit {datatype}")
-        raise InvalidArgument(f"{where}.data: elements must be {expected}")
-    with np.errstate(over="ignore"):  # checked below, by the element
-        array = np.array(flat, dtype=dtype)
-    if dtype.kind == "f" and not np.array_equal(np.isinf(array), np.isinf(np.array(flat, dtype=float))):
-        raise InvalidArgument(f"{where}.data: an element is too large for {datatype}")
-    return array
-
-
 def _parameters(value: Any, where: str) -> dict[str, Scalar]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidArgument(f"{where} must be an object of names to values, not {_json_type(value)}")
+        raise InvalidArgument(f"{where} must be an object of names to values, not {json_type(value)}")
     for name, v in value.items():
+        _text(name, f"{where} name {quote(name)}")
         if not isinstance(v, Scalar):
-            raise InvalidArgument(f"{where}.{name} must be a string, number or boolean, not {_json_type(v)}")
+            raise InvalidArgument(f"{where}.{name} must be a string, number or boolean, not {json_type(v)}")
+        if isinstance(v, str):
+            _text(v, f"{where}.{name}")
     return dict(value)
 
 
@@ -279,7 +220,7 @@ def _outputs(header: dict, binary_default: bool) -> dict[str, bool]:
     for i, spec in enumerate(_list(header, "outputs")):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise InvalidArgument(f"outputs[{i}] must be an object with a string name")
-        where = f"outputs[{i}] ({quote(spec['name'])})"
+        where = f"outputs[{i}] ({quote(_text(spec['name'], f'outputs[{i}].name'))})"
         parameters = _parameters(spec.get("parameters"), f"{where}.parameters")
         unsupported = [k for k in parameters if k.startswith("shared_memory") or k == "classification"]
         if unsupported:
@@ -328,15 +269,10 @@ def _json_data(tensor: Tensor) -> list:
         ) from e
 
 
-def _shown(value: Any) -> str:
-    """A request value for a message: a string quoted, anything else as JSON, bounded either way."""
-    if isinstance(value, str):
-        return quote(value)
-    text = json.dumps(value)
-    return text if len(text) <= QUOTE_CHARS else quote(text)
-
-
-def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number"
-    )
+def _text(value: str, where: str) -> str:
+    """value, if UTF-8 can carry it (a JSON string may hold a lone surrogate escape such as \\ud800)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{where} is not valid Unicode text ({e.reason} at position {e.start})") from e
+    return value

@@ -1,7 +1,7 @@
 """The translator's encoder run: newcomer sources -> cross-attention K/V, packed or padded.
 
 A padded run pads every source to the longest of the newcomers. Where the model directory has a
-packed encoder graph (export/packed.py) and `embed_pack_row_tokens` is not 0, the sources are
+packed encoder graph (export/onnx/packed.py) and `embed_pack_row_tokens` is not 0, the sources are
 packed as embedding batches are (service/engine/packing.py: several per row, attention confined
 to each) and the graph gathers each source's K/V back into the padded (n, nkv, S, hs) layout the
 decoder graph reads (`unpack`): the decoder, its cache and the search do not change. The export's

@@ -177,11 +177,11 @@ class TranslationModel:
         texts = self._detokenize(outputs)
         out_tokens = sum(len(h.tokens) for h in outputs)
         metrics.TOKENS.labels(self.name, "output").inc(out_tokens)
-        timings = Timings(
-            tokenize_ms=tokenize_s * 1e3,
-            queue_ms=max(it.queue_s for it in items) * 1e3,
-            inference_ms=max(it.inference_s for it in items) * 1e3,
-            total_ms=(time.perf_counter() - start) * 1e3,
+        timings = Timings.of_seconds(
+            time.perf_counter() - start,
+            tokenize_s,
+            max(it.queue_s for it in items),
+            max(it.inference_s for it in items),
         )
         return TranslateResult(texts, sum(map(len, encoded)), out_tokens, timings)
 

@@ -50,7 +50,7 @@ async def test_errors_and_a_missing_output_are_reported(server, tmp_path):
 
 def test_the_serving_path_imports_neither_matplotlib_nor_torch():
     code = (
-        "import sys, service.server, service.inspection.grpc, client; "
+        "import sys, service.server, service.grpc.inspection, client; "
         "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout

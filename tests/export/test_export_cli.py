@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from export.__main__ import main
-from export.checkpoint import save_checkpoint
 from export.tiny import byte_tokenizer, tiny_model
+from export.train.checkpoint import save_checkpoint
 from service.manifest import load_model_dir
 
 SPECIALS = {

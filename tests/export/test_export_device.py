@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 
-from export.checkpoint import load_checkpoint
-from export.decoder import DecoderConfig, GPTDecoder
-from export.encoder import EncoderConfig, SentenceEncoder
-from export.layers import causal_mask, padding_mask
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.models.decoder import DecoderConfig, GPTDecoder
+from export.models.encoder import EncoderConfig, SentenceEncoder
+from export.models.layers import causal_mask, padding_mask
+from export.models.seq2seq import Seq2SeqConfig, Translator
+from export.train.checkpoint import load_checkpoint
 from tests.paths import CHECKPOINTS
 
 META = torch.device("meta")

@@ -1,4 +1,4 @@
-"""The parity gate's GPU measures (export/gpu_gate.py) run on the CPU here: the same code, with
+"""The parity gate's GPU measures (export/gate/gpu_gate.py) run on the CPU here: the same code, with
 PyTorch fp16 and onnxruntime's CPU provider, so a mistake in it shows without a GPU; and
 `--device` resolves to the CPU (or fails plainly) where PyTorch sees no GPU. On a GPU host the
 last test builds a tiny model with `--device cuda` and finds the CUDA figures in its manifest.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from export import gpu_gate, parity
-from export import onnx_export as ox
+from export.gate import gpu_gate, parity
+from export.onnx import graphs as ox
 from export.tiny import tiny_model
 from tests.paths import ROOT
 

@@ -40,7 +40,7 @@ def reference(texts) -> np.ndarray:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from export.minilm import model_folder
+    from export.convert.minilm import model_folder
 
     torch.set_num_threads(1)
     model = SentenceTransformer(str(model_folder()), device="cpu")

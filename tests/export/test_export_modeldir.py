@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from export import parity
+from export.gate import parity
 from export.modeldir import is_current, source_hash
 from export.tiny import build_tiny
 from service.manifest import ModelDirError, load_model_dir
@@ -93,18 +93,17 @@ def test_is_current_tracks_the_source_hash(tmp_path):
     digest = source_hash(salt="test")
     out = tmp_path / "tiny-embed"
     assert not is_current(out, digest)
-    from export.build import build_embedding
-    from export.tiny import SPECIALS, byte_tokenizer, tiny_model
+    from export.build import build_model_dir
+    from export.tiny import byte_tokenizer, special_tokens, tiny_model
 
     tok = byte_tokenizer("embedding")
-    ids = {t: tok.token_to_id(t) for t in SPECIALS["embedding"]}
-    special = {"pad": ids["[PAD]"], "unk": ids["[UNK]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
-    build_embedding(
+    build_model_dir(
+        "embedding",
         tiny_model("embedding", tok.get_vocab_size()),
         tok,
         out,
         name="tiny-embed",
-        special_tokens=special,
+        special_tokens=special_tokens("embedding", tok),
         extra={"source_sha256": digest},
     )
     assert is_current(out, digest)

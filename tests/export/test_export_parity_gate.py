@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from export import parity
-from export.onnx_export import export_decoder, export_translator
+from export.gate import parity
+from export.onnx.graphs import export_decoder, export_translator
 from export.tiny import byte_tokenizer, tiny_model
 
 N_NEW = 16

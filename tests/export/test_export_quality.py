@@ -1,4 +1,4 @@
-"""The quality gate for reduced-precision variants (export/parity.py) and the served variant it
+"""The quality gate for reduced-precision variants (export/gate/parity.py) and the served variant it
 decides (service/runtime.py): int8 decoders are judged teacher-forced against PyTorch, on the
 trained checkpoints' own held-out data, and served by default on the CPU only when they pass."""
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export import data, parity
-from export.checkpoint import build_checkpoint, load_checkpoint
-from export.evaluate import perplexity
-from export.heldout import HELDOUT_FILE, heldout_sample
+from export.gate import parity
+from export.train import data
+from export.train.checkpoint import build_checkpoint, load_checkpoint
+from export.train.evaluate import perplexity
+from export.train.heldout import HELDOUT_FILE, heldout_sample
 from service.runtime import Runtime
 from service.settings import Settings
 from tests.paths import ROOT
@@ -143,15 +144,15 @@ def test_embedding_int8_is_rowwise_batch_invariant_and_judged(tiny_models_root, 
 
     torch.manual_seed(0)
     model = tiny_model("embedding", byte_tokenizer("embedding").get_vocab_size()).eval()
-    from export import onnx_export
+    from export.onnx import graphs
 
-    onnx_export.export_encoder(model, tmp_path / "fp32.onnx")
+    graphs.export_encoder(model, tmp_path / "fp32.onnx")
     quantize_dynamic(str(tmp_path / "fp32.onnx"), str(tmp_path / "dyn.onnx"), weight_type=QuantType.QInt8)
     texts = [" ".join(["word"] * n) for n in range(1, 10)]  # byte tokens: at most 44, the limit is 48
     sample = [byte_tokenizer("embedding").encode(t).ids for t in texts]
     pad = byte_tokenizer("embedding").token_to_id("[PAD]")
     dynamic = parity.encoder_quality(model, tmp_path / "dyn.onnx", sample, "words", pad)
     assert not dynamic["quality_ok"] and dynamic["quality"]["batch_max_abs_diff"] > 1e-4
-    onnx_export.make_int8(tmp_path / "fp32.onnx", tmp_path / "rowwise.onnx")
+    graphs.make_int8(tmp_path / "fp32.onnx", tmp_path / "rowwise.onnx")
     rowwise = parity.encoder_quality(model, tmp_path / "rowwise.onnx", sample, "words", pad)
     assert rowwise["quality"]["batch_max_abs_diff"] <= 1e-4

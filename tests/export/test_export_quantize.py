@@ -1,4 +1,4 @@
-"""Row-wise dynamic int8 (export/quantize.py) against a numpy implementation of its formula, on
+"""Row-wise dynamic int8 (export/onnx/quantize.py) against a numpy implementation of its formula, on
 onnxruntime: the rewritten graph computes what the docstring says, a row's result does not move
 with its batch, shared inputs are quantised once, and products of two activations stay fp32."""
 
@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.quantize import quantize_rowwise
+from export.onnx.quantize import quantize_rowwise
 
 K, N1, N2 = 64, 48, 32
 
@@ -42,7 +42,7 @@ def _graph(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def _reference(x: np.ndarray, w: np.ndarray, bits: int = 7) -> np.ndarray:
-    """The formula of export/quantize.py in numpy (integer products in int64)."""
+    """The formula of export/onnx/quantize.py in numpy (integer products in int64)."""
     qmax = 2 ** (bits - 1) - 1
     scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / np.float32(127), np.float32(1e-12))
     q = np.floor(x / scale + np.float32(128.5)).astype(np.int64) - 128

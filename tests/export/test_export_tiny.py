@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from export import parity
-from export.onnx_export import export_decoder, export_encoder
+from export.gate import parity
+from export.onnx.graphs import export_decoder, export_encoder
 from export.tiny import NAMES, byte_tokenizer, tiny_model
 from service.manifest import ROLES, load_model_dir
 

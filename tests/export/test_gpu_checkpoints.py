@@ -52,8 +52,8 @@ VARIANTS = ("optimized", "fp16")
 
 @pytest.fixture(scope="module")
 def root() -> Path:
-    from export.checkpoint import build_checkpoint
     from export.modeldir import source_hash
+    from export.train.checkpoint import build_checkpoint
 
     files = sorted(p for name in (GPT, TRANSLATOR) for p in (CHECKPOINTS / name).iterdir() if p.is_file())
     key = "checkpoints-" + source_hash(files, salt=repr(VARIANTS))[:16]
@@ -66,7 +66,7 @@ def root() -> Path:
 
 
 def _model(name: str, dtype: torch.dtype):
-    from export.checkpoint import load_checkpoint
+    from export.train.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(CHECKPOINTS / name)
     return model.to("cuda", dtype)

@@ -1,4 +1,4 @@
-"""The fill-mask model directory (export/fill_mask.py): contract, tokenizer, ONNX vs PyTorch parity."""
+"""The fill-mask model directory (export/onnx/fill_mask.py): contract, tokenizer, ONNX vs PyTorch parity."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from export import fill_mask, parity
+from export.gate import parity
+from export.onnx import fill_mask
 from export.tiny import NAMES, byte_tokenizer, tiny_model
 from service.manifest import ModelDirError, load_model_dir
 

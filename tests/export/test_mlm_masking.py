@@ -1,11 +1,11 @@
-"""BERT masking (export/masking.py): 15 % chosen, 80/10/10, specials never chosen, whole words kept together."""
+"""BERT masking (export/train/masking.py): 15 % chosen, 80/10/10, specials never chosen, whole words kept together."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from export.masking import IGNORE, mask_all_chosen, mask_tokens
+from export.train.masking import IGNORE, mask_all_chosen, mask_tokens
 
 B, T, V, MASK, FIRST = 4000, 128, 8000, 4, 5  # 512,000 positions: ~70,000 chosen
 

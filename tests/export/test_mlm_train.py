@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from export import mlm_data, mlm_eval, tokenizer_train, train
-from export.checkpoint import build_checkpoint, load_checkpoint
-from export.mlm_train import SPECIAL, mlm_loss
+from export.train import loop, mlm_data, mlm_eval, tokenizer_train
+from export.train.checkpoint import build_checkpoint, load_checkpoint
+from export.train.mlm_train import SPECIAL, mlm_loss
 from service.manifest import load_model_dir
 from tests.paths import CHECKPOINTS, DATA
 
@@ -45,7 +45,7 @@ TINY = [
 def run_cli(tmp: Path, *extra: str, name: str = "run") -> tuple[Path, Path]:
     run_dir, out = tmp / name, tmp / f"{name}-ckpt"
     argv = ["train", "mlm", "--data", str(SAMPLES), "--run-dir", str(run_dir), "--out", str(out), *TINY, *extra]
-    assert train.main(argv) == 0
+    assert loop.main(argv) == 0
     return run_dir, out
 
 
@@ -69,8 +69,8 @@ def test_heldout_passages_are_never_trained_on():
 def test_training_lowers_loss_and_exports_as_fill_mask(tmp_path):
     run_dir, out = run_cli(tmp_path, "--steps", "40", "--eval-every", "20")
     trained, meta = load_checkpoint(out)
-    args = train.parse_args(["mlm", "--data", str(SAMPLES), "--run-dir", str(run_dir), *TINY])
-    task = train.TASKS["mlm"](args, run_dir)  # same seed: the untrained model the run started from
+    args = loop.parse_args(["mlm", "--data", str(SAMPLES), "--run-dir", str(run_dir), *TINY])
+    task = loop.TASKS["mlm"](args, run_dir)  # same seed: the untrained model the run started from
     batch, _ = task.next_batch(0)
     with torch.no_grad():
         assert mlm_loss(trained.eval(), batch) < mlm_loss(task.model.eval(), batch) - 0.5

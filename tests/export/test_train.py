@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from export import data, evaluate, tokenizer_train, train
-from export.checkpoint import load_checkpoint, save_checkpoint
-from export.seq2seq import Seq2SeqConfig, Translator
+from export.models.seq2seq import Seq2SeqConfig, Translator
+from export.train import data, evaluate, loop, tokenizer_train
+from export.train.checkpoint import load_checkpoint, save_checkpoint
 from tests.paths import DATA
 
 SAMPLES = DATA / "train"
@@ -94,7 +94,7 @@ def run_cli(kind: str, tmp: Path, *extra: str, name: str = "run") -> tuple[Path,
     corpus = TATOEBA if kind == "translator" else STORIES
     tiny = TINY_TRANSLATOR if kind == "translator" else TINY_GENERATOR
     argv = ["train", kind, "--data", str(corpus), "--run-dir", str(run_dir), "--out", str(out), *tiny, *extra]
-    assert train.main(argv) == 0
+    assert loop.main(argv) == 0
     return run_dir, out
 
 
@@ -186,8 +186,8 @@ def translator_loss(model, task_batch) -> float:
 def test_translator_training_lowers_loss(tmp_path):
     run_dir, out = run_cli("translator", tmp_path, "--steps", "40", "--eval-every", "20")
     trained, meta = load_checkpoint(out)
-    args = train.parse_args(["translator", "--data", str(TATOEBA), "--run-dir", str(run_dir), *TINY_TRANSLATOR])
-    task = train.TranslatorTask(args, run_dir)  # same seed: the untrained model the run started from
+    args = loop.parse_args(["translator", "--data", str(TATOEBA), "--run-dir", str(run_dir), *TINY_TRANSLATOR])
+    task = loop.TranslatorTask(args, run_dir)  # same seed: the untrained model the run started from
     batch, _ = task.next_batch(0)
     assert translator_loss(trained, batch) < translator_loss(task.model.eval(), batch) - 0.5
     assert meta["training"]["steps"] == 40 and meta["special_tokens"]["eos"] == 2

@@ -36,8 +36,8 @@ STEPS = 40
 @pytest.fixture(scope="session")
 def trained_gpt() -> ModelDir:
     """The shipped trained generator, exported fp32 (cached under build/test-cache/)."""
-    from export.checkpoint import build_checkpoint
     from export.modeldir import source_hash
+    from export.train.checkpoint import build_checkpoint
 
     if not (GENERATOR / "model.safetensors").is_file():
         pytest.skip("the trained generator checkpoint is not here")
@@ -141,7 +141,7 @@ async def test_cuda_graph_setting_falls_back_on_cpu(tiny_models_root, caplog):
 @pytest.fixture(scope="session")
 def trained_gpt_fp16(trained_gpt, tmp_path_factory) -> ModelDir:
     """The trained generator with its fp16 graph (the variant served on CUDA); GPU tests only."""
-    from export.checkpoint import build_checkpoint
+    from export.train.checkpoint import build_checkpoint
 
     return build_checkpoint(GENERATOR, tmp_path_factory.mktemp("fp16") / "tinystories-gpt", ("fp16",))
 

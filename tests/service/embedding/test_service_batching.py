@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from client import embed_request
-from service.embedding.grpc import STREAM_WINDOW
+from service.grpc.embedding import STREAM_WINDOW
 from tests.fixtures.server import metric, until
 
 MODEL = {"model": "tiny-embed"}

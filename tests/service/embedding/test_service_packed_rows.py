@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from export import packed, parity
+from export.gate import parity
+from export.onnx import packed
 from export.tiny import build_tiny
 from service.engine.packing import pack, pool
 from service.proto import inference_pb2 as pb

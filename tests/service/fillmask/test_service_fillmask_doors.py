@@ -107,8 +107,8 @@ def shipped_root() -> Path:
     """The shipped fill-mask checkpoint exported through the gate (as `make models`), cached."""
     if not (SHIPPED / "model.safetensors").is_file():
         pytest.skip("the shipped fill-mask checkpoint is not in this checkout")
-    from export.checkpoint import build_checkpoint
     from export.modeldir import source_hash
+    from export.train.checkpoint import build_checkpoint
     from tests.fixtures.models import cached_build
 
     files = sorted(p for p in SHIPPED.iterdir() if p.is_file())

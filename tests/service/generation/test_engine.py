@@ -267,7 +267,7 @@ async def test_ready_returns_queued_chunks_in_order_then_the_queued_error(runtim
     await failing.__anext__()
     failing.cancel()
     failing.ready()  # whatever was posted so far is taken
-    failing.sequence.post(Unavailable("the server is shutting down"))
+    failing.sequence.outbox.post(Unavailable("the server is shutting down"))
     assert failing.ready() == []
     with pytest.raises(Unavailable):
         await failing.__anext__()

@@ -25,7 +25,7 @@ async def test_a_call_bigger_than_the_queue_is_400_at_every_door(start_server):
         assert completion.status_code == 400 and completion.json()["error"]["code"] == "INVALID_ARGUMENT"
         assert "needs 4 places" in completion.json()["error"]["message"]
         assert "split the call" in completion.json()["error"]["message"]
-        assert kserve.status_code == 400 and "needs 3 places" in kserve.json()["error"]
+        assert kserve.status_code == 400 and "the limit is 2 (gen_max_queue)" in kserve.json()["error"]  # counted first
         assert admission.reserved == 0 and admission.waiting() == 0
         served = await http.post("/v1/completions", json={**body, "n": 2})
         assert served.status_code == 200 and len(served.json()["choices"]) == 2

@@ -1,13 +1,58 @@
-"""The batched sampler against the per-row reference: the same tokens for any mix of settings and seeds."""
+"""The batched sampler: sampling semantics (Hugging Face's repetition penalty, temperature, top-k,
+top-p, seeds) and the same tokens as a per-row reference, written here, for any mix of settings."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.generation.decoding import SamplingParams, make_rng, next_token
+from service.generation.decoding import SamplingParams, check_params, make_rng
 from service.generation.sampler import Row, choose_tokens
+
+NO_SEEN = np.zeros(0, np.int64)
+
+
+def reference_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """HF semantics, one row: each seen token's logit / penalty if > 0 else logit * penalty (once per id)."""
+    if penalty in (0.0, 1.0) or seen.size == 0:
+        return logits
+    logits = logits.copy()
+    ids = np.unique(seen)
+    vals = logits[ids]
+    logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return logits
+
+
+def reference_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng: np.random.Generator) -> int:
+    """One row of logits (V,) -> its token, sampled alone: argmax when greedy, else one draw among
+    the top_k most likely (stable order) whose mass before each is under top_p, renormalised."""
+    scores = reference_penalty(logits, seen, p.repetition_penalty)
+    if p.greedy:
+        return int(np.argmax(scores))
+    s = scores.astype(np.float64) / p.temperature
+    if 0 < p.top_k < s.size:
+        part = np.argpartition(-s, p.top_k - 1)[: p.top_k]
+        order = part[np.argsort(-s[part], kind="stable")]
+    else:
+        order = np.argsort(-s, kind="stable")
+    kept = s[order]
+    probs = np.exp(kept - kept[0])
+    probs /= probs.sum()
+    if 0.0 < p.top_p < 1.0:
+        before = np.cumsum(probs) - probs  # mass ranked above each token
+        n = max(1, int(np.count_nonzero(before < p.top_p)))
+        probs, order = probs[:n] / probs[:n].sum(), order[:n]
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(order[min(i, order.size - 1)])
+
+
+def one(logits: np.ndarray, p: SamplingParams, seen: np.ndarray = NO_SEEN, rng=None) -> int | Exception:
+    """The batched sampler on one row."""
+    row = Row(p, seen, None if p.greedy else rng or make_rng(p.seed))
+    return choose_tokens(np.asarray(logits)[None, :], [row])[0]
 
 
 @st.composite
@@ -46,7 +91,7 @@ def test_batched_sampling_equals_the_per_row_reference(batch):
         expected = []
         for row, p, s, rng in zip(logits, params, seen, reference_rngs, strict=True):
             penalised = s if p.repetition_penalty not in (0.0, 1.0) else s[:0]
-            expected.append(next_token(row, p, penalised, rng))
+            expected.append(reference_token(row, p, penalised, rng))
         assert choose_tokens(logits, rows) == expected
 
 
@@ -58,13 +103,13 @@ def test_a_row_that_raises_fails_alone():
     logits = np.random.default_rng(0).normal(size=(3, 50)).astype(np.float32)
     sampled = SamplingParams(temperature=0.8, seed=1)
     rows = [
-        Row(sampled, np.zeros(0, np.int64), make_rng(1)),
-        Row(sampled, np.zeros(0, np.int64), Broken()),
-        Row(SamplingParams(), np.zeros(0, np.int64), make_rng(None)),
+        Row(sampled, NO_SEEN, make_rng(1)),
+        Row(sampled, NO_SEEN, Broken()),
+        Row(SamplingParams(), NO_SEEN, make_rng(None)),
     ]
     out = choose_tokens(logits, rows)
     assert isinstance(out[1], FloatingPointError)
-    assert out[0] == next_token(logits[0], sampled, np.zeros(0, np.int64), make_rng(1))
+    assert out[0] == reference_token(logits[0], sampled, NO_SEEN, make_rng(1))
     assert out[2] == int(np.argmax(logits[2]))
 
 
@@ -75,3 +120,68 @@ def test_greedy_rows_share_one_argmax_and_keep_the_penalty():
         Row(SamplingParams(repetition_penalty=2.0), np.asarray([0, 0]), make_rng(None)),
     ]
     assert choose_tokens(logits, rows) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "logits, seen, expected",
+    [
+        ([2.0, 1.5], [0], 1),  # a positive logit is divided: 2 / 2 = 1 < 1.5
+        ([-1.0, -1.5], [0], 1),  # a negative one is multiplied: -2 < -1.5 (dividing would keep token 0)
+        ([2.0, 0.9], [0, 0, 0], 0),  # a token seen three times is penalised once: 1 > 0.9
+        ([0.1, 3.0, 2.0], [], 1),  # nothing seen: plain argmax
+    ],
+)
+def test_repetition_penalty_follows_hf_semantics(logits, seen, expected):
+    params = SamplingParams(repetition_penalty=2.0)
+    assert one(np.asarray(logits, np.float32), params, np.asarray(seen, np.int64)) == expected
+
+
+@pytest.mark.parametrize(
+    "params",
+    [  # the edges of every documented range (docs/api.md) are inside it and sample a token
+        SamplingParams(temperature=0.0, top_p=0.0, repetition_penalty=0.0),
+        SamplingParams(temperature=1e-3, top_p=1.0, repetition_penalty=1e-3),
+        SamplingParams(temperature=1e3, top_k=1_000_000, repetition_penalty=1e3, seed=2**64 - 1),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.9, repetition_penalty=1.2, stop=("\n",), seed=3),
+    ],
+)
+def test_params_at_the_edges_of_their_ranges_sample(params):
+    assert check_params(params) is None
+    assert one(np.asarray([1.0, -30.0, 5.0, 30.0, -2.0], np.float32), params, np.asarray([1])) in range(5)
+
+
+# float32 logits as the graph returns them; tokens 3 and 1 were seen, token 3 has the largest logit
+LOGITS, SEEN = np.asarray([1.0, -30.0, 5.0, 30.0, -2.0], np.float32), np.asarray([3, 1])
+
+
+@pytest.mark.parametrize(
+    "penalty, temperature, expected",
+    [
+        (1e-3, 1e-3, {3}),  # 30 / 1e-3 grows further ahead: all mass on token 3
+        (1e3, 1e-3, {2}),  # 30 / 1e3 = 0.03 falls behind token 2's 5.0: all mass on token 2
+        (1e-3, 1e3, {3}),  # 3e4 / 1e3 = 30 still dwarfs 5 / 1e3: all mass on token 3
+        (1.0, 1e3, {0, 1, 2, 3, 4}),  # logits / 1e3 are within 0.06 of each other: every token is drawn
+    ],
+)
+def test_extreme_allowed_scales_keep_sampling_finite(penalty, temperature, expected):
+    params = SamplingParams(temperature=temperature, repetition_penalty=penalty, seed=0)
+    check_params(params)
+    scores = reference_penalty(LOGITS, SEEN, penalty).astype(np.float64) / temperature
+    assert np.isfinite(scores).all()
+    rows = [Row(params, SEEN, make_rng(seed)) for seed in range(100)]  # 100 seeds, one batch
+    assert set(choose_tokens(np.tile(LOGITS, (100, 1)), rows)) == expected
+
+
+def test_top_k_one_is_greedy_and_seed_reproduces():
+    logits = np.random.default_rng(1).normal(size=100)
+    assert one(logits, SamplingParams(temperature=1.0, top_k=1), rng=make_rng(None)) == int(np.argmax(logits))
+    q = SamplingParams(temperature=1.3, top_p=0.8, seed=7)
+    a, b = make_rng(7), make_rng(7)
+    drawn = [one(logits, q, rng=a) for _ in range(20)]
+    assert drawn == [one(logits, q, rng=b) for _ in range(20)] and len(set(drawn)) > 1
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    rng = make_rng(0)
+    assert {one(logits, SamplingParams(temperature=1.0, top_p=0.7), rng=rng) for _ in range(300)} == {0, 1}

@@ -14,8 +14,8 @@ import pytest
 
 from client import generate_request
 from service.generation.decoding import SamplingParams
+from service.generation.handle import GenerationHandle
 from service.generation.model import GenerationModel
-from service.generation.sequence import GenerationHandle
 from service.proto import inference_pb2 as pb
 from tests.fixtures.server import generate_stream
 from tests.service.generation.test_engine import load, runtime  # noqa: F401 - the fixture

@@ -8,7 +8,7 @@ import pickle
 
 import httpx2 as httpx
 
-from service.generation.core import GenerateQuery, join_chunks
+from service.generation.core import GenerateQuery
 from service.generation.decoding import SamplingParams
 from service.generation.tokens import TOKENIZE_MAX_CHARS
 
@@ -37,27 +37,30 @@ async def test_a_tokenize_reply_over_the_message_limit_is_400(start_server):
         assert small.status_code == 200
 
 
-async def test_scores_carry_their_token_texts_and_widths_as_plain_values(server):
-    """A generation's chunks with logprobs and prompt scores: each token's text (special tokens
-    spelled out) and the characters it adds, computed where the text is decoded; they pickle."""
+async def test_scores_carry_their_token_texts_widths_and_offsets_as_plain_values(server):
+    """A generation's chunk with echo and logprobs: the prompt's scores, then the generated tokens',
+    each with its text (special tokens spelled out), the characters it adds and its offset in the
+    text, computed in the core; they pickle."""
     core = server.server.cores.generation
     tokenizer = server.server.registry.get("generation", MODEL).tokenizer
-    params = SamplingParams(max_new_tokens=6, logprobs=2, prompt_logprobs=1)
-    (generation,) = await core.generate_many([GenerateQuery(SENTENCE, params, MODEL)])
+    params = SamplingParams(max_new_tokens=6, logprobs=2)
+    (generation,) = await core.generate_many([GenerateQuery(SENTENCE, params, MODEL, echo=True)])
     try:
-        chunk = join_chunks(await generation.collect())
+        (chunk,) = await generation.collect()
     finally:
         generation.cancel()
     chunk = pickle.loads(pickle.dumps(chunk))
-    prompt, out = chunk.prompt_logprobs, chunk.logprobs
-    assert prompt is not None and out is not None
-    assert prompt.tokens == tokenizer.decode_batch([[t] for t in prompt.token_ids], skip_special_tokens=False)
-    assert sum(prompt.widths) == len(SENTENCE) and prompt.widths[0] == 0  # the start token is zero wide
-    assert out.tokens == tokenizer.decode_batch([[t] for t in chunk.token_ids], skip_special_tokens=False)
-    assert [len(row) for row in out.top_tokens] == [2] * len(chunk.token_ids)
-    eos = len(chunk.token_ids) if chunk.finish_reason != "eos" else len(chunk.token_ids) - 1
-    assert sum(out.widths[:eos]) == len(chunk.text) or chunk.finish_reason == "stop"
-    assert generation.prompt_text == SENTENCE
+    scores = chunk.logprobs
+    assert scores is not None and chunk.prompt_logprobs is None  # the prompt's scores come first in logprobs
+    prompt = len(scores) - len(chunk.token_ids)
+    assert scores.token_ids[prompt:] == chunk.token_ids and scores.logprobs[0] is None
+    assert scores.tokens == tokenizer.decode_batch([[t] for t in scores.token_ids], skip_special_tokens=False)
+    assert sum(scores.widths[:prompt]) == len(SENTENCE) and scores.widths[0] == 0  # the start token is zero wide
+    assert [len(row) for row in scores.top_tokens] == [0] + [2] * (len(scores) - 1)
+    assert scores.offsets == [sum(scores.widths[:i]) for i in range(len(scores))]
+    eos = len(scores) if chunk.finish_reason != "eos" else len(scores) - 1
+    assert chunk.text.startswith(SENTENCE)
+    assert sum(scores.widths[:eos]) == len(chunk.text) or chunk.finish_reason == "stop"
     tokenized = await core.tokenize(SENTENCE, MODEL, add_special_tokens=True)
-    assert tokenized.ids == prompt.token_ids and (await core.detokenize(tokenized.ids, MODEL)).text == SENTENCE
+    assert tokenized.ids == scores.token_ids[:prompt] and (await core.detokenize(tokenized.ids, MODEL)).text == SENTENCE
     assert pickle.loads(pickle.dumps(core.tokenizer_info(MODEL))).model == MODEL

@@ -158,7 +158,7 @@ async def test_translate_json_mirrors_translate_request(server):
         ("/v1/embeddings", b'{"input": "x", "dimensions": -1}', "dimensions=-1"),
         ("/v1/completions", b'{"prompt": "x", "max_tokens": "many"}', "max_tokens must be an integer"),
         ("/v1/completions", b'{"prompt": "x", "temperature": true}', "temperature must be a number"),
-        ("/v1/completions", b'{"prompt": "x", "n": 17}', "n=17 is out of range"),
+        ("/v1/completions", b'{"prompt": "x", "n": 17}', "n must be in [1, 16]"),
         ("/v1/completions", b'{"prompt": ["a", 5]}', "prompt must be a string, an array of strings"),
     ],
 )

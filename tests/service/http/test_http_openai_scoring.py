@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from client import generate_request
-from export.parity import forced_logits, log_softmax, onnx_step, session
+from export.gate.parity import forced_logits, log_softmax, onnx_step, session
 from service.generation.decoding import SamplingParams
 from tests.fixtures.server import metric, until
 from tests.service.embedding.test_service_batching import BlockedExecutor

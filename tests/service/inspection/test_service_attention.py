@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from export import attention
+from export.onnx import attention
 from export.tiny import MAX_INPUT_TOKENS, byte_tokenizer, tiny_model
 from service.errors import DeadlineExceeded
 from service.inspection.attention import AttentionQuery
@@ -148,7 +148,7 @@ async def test_a_directory_without_the_graph_answers_failed_precondition(
     manifest = json.loads((model_dir / "model.json").read_text())
     (model_dir / "attention.onnx").unlink()
     manifest["graphs"] = [g for g in manifest["graphs"] if g["role"] != "attention"]
-    if refused_by_gate:  # what export/attention.py writes when the graph is over its limit
+    if refused_by_gate:  # what export/onnx/attention.py writes when the graph is over its limit
         manifest["parity"]["attention_ok"] = False
     (model_dir / "model.json").write_text(json.dumps(manifest))
     server = await start_server(tmp_path)
@@ -160,7 +160,7 @@ async def test_a_directory_without_the_graph_answers_failed_precondition(
 
 @pytest.mark.slow
 async def test_minilm_attention_equals_pytorch(start_server, minilm_dir, tmp_path):
-    from export.minilm import load_minilm
+    from export.convert.minilm import load_minilm
 
     if json.loads((minilm_dir / "model.json").read_text())["parity"].get("attention_ok") is False:
         pytest.skip("the export gate left MiniLM's attention graph out on this CPU (figure in model.json)")

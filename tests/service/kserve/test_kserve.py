@@ -227,8 +227,8 @@ async def test_raw_contents_must_match_the_shape(server, shape, raw, message):
 
 CONTENTS_BAD = [
     ("BYTES", [3], [b"a", b"b"], "shape=[3] holds 3 elements but its contents 2"),
-    ("BYTES", [-1], [b"a"], "shape=[-1] must hold non-negative sizes"),
-    ("FP16", [1], [], "FP16 travels only in raw_input_contents"),
+    ("BYTES", [-1], [b"a"], "shape=[-1] must be an array of non-negative integers"),
+    ("FP16", [1], [], "has datatype 'FP16'; it must be BYTES"),  # refused before its contents are looked at
     ("STRING", [1], [], "datatype='STRING' is not one of"),
     ("INT32", [1], [7], "has datatype 'INT32'; it must be BYTES"),
 ]

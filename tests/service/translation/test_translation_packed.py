@@ -17,7 +17,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export import packed, parity
+from export.gate import parity
+from export.onnx import packed
 from export.tiny import MAX_INPUT_TOKENS, build_tiny
 from service.engine.packing import pack
 from service.manifest import load_model_dir

@@ -1,0 +1,373 @@
+"""PyTorch models -> ONNX graphs named as the model directory contract says (service/manifest.py).
+
+Each model family gets a thin wrapper module whose positional inputs and flat outputs carry the
+contract's tensor names, exported with the TorchScript exporter (`dynamo=False`, opset 17: its
+graphs fuse fully under onnxruntime's transformer optimizer). KV tensors are named
+`past_key_values.{i}.key|value` -> `present.{i}.key|value`. The generation decoder's self-attention
+is com.microsoft `GroupQueryAttention` over a fixed-length KV buffer that the caller binds as both
+past and present, so no step copies the cache; the translator's decoder keeps attention-mask
+inputs and a growing past (beam search reorders rows). Why and how: docs/design/generation.md.
+Decoders are traced with distinct batch / new / past lengths so no dynamic axis is frozen.
+Variants (optimized, fp16, int8) come from the fp32 graph through the `make_*` functions at the
+bottom; `graph_io` reads back what a graph file declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import cast
+
+import onnx
+import torch
+from torch import nn
+
+from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
+from export.models.encoder import SentenceEncoder
+from export.models.seq2seq import Translator
+from service.manifest import TensorSpec
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+# Example sizes used only for tracing; all different so the exporter cannot confuse the axes.
+_B, _T, _P, _S = 2, 5, 3, 7
+
+
+def _flat(pairs) -> list[torch.Tensor]:
+    return [t for kv in pairs for t in kv]
+
+
+def _pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def kv_names(prefix: str, n_layers: int) -> list[str]:
+    """['prefix.0.key', 'prefix.0.value', 'prefix.1.key', ...]"""
+    return [f"{prefix}.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+class EncoderGraph(nn.Module):
+    """(input_ids, attention_mask) -> sentence_embedding (B, C), pooled, not normalised.
+
+    Same computation as `SentenceEncoder.forward`, but the additive padding mask is written
+    `(1 - mask) * min` (Hugging Face BERT's form, equal to `layers.padding_mask`): that is the
+    pattern onnxruntime's optimizer recognises to fuse Attention and EmbedLayerNormalization.
+    """
+
+    def __init__(self, model: SentenceEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        x = self.model.embeddings(input_ids, torch.zeros_like(input_ids))  # (B, T, C)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
+        for block in self.model.blocks:
+            x = block(x, mask)
+        return self.model.pool(x, attention_mask)  # (B, C)
+
+
+class _GroupQueryAttention(torch.autograd.Function):
+    """Export only: emits com.microsoft GroupQueryAttention on packed QKV (batch, T, (nh + 2 nkv) hs)
+    with no separate key and value inputs. Its PyTorch forward returns tensors of the right shapes
+    for tracing, not attention: what the graph computes is checked against `GPTDecoder` by the
+    parity gate."""
+
+    @staticmethod
+    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):
+        head_size = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
+        return qkv[..., : n_heads * head_size].clone(), past_k.clone(), past_v.clone()
+
+    @staticmethod
+    def symbolic(g, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):
+        absent = [g.op("prim::Constant") for _ in range(2)]  # optional inputs left empty ("")
+        for node in absent:
+            node.setType(torch._C.OptionalType.ofTensor())
+        return g.op(
+            "com.microsoft::GroupQueryAttention",
+            qkv,
+            *absent,
+            past_k,
+            past_v,
+            seqlens_k,
+            total_length,
+            num_heads_i=n_heads,
+            kv_num_heads_i=n_kv_heads,
+            outputs=3,
+        )
+
+
+def _rotated(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """Rotary positions on the query and key parts of packed QKV (B, T, (nh + 2 nkv) hs), with the
+    cos / sin rows of each position (B, T, hs): `Rotary.forward`'s products in (B, T, heads, hs)
+    layout, so no transpose."""
+    head_size = cos.shape[-1]
+    q, k, v = qkv.split([n_heads * head_size, n_kv_heads * head_size, n_kv_heads * head_size], dim=-1)
+    cos, sin = cos[:, :, None], sin[:, :, None]  # (B, T, 1, hs)
+    q, k = q.unflatten(-1, (n_heads, head_size)), k.unflatten(-1, (n_kv_heads, head_size))  # (B, T, heads, hs)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    return torch.cat([q.flatten(2), k.flatten(2), v], dim=-1)  # (B, T, (nh + 2 nkv) hs)
+
+
+class DecoderGraph(nn.Module):
+    """(input_ids, position_ids, seqlens_k, total_sequence_length, *past) -> (logits, *present):
+    `GPTDecoder.forward` with its attention as GroupQueryAttention over a fixed-length KV buffer
+    (module doc). Each block's query, key and value projections run as one product on the
+    concatenated weights (one GEMM instead of three; one activation quantisation in int8). Rotary
+    positions are plain ops on that product, from `position_ids`, before GroupQueryAttention."""
+
+    def __init__(self, model: GPTDecoder):
+        super().__init__()
+        self.model = model
+        self.qkv = nn.ModuleList()
+        for block in cast(Iterable[DecoderBlock], model.blocks):
+            attn = block.attn
+            parts = (attn.query, attn.key, attn.value)
+            fused = nn.Linear(
+                attn.query.in_features, sum(p.out_features for p in parts), bias=attn.query.bias is not None
+            )
+            with torch.no_grad():
+                fused.weight.copy_(torch.cat([p.weight for p in parts]))
+                if fused.bias is not None:
+                    fused.bias.copy_(torch.cat([p.bias for p in parts]))
+            self.qkv.append(fused)
+
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, *past):
+        m = self.model
+        x = m.embed(input_ids, position_ids)  # (B, T, C)
+        rotary = m.rotary.tables(position_ids) if m.rotary is not None else None  # (B, T, hs) x 2
+        present = []
+        for block, qkv, (past_k, past_v) in zip(m.blocks, self.qkv, _pairs(past)):
+            attn, h = block.attn, block.ln_attn(x)
+            packed = qkv(h)  # (B, T, (nh + 2 nkv) hs)
+            if rotary is not None:
+                packed = _rotated(packed, *rotary, attn.n_heads, attn.n_kv_heads)
+            y, k, v = _GroupQueryAttention.apply(
+                packed, past_k, past_v, seqlens_k, total_sequence_length, attn.n_heads, attn.n_kv_heads
+            )
+            x = x + block.dropout(attn.out(y))
+            x = x + block.ffn(block.ln_ffn(x))
+            present += [k, v]
+        return (m.logits(m.ln_f(x)), *present)
+
+
+class TranslatorEncoderGraph(nn.Module):
+    """(input_ids, attention_mask) -> *cross_key_values (one K/V pair per decoder layer)."""
+
+    def __init__(self, model: Translator):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return tuple(_flat(self.model.encode(input_ids, attention_mask)))
+
+
+class TranslatorDecoderGraph(nn.Module):
+    """(input_ids, attention_mask, position_ids, encoder_attention_mask, *cross, *past) -> (logits, *present)."""
+
+    def __init__(self, model: Translator):
+        super().__init__()
+        self.model = model
+        self.n_flat = 2 * model.config.n_decoder_layers
+
+    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *kv):
+        cross, past = _pairs(kv[: self.n_flat]), _pairs(kv[self.n_flat :])
+        logits, present = self.model.decode(
+            input_ids, attention_mask, position_ids, past, cross, encoder_attention_mask
+        )
+        return (logits, *_flat(present))
+
+
+def _ids(name: str, *axes: str) -> TensorSpec:
+    return TensorSpec(name, "int64", list(axes))
+
+
+def _kv(names: list[str], heads: int, head_dim: int, length_axis: str, dtype: str) -> list[TensorSpec]:
+    return [TensorSpec(n, dtype, ["batch", heads, length_axis, head_dim]) for n in names]
+
+
+def encoder_specs(model: SentenceEncoder) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "sequence")]
+    return inputs, [TensorSpec("sentence_embedding", "float32", ["batch", model.config.d_model])]
+
+
+def decoder_specs(model: GPTDecoder, dtype: str = "float32") -> tuple[list[TensorSpec], list[TensorSpec]]:
+    cfg = model.config
+    heads, hd = cfg.kv_heads, cfg.head_size  # the cache holds the key / value heads
+    inputs = [
+        _ids("input_ids", "batch", "sequence"),
+        _ids("position_ids", "batch", "sequence"),
+        TensorSpec("seqlens_k", "int32", ["batch"]),
+        TensorSpec("total_sequence_length", "int32", []),
+    ]
+    inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "max_sequence", dtype)
+    outputs = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
+    outputs += _kv(kv_names("present", cfg.n_layers), heads, hd, "max_sequence", dtype)
+    return inputs, outputs
+
+
+def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tuple[list[TensorSpec], list[TensorSpec]]]:
+    cfg = model.config
+    heads, hd, n = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.n_decoder_layers
+    cross = _kv(kv_names("cross_key_values", n), heads, hd, "source_sequence", dtype)
+    enc_in = [_ids("input_ids", "batch", "source_sequence"), _ids("attention_mask", "batch", "source_sequence")]
+    dec_in = [
+        _ids("input_ids", "batch", "sequence"),
+        _ids("attention_mask", "batch", "total_sequence"),
+        _ids("position_ids", "batch", "sequence"),
+        _ids("encoder_attention_mask", "batch", "source_sequence"),
+    ]
+    dec_in += cross + _kv(kv_names("past_key_values", n), heads, hd, "past_sequence", dtype)
+    dec_out = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
+    dec_out += _kv(kv_names("present", n), heads, hd, "total_sequence", dtype)
+    return {"encoder": (enc_in, cross), "decoder": (dec_in, dec_out)}
+
+
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+    dynamic_axes = {t.name: {i: a for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs + outputs}
+    with torch.no_grad(), warnings.catch_warnings():
+        # head_dim (a fixed model size) is read from a shape in the attention scale: expected.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        torch.onnx.export(
+            module.eval(),
+            args,
+            str(path),
+            input_names=[t.name for t in inputs],
+            output_names=[t.name for t in outputs],
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
+    onnx.checker.check_model(str(path))
+    log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
+
+
+def _example_ids(vocab: int, batch: int, length: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+def _example_kv(batch: int, heads: int, length: int, head_dim: int, count: int) -> list[torch.Tensor]:
+    return [torch.randn(batch, heads, length, head_dim) for _ in range(count)]
+
+
+def export_encoder(model: SentenceEncoder, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs, outputs = encoder_specs(model)
+    ids = _example_ids(model.config.vocab_size, _B, _T)
+    _export(EncoderGraph(model), (ids, torch.ones_like(ids)), path, inputs, outputs)
+    return inputs, outputs
+
+
+def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    cfg = model.config
+    inputs, outputs = decoder_specs(model)
+    ids = _example_ids(cfg.vocab_size, _B, _T)
+    positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
+    seqlens = torch.full((_B,), _P + _T - 1, dtype=torch.int32)  # (B,)
+    total = torch.tensor(_P + _T, dtype=torch.int32)
+    past = _example_kv(_B, cfg.kv_heads, _S + _P + _T, cfg.head_size, 2 * cfg.n_layers)
+    _export(DecoderGraph(model), (ids, positions, seqlens, total, *past), path, inputs, outputs)
+    _declare_output_shapes(path, outputs)  # the custom op's outputs carry no shape of their own
+    return inputs, outputs
+
+
+def _declare_output_shapes(path: Path, outputs: list[TensorSpec]) -> None:
+    """Writes the contract's shapes (fixed sizes, named dynamic axes) onto the graph's outputs."""
+    model = onnx.load(str(path))
+    specs = {t.name: t for t in outputs}
+    for out in model.graph.output:
+        dims = out.type.tensor_type.shape.dim
+        del dims[:]
+        for axis in specs[out.name].shape:
+            dim = dims.add()
+            if isinstance(axis, int):
+                dim.dim_value = axis
+            else:
+                dim.dim_param = axis
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
+
+
+def export_translator(model: Translator, encoder_path: Path, decoder_path: Path) -> dict:
+    """Two graphs; returns {"encoder": (inputs, outputs), "decoder": (inputs, outputs)}."""
+    cfg = model.config
+    specs = translator_specs(model)
+    heads, hd, n = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.n_decoder_layers
+    src = _example_ids(cfg.vocab_size, _B, _S)
+    _export(TranslatorEncoderGraph(model), (src, torch.ones_like(src)), encoder_path, *specs["encoder"])
+    tgt = _example_ids(cfg.vocab_size, _B, _T)
+    mask = torch.ones(_B, _P + _T, dtype=torch.long)  # (B, P+T)
+    positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
+    cross = _example_kv(_B, heads, _S, hd, 2 * n)
+    past = _example_kv(_B, heads, _P, hd, 2 * n)
+    args = (tgt, mask, positions, torch.ones_like(src), *cross, *past)
+    _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"])
+    return specs
+
+
+# ---- variants, derived from the fp32 graph; the gate measures each against PyTorch ---------------
+
+
+def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model: int) -> dict[str, int]:
+    """onnxruntime's transformer optimizer (fusions); -> the fused operator counts.
+
+    model_type "bert" for encoders (EmbedLayerNormalization, Attention, BiasGelu,
+    SkipLayerNormalization), "gpt2" for decoders (LayerNorm / Gelu / SkipLayerNorm fusions; our
+    mask-and-cache attention is left unfused, which the gate checks is still exact).
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = optimize_model(str(src), model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
+    model.save_model_to_file(str(dst))
+    counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
+    log.info("optimized %s -> %s: %s", src.name, dst.name, counts)
+    return counts
+
+
+def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
+    """float16 weights and compute (for GPU). keep_io_types=True keeps float32 inputs/outputs.
+
+    The converter clamps constants to +-1e4, so the masks' float32 minimum becomes -1e4 rather
+    than -inf and a fully masked row still gives finite values.
+    """
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=keep_io_types)
+    onnx.save(model, str(dst))
+
+
+def make_int8(src: Path, dst: Path) -> None:
+    """int8 for the CPU (export/onnx/quantize.py): u8 x s8 integer GEMMs with one activation scale per
+    row (per token), computed at run time, and 7-bit weights per output column. A row's result does
+    not depend on the other rows of its batch, which batching with strangers needs (parity.py checks
+    it), and the GEMM gains from more rows. Encoders and decoders alike. (onnxruntime's
+    `quantize_dynamic`, used for encoders before, scales activations per tensor: a MiniLM embedding
+    moved by 0.11 between alone and batched. The weight-only `MatMulNBits` used for decoders before
+    is batch-invariant but gains little from more rows: docs/design/export.md.)
+    """
+    from export.onnx.quantize import quantize_rowwise
+
+    quantize_rowwise(src, dst)
+
+
+_ONNX_DTYPES = {
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.INT32: "int32",
+}
+
+
+def graph_io(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The inputs and outputs an ONNX file really declares (names, dtypes, fixed / named axes)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+
+    def spec(value) -> TensorSpec:
+        t = value.type.tensor_type
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+        return TensorSpec(value.name, _ONNX_DTYPES.get(t.elem_type, str(t.elem_type)), shape)
+
+    return [spec(v) for v in graph.input if v.name not in initializers], [spec(v) for v in graph.output]
