@@ -110,10 +110,14 @@ def build_model_dir(
     extra: dict | None = None,
     quality_sample: tuple[str, Sequence[Any]] | None = None,
     device: str = "cpu",
+    chat_template: Any = None,
 ) -> ModelDir:
     """A model of the kind -> the model directory out, through the gate. max_input_tokens: an
     embedding model's is its config's max_length; max_output_tokens: generation and translation
-    only; quality_sample and device: export.kinds.Request."""
+    only; quality_sample and device: export.kinds.Request; chat_template (generation only):
+    export/convert/chat_template.ChatTemplates, its files stored beside the graphs."""
+    if chat_template is not None and kind != "generation":
+        raise ValueError(f"a {kind} model has no chat template (generation models do)")
     request = Request(special_tokens, max_input_tokens, max_output_tokens, quality_sample, device)
     part = KINDS[kind](model, tokenizer, request)
     fields = dict(part.fields)
@@ -122,6 +126,9 @@ def build_model_dir(
     try:
         graphs, figures = _graphs(part, staging, variants)
         tokenizer.save(str(staging / TOKENIZER_FILE))
+        fields = dict(part.fields)
+        if chat_template is not None:
+            fields["chat_template"] = chat_template.stage(staging)
         write_manifest(
             staging,
             graphs=graphs,
@@ -159,4 +166,5 @@ def build_converted(
         max_input_tokens=c.max_input_tokens,
         max_output_tokens=c.max_output_tokens,
         device=device,
+        chat_template=c.chat_template,
     )

@@ -83,6 +83,9 @@ class Manifest:
     max_output_tokens: int | None = None  # generation / translation
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    # generation, optional: {"source", "special_tokens": {"bos_token": ...}, "templates": {name: {"file", "sha256"}},
+    # "checked": figures} (export/convert/chat_template.py; docs/model-directory.md)
+    chat_template: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"
@@ -135,6 +138,7 @@ def load_model_dir(path: str | Path, verify_hashes: bool = True) -> ModelDir:
         raise ModelDirError(f"{manifest_path}: unreadable ({e})") from e
     _check_manifest(manifest, manifest_path)
     files = [(g.file, g.sha256) for g in manifest.graphs] + [(manifest.tokenizer["file"], manifest.tokenizer["sha256"])]
+    files += [(t["file"], t["sha256"]) for t in (manifest.chat_template or {}).get("templates", {}).values()]
     for name, expected in files:
         f = inside(path, name, manifest_path)
         if not f.is_file():
@@ -195,6 +199,7 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         _check_classifier(m, where)
     if m.max_input_tokens <= 0:
         raise ModelDirError(f"{where}: max_input_tokens must be positive")
+    _check_chat_template(m.chat_template, where)
     ends = m.extra.get("eos_token_ids")
     if ends is not None and (
         not isinstance(ends, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ends)
@@ -211,6 +216,20 @@ def _check_classifier(m: Manifest, where: Path) -> None:
         raise ModelDirError(
             f"{where}: extra.activation {activation!r} is not one of {', '.join(CLASSIFIER_ACTIVATIONS)}"
         )
+
+
+def _check_chat_template(entry: Any, where: Path) -> None:
+    if entry is None:
+        return
+    templates = entry.get("templates") if isinstance(entry, dict) else None
+    if not isinstance(templates, dict) or not templates:
+        raise ModelDirError(f"{where}: chat_template needs 'templates': {{name: {{'file', 'sha256'}}}}")
+    for name, spec in templates.items():
+        if not isinstance(spec, dict) or not {"file", "sha256"} <= set(spec) or Path(spec["file"]).name != spec["file"]:
+            raise ModelDirError(f"{where}: chat_template {name!r} needs 'file' (a plain file name) and 'sha256'")
+    special = entry.get("special_tokens", {})
+    if not isinstance(special, dict) or not all(isinstance(v, str) for v in special.values()):
+        raise ModelDirError(f"{where}: chat_template.special_tokens must map names to token texts")
 
 
 def eos_token_ids(m: Manifest) -> frozenset[int]:

@@ -137,6 +137,11 @@ class Settings:
     gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
     gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
     gen_max_queue: int = _f(256, "queued generation requests per model; beyond it RESOURCE_EXHAUSTED")
+    chat_template: str = _f(
+        "",
+        "MODEL=FILE[,MODEL=FILE]: a Jinja chat template for a generation model, instead of its "
+        "directory's (or for one without); docs/chat.md",
+    )
     gen_max_context: int = _f(
         0,
         "longest context (prompt + generated tokens) a generation model serves, which "
@@ -210,6 +215,10 @@ class Settings:
             out.append("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             out.append("tls_client_ca (mTLS) needs TLS: give tls_cert and tls_key too")
+        try:
+            self.chat_templates()
+        except ValueError as e:
+            out.append(str(e))
         if self.gen_max_context < 0 or self.gen_max_context == 1:
             out.append(
                 f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
@@ -225,6 +234,16 @@ class Settings:
             out.append(f"metrics_port must be >= -1 (got {self.metrics_port})")
         if self.http_port < -1:
             out.append(f"http_port must be >= -1 (got {self.http_port})")
+        return out
+
+    def chat_templates(self) -> dict[str, str]:
+        """chat_template ("MODEL=FILE,MODEL=FILE") -> {model: file}; ValueError when malformed."""
+        out = {}
+        for item in filter(None, (s.strip() for s in self.chat_template.split(","))):
+            name, sep, file = item.partition("=")
+            if not sep or not name.strip() or not file.strip():
+                raise ValueError(f"chat_template {item!r}: expected MODEL=FILE (a model's name, a Jinja file)")
+            out[name.strip()] = file.strip()
         return out
 
     @property

@@ -51,6 +51,7 @@ class Options:
     pooling: str | None = None  # embedding: mean | cls | max
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    chat_template: Path | None = None  # generation: a Jinja file instead of the folder's template
 
 
 def family(folder: HFFolder, kind: str | None) -> tuple[ModuleType, str]:
@@ -74,7 +75,23 @@ def load(path: str | Path, options: Options = Options()) -> Converted:
     from export.convert import reference
 
     converted.source["reference"] = reference.check(folder, converted)
+    converted.chat_template = _chat_template(folder, converted, options.chat_template)
     return converted
+
+
+def _chat_template(folder: HFFolder, converted: Converted, override: Path | None):
+    """The folder's (or the override's) chat template, checked against transformers; None without one."""
+    from export.convert import chat_template, reference
+
+    if converted.kind != "generation":
+        if override is not None:
+            raise ConversionError(f"--chat-template: a {converted.kind} model has no chat (generation models do)")
+        return None
+    templates = chat_template.read(folder, reference.hf_tokenizer(folder), override)
+    if templates is None:
+        log.info("%s has no chat template (give one with --chat-template FILE)", folder.path)
+        return None
+    return chat_template.check(folder, templates, converted.tokenizer, override)
 
 
 def default_name(path: str | Path) -> str:

@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-input-tokens", type=int, help="longest input accepted (default: from the folder)")
     p.add_argument("--max-output-tokens", type=int, help="generation/translation: most new tokens (default: context)")
+    p.add_argument(
+        "--chat-template",
+        type=Path,
+        help="generation: a Jinja chat template file to store instead of the folder's (a base model has none)",
+    )
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
     p.add_argument(
         "--device",
@@ -56,6 +61,7 @@ def main(argv: list[str]) -> int:
         pooling=args.pooling,
         max_input_tokens=args.max_input_tokens,
         max_output_tokens=args.max_output_tokens,
+        chat_template=args.chat_template,
     )
     try:
         convert(

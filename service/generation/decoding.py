@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,11 @@ class SamplingParams:
     logprobs: int | None = None  # each generated token's log-probability and this many alternatives; None: off
     prompt_logprobs: int | None = None  # the same for every prompt token (teacher-forced); None: off
     score_only: bool = False  # no new token: the prompt's scores alone (with prompt_logprobs)
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2] (service/generation/penalties.py)
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    min_p: float = 0.0  # 0: off
+    constraint: Any = field(default=None, compare=False)  # structured output: constraint.Compiled, or None
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +72,15 @@ def check_params(p: SamplingParams) -> None:
         raise ParamError(
             f"repetition_penalty must be 0 (off) or in [{lo:g}, {hi:g}] (1 = neutral), got {p.repetition_penalty}"
         )
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(p, name)
+        if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+            raise ParamError(f"{name} must be in [-2, 2] (0 = off), got {value}")
+    if not (math.isfinite(p.min_p) and 0.0 <= p.min_p <= 1.0):
+        raise ParamError(f"min_p must be in [0, 1] (0 = off), got {p.min_p}")
+    for token, bias in p.logit_bias:
+        if token < 0 or not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+            raise ParamError(f"logit_bias[{token}]={bias}: token ids are >= 0 and biases in [-100, 100]")
     if p.max_new_tokens < 0:
         raise ParamError(f"max_new_tokens must be >= 0 (0 = server default), got {p.max_new_tokens}")
     for name in ("logprobs", "prompt_logprobs"):

@@ -20,6 +20,9 @@ from tokenizers import Tokenizer
 from service import tokenizing
 from service.engine.graphio import GraphIO
 from service.errors import InvalidArgument, ServiceError, quote
+from service.generation import chat_template
+from service.generation.chat_template import ChatTemplate
+from service.generation.constraint import Constraints
 from service.generation.decoding import ParamError, SamplingParams, check_params
 from service.generation.handle import GenerationHandle
 from service.generation.kvbudget import KVBudget, kv_bytes
@@ -68,6 +71,8 @@ class GenerationModel:
             self.name, tokenizer, special, self.context, self.max_prompt, self.vocab_size
         )
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
+        self.chat_template: ChatTemplate | None = None  # load() reads it (service/generation/chat.py uses it)
+        self.constraints = Constraints(tokenizer, self.io.vocab_size, self.eos_ids)  # structured output
         if not self.io.buffer_kv:
             raise ValueError(
                 f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
@@ -110,6 +115,7 @@ class GenerationModel:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
+        model.chat_template = chat_template.for_model(model_dir, settings.chat_templates(), tokenizer)
         graph_session, why = runtime.create_graph_session(path)  # decode steps only; prefill stays plain
         if graph_session is not None:
             model.scheduler.cache.enable_graphs(graph_session)
@@ -187,6 +193,11 @@ class GenerationModel:
             check_params(params)
         except ParamError as e:
             raise InvalidArgument(str(e)) from e
+        bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
+        if bad is not None:
+            raise InvalidArgument(
+                f"logit_bias names token {bad}; model {self.name!r} has ids 0 to {self.vocab_size - 1}"
+            )
         if isinstance(prompt, list):
             self._check_length(len(prompt), params, name)  # before each id is looked at
             self.check_ids(prompt, name)

@@ -70,8 +70,9 @@ class Output:
         self.finished = LENGTH
         return self._with_scores(Chunk("", []))
 
-    def accept(self, token: int, scores: TokenLogprobs | None, produced: int) -> Chunk | None:
-        """A generated token (the row's `produced`-th) -> the chunk to send, if any."""
+    def accept(self, token: int, scores: TokenLogprobs | None, produced: int, complete: bool = False) -> Chunk | None:
+        """A generated token (the row's `produced`-th) -> the chunk to send, if any. complete: the
+        row's grammar (constraint.py) is complete with it, a natural end (EOS)."""
         self._unsent.append(token)
         text = decoded = ""
         if token in self.eos_ids:
@@ -81,6 +82,8 @@ class Output:
             text = self._released(decoded)
             if self.finished is None and produced >= self.params.max_new_tokens:
                 self.finished = LENGTH
+        if complete and self.finished in (None, LENGTH):
+            self.finished = EOS
         if self._unsent_scores is not None and scores is not None:
             scores.widths = [len(decoded)]  # the token's own text, before stop sequences cut it
             self._unsent_scores.extend(scores)

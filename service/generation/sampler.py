@@ -16,10 +16,12 @@ A row whose own work raises gets its exception back in place of a token; the oth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from service.generation import penalties
 from service.generation.decoding import SamplingParams
 
 
@@ -30,11 +32,13 @@ class Row:
     params: SamplingParams
     seen: np.ndarray  # int64 ids the repetition penalty applies to (prompt + generated)
     rng: np.random.Generator | None  # None for a greedy row
+    constraint: Any = None  # structured output: constraint.RowConstraint (its mask applies to this row alone)
+    counts: dict[int, int] = field(default_factory=dict)  # generated tokens' counts (presence/frequency penalties)
 
 
 def choose_tokens(logits: np.ndarray, rows: list[Row]) -> list[int | Exception]:
     """logits (B, V), one Row each -> the next token of each row, or the exception its row raised."""
-    scores = _penalised(logits, rows)
+    scores = _masked(penalties.adjusted(_penalised(logits, rows), logits, rows), logits, rows)
     out: list[int | Exception] = [0] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:
@@ -50,6 +54,17 @@ def choose_tokens(logits: np.ndarray, rows: list[Row]) -> list[int | Exception]:
         for i, token in zip(members, _sample_group(scores[members], k, [rows[i] for i in members])):
             out[i] = token
     return out
+
+
+def _masked(scores: np.ndarray, logits: np.ndarray, rows: list[Row]) -> np.ndarray:
+    """Each constrained row's disallowed tokens at -inf, on a copy (logits stay raw for logprobs)."""
+    hit = [i for i, r in enumerate(rows) if r.constraint is not None]
+    if not hit:
+        return scores
+    scores = scores.copy() if scores is logits else scores
+    for i in hit:
+        scores[i, ~rows[i].constraint.allowed()[: scores.shape[1]]] = -np.inf
+    return scores
 
 
 def _penalised(logits: np.ndarray, rows: list[Row]) -> np.ndarray:
@@ -71,7 +86,7 @@ def _penalised(logits: np.ndarray, rows: list[Row]) -> np.ndarray:
 def _sample_group(scores: np.ndarray, top_k: int, rows: list[Row]) -> list[int | Exception]:
     """Rows sharing top_k (0: off): scores (n, V) -> one drawn token per row."""
     temperature = np.asarray([r.params.temperature for r in rows], np.float64)
-    s = scores.astype(np.float64) / temperature[:, None]  # (n, V)
+    s = penalties.min_p_cut(scores.astype(np.float64) / temperature[:, None], rows)  # (n, V)
     if top_k:
         part = np.argpartition(-s, top_k - 1, axis=1)[:, :top_k]  # (n, k), unordered
         rank = np.argsort(-np.take_along_axis(s, part, axis=1), axis=1, kind="stable")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import InvalidArgument
+from service.generation.constraint import RowConstraint
 from service.generation.decoding import SamplingParams, make_rng
 from service.generation.handle import Outbox
 from service.generation.output import Chunk, Output
@@ -47,6 +48,8 @@ class Sequence:
         seen = np.asarray(self.prompt_ids if self._penalised else [], dtype=np.int64)
         # What the sampler reads; greedy rows draw nothing (an unseeded generator costs an OS entropy read).
         self.sampling = Row(self.params, seen, None if self.params.greedy else make_rng(self.params.seed))
+        if self.params.constraint is not None:
+            self.sampling.constraint = RowConstraint(self.params.constraint)
         self.output = Output(self.tokenizer, self.prompt_ids, self.params, self.eos_ids)
 
     @property
@@ -83,7 +86,10 @@ class Sequence:
         self.generated.append(token)
         if self._penalised:
             self.sampling.seen = np.append(self.sampling.seen, token)
-        chunk = self.output.accept(token, scores, len(self.generated))
+        if self.params.presence_penalty or self.params.frequency_penalty:
+            self.sampling.counts[token] = self.sampling.counts.get(token, 0) + 1
+        complete = self.sampling.constraint is not None and self.sampling.constraint.accept(token)
+        chunk = self.output.accept(token, scores, len(self.generated), complete)
         if chunk is not None and self.output.finished is not None:
             self._finish(chunk)
         return chunk

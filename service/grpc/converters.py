@@ -1,4 +1,5 @@
-"""Protobuf pieces every kind's converters share (`usage`, `timings`, `model_info`, `float32`); each
+"""Protobuf pieces every kind's converters share (`usage`, `timings`, `model_info`, `float32`; generation's
+and chat's `sampling_params` and `FINISH_REASONS`); each
 kind's own request and response conversions are in its module here, service/grpc/<kind>.py."""
 
 from __future__ import annotations
@@ -6,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from service.errors import InvalidArgument
+from service.generation.decoding import SamplingParams
+from service.generation.output import EOS, LENGTH, STOP
 from service.models import ModelInfo
 from service.proto import inference_pb2 as pb
 from service.timings import Timings
@@ -43,3 +46,28 @@ def timings(t: Timings) -> pb.Timings:
 def model_info(info: ModelInfo) -> pb.ModelInfo:
     """The models core's ModelInfo as the message."""
     return pb.ModelInfo(**dataclasses.asdict(info))
+
+
+FINISH_REASONS = {
+    LENGTH: pb.FINISH_REASON_LENGTH,
+    STOP: pb.FINISH_REASON_STOP_SEQUENCE,
+    EOS: pb.FINISH_REASON_EOS,
+}
+
+
+def sampling_params(request: pb.GenerateRequest | pb.ChatRequest) -> SamplingParams:
+    """A GenerateRequest's or ChatRequest's sampling knobs as plain values (ranges are checked by the
+    core and the model); a GenerateRequest's logprobs and echo are service/grpc/generation.py's."""
+    return SamplingParams(
+        max_new_tokens=int(request.max_new_tokens),
+        temperature=float(request.temperature),
+        top_k=int(request.top_k),
+        top_p=float(request.top_p),
+        repetition_penalty=float(request.repetition_penalty),
+        stop=tuple(request.stop),
+        seed=int(request.seed) if request.HasField("seed") else None,
+        presence_penalty=float(request.presence_penalty),
+        frequency_penalty=float(request.frequency_penalty),
+        min_p=float(request.min_p),
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in request.logit_bias.items())),
+    )

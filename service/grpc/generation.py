@@ -12,6 +12,7 @@ queries with `generate_query` too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -19,33 +20,13 @@ import grpc
 
 from service.cores import Cores
 from service.errors import InvalidArgument, deadline_of, grpc_errors
-from service.generation.core import EOS, LENGTH, STOP, Chunk, GenerateQuery, GenerationCore, join_chunks
-from service.generation.decoding import SamplingParams
+from service.generation.chat import ChatCore
+from service.generation.core import Chunk, GenerateQuery, GenerationCore, join_chunks
 from service.generation.scoring import TokenLogprobs
-from service.grpc.converters import timings, usage
+from service.grpc import chat as chat_converters
+from service.grpc.converters import FINISH_REASONS, sampling_params, timings, usage
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
-
-FINISH_REASONS = {
-    LENGTH: pb.FINISH_REASON_LENGTH,
-    STOP: pb.FINISH_REASON_STOP_SEQUENCE,
-    EOS: pb.FINISH_REASON_EOS,
-}
-
-
-def sampling_params(request: pb.GenerateRequest) -> SamplingParams:
-    """A GenerateRequest's sampling knobs as plain values (ranges are checked by the core and the model)."""
-    return SamplingParams(
-        max_new_tokens=int(request.max_new_tokens),
-        temperature=float(request.temperature),
-        top_k=int(request.top_k),
-        top_p=float(request.top_p),
-        repetition_penalty=float(request.repetition_penalty),
-        stop=tuple(request.stop),
-        seed=int(request.seed) if request.HasField("seed") else None,
-        logprobs=int(request.logprobs) if request.HasField("logprobs") else None,
-        score_only=request.echo and request.max_new_tokens == 0,
-    )
 
 
 def generate_query(request: pb.GenerateRequest, stream: bool = False) -> GenerateQuery:
@@ -56,9 +37,14 @@ def generate_query(request: pb.GenerateRequest, stream: bool = False) -> Generat
         if request.prompt:
             raise InvalidArgument("send prompt or prompt_token_ids, not both")
         prompt, name = list(request.prompt_token_ids), "prompt_token_ids"
+    params = dataclasses.replace(
+        sampling_params(request),
+        logprobs=int(request.logprobs) if request.HasField("logprobs") else None,
+        score_only=request.echo and request.max_new_tokens == 0,
+    )
     return GenerateQuery(
         prompt,
-        sampling_params(request),
+        params,
         request.model,
         int(request.stream_interval_ms),
         prompt_name=name,
@@ -128,7 +114,7 @@ def generate_response(choices: list[Chunk], model: str) -> pb.GenerateResponse:
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, core: GenerationCore):
-        self.core = core
+        self.core, self.chats = core, ChatCore(core)
 
     @grpc_errors("GenerationService")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
@@ -157,6 +143,35 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 sent = time.monotonic()
         finally:
             generation.cancel()
+
+    @grpc_errors("GenerationService")
+    async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.ChatResponse:
+        query, tool_choice = chat_converters.chat_query(request)
+        chat = await self.chats.chat(query, deadline_of(context))
+        try:
+            choices = await chat.generation.collect()
+        finally:
+            chat.cancel()
+        return chat_converters.chat_response(choices, chat, tool_choice)
+
+    @grpc_errors("GenerationService")
+    async def ChatStream(
+        self, request: pb.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ChatChunk]:
+        query, tool_choice = chat_converters.chat_query(request)
+        if query.n > 1:
+            raise InvalidArgument("ChatStream streams one choice (n=1); call Chat for several")
+        chat = await self.chats.chat(query, deadline_of(context))
+        generation, splitter = chat.generation, chat.splitter()
+        try:
+            if tool_choice.mode != "none":  # tool calls are parsed from the whole reply
+                whole = await generation.collect()
+                yield chat_converters.whole_chunk(chat_converters.chat_response(whole, chat, tool_choice))
+                return
+            async for chunk in generation:
+                yield chat_converters.chat_chunk(join_chunks([chunk, *generation.ready()]), splitter, chat.model)
+        finally:
+            chat.cancel()
 
 
 def register(server: grpc.aio.Server, cores: Cores) -> None:

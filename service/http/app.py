@@ -4,7 +4,7 @@ it mirrors (protocol="http"), gives the core its deadline and maps failures to O
 
     POST /v1/embeddings        EmbeddingService/Embed
     POST /v1/completions       GenerationService/Generate (GenerateStream with "stream": true)
-    POST /v1/chat/completions  GenerationService/ChatCompletions: 400, the models have no chat template
+    POST /v1/chat/completions  GenerationService/Chat (ChatStream with "stream": true): service/http/chat.py
     POST /tokenize             GenerationService/Tokenize      POST /detokenize  GenerationService/Detokenize
     GET  /tokenizer_info       GenerationService/TokenizerInfo
     GET  /v1/models            ModelService/ListModels         GET /v1/models/{id}  ModelService/GetModel
@@ -21,6 +21,7 @@ Authentication (anything every route must pass) goes in `build_app(middleware=..
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -32,13 +33,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from service.cores import Cores
-from service.errors import InvalidArgument
-from service.generation.core import Chunk, Generation, join_chunks
+from service.generation.chat import Chat, ChatCore
+from service.generation.core import Chunk, GenerateQuery, Generation, join_chunks
 from service.grpc.fillmask import fill_mask_query, fill_mask_response
 from service.grpc.translation import translate_query, translate_response
-from service.http import classification, completions, schemas, tokenization
+from service.http import chat, classification, completions, schemas, tokenization
 from service.http.body import read_json
-from service.http.completions import Completion  # for annotations: a method shadows the module's name
+from service.http.completions import (
+    Completion,
+    CompletionRequest,
+)  # for annotations: a method shadows the module's name
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 
@@ -48,6 +52,7 @@ class Routes:
 
     def __init__(self, cores: Cores, is_serving: Callable[[], bool]):
         self.cores, self.registry, self.settings, self.is_serving = cores, cores.registry, cores.settings, is_serving
+        self.chats = ChatCore(cores.generation)
 
     async def _json(self, request: Request) -> dict:
         """The body as a JSON object, bounded in size, time and nesting (service/http/body.py)."""
@@ -65,7 +70,7 @@ class Routes:
         if query.stream:
             call.method = "GenerateStream"
         # Every choice of every prompt admitted at once; refusals here, before any 200.
-        generations = await self.cores.generation.generate_many(query.queries, call.deadline)
+        generations = await self.cores.generation.generate_many(await self._constrained(query), call.deadline)
         try:
             completion = completions.Completion(generations[0].model)
             if query.stream:
@@ -81,6 +86,15 @@ class Routes:
                 generation.cancel()
             raise
 
+    async def _constrained(self, query: CompletionRequest) -> list[GenerateQuery]:
+        """The queries with their structure compiled once for every choice (each row copies it)."""
+        if query.structure is None:
+            return query.queries
+        compiled = await self.chats.model(query.queries[0].model).constraints.compile(query.structure)
+        return [
+            dataclasses.replace(q, params=dataclasses.replace(q.params, constraint=compiled)) for q in query.queries
+        ]
+
     @staticmethod
     async def _chunks(generation: Generation, completion: Completion):
         # The response cancels the generation when it ends: a client gone frees its cache row; the
@@ -89,13 +103,25 @@ class Routes:
             # Chunks that queued up while the previous event was written go out as one.
             yield completions.event(completion, join_chunks([chunk, *generation.ready()]))
 
-    @route("GenerationService", "ChatCompletions")
+    @route("GenerationService", "Chat")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
-        model = self.cores.generation.tokenizer_info(schemas.field(await self._json(request), "model", str, "")).model
-        raise InvalidArgument(
-            f"model {model!r} is a plain language model without a chat template: it cannot turn "
-            "messages into a prompt; send the text to POST /v1/completions"
-        )
+        query = chat.parse(await self._json(request))  # service/http/chat.py
+        if query.stream:
+            call.method = "ChatStream"
+        admitted = await self.chats.chat(query.query, call.deadline)  # refusals here, before any 200
+        try:
+            completion = chat.Completion(admitted.model)
+            if query.stream:
+                events = _chat_events(admitted, completion, query)
+                return call.stream(events, on_close=admitted.cancel)
+            try:
+                (chunks,) = await call.unless_gone(request, _collect([admitted.generation]))
+            finally:
+                admitted.cancel()
+            return JSONResponse(completion.response(admitted, chunks, query))
+        except BaseException:
+            admitted.cancel()
+            raise
 
     @route("GenerationService", "Tokenize")
     async def tokenize(self, request: Request, call: HttpCall) -> Response:
@@ -139,6 +165,23 @@ class Routes:
     async def health(self, request: Request) -> Response:
         serving = self.is_serving() and not self.registry.draining
         return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
+
+
+async def _chat_events(admitted: Chat, completion: chat.Completion, query: chat.ChatRequest):
+    """A streamed chat: the role first, then each batch of chunks as one delta, then the usage."""
+    generation, splitter = admitted.generation, admitted.splitter()
+    yield completion.first(query.include_usage)
+    if query.tool_choice.mode != "none":  # tool calls are parsed from the whole reply
+        (whole,) = await generation.collect()
+        yield completion.whole_event(admitted, whole, query)
+        if query.include_usage:
+            yield completion.usage_event(whole)
+        return
+    async for chunk in generation:
+        joined = join_chunks([chunk, *generation.ready()])
+        yield completion.event(joined, splitter, query.logprobs, query.include_usage)
+        if joined.finish_reason is not None and query.include_usage:
+            yield completion.usage_event(joined)
 
 
 async def _collect(generations: list[Generation]) -> list[list[Chunk]]:

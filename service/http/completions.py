@@ -20,11 +20,12 @@ import uuid
 from dataclasses import dataclass
 
 from service.errors import InvalidArgument
+from service.generation.constraint import Structure, structure_of
 from service.generation.core import EOS, LENGTH, STOP, Chunk, GenerateQuery
 from service.generation.decoding import SamplingParams
 from service.generation.query import MAX_N
 from service.generation.scoring import TokenLogprobs
-from service.http.schemas import FLOAT32, UINT64, count, field, refuse_unsupported, strings, text
+from service.http.schemas import FLOAT32, UINT64, count, field, penalties, refuse_unsupported, strings, text
 
 Prompt = str | list[int]
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
@@ -42,6 +43,7 @@ class CompletionRequest:
     queries: list[GenerateQuery]  # one per prompt, each with its n choices
     n: int
     stream: bool
+    structure: Structure | None = None  # response_format / structured_outputs (constraint.py)
 
 
 def parse(body: dict, max_prompts: int) -> CompletionRequest:
@@ -68,6 +70,7 @@ def parse(body: dict, max_prompts: int) -> CompletionRequest:
         seed=field(body, "seed", int, minimum=0, maximum=UINT64),
         logprobs=field(body, "logprobs", int, None),
         score_only=max_tokens == 0,
+        **penalties(body),
     )
     stream = field(body, "stream", bool, False)
     if stream and len(prompts) > 1:
@@ -77,7 +80,7 @@ def parse(body: dict, max_prompts: int) -> CompletionRequest:
         GenerateQuery(p, params, model, prompt_name=_name(prompts, i), n=n, echo=echo, stream=stream)
         for i, p in enumerate(prompts)
     ]
-    return CompletionRequest(queries, n, stream)
+    return CompletionRequest(queries, n, stream, structure_of(body))
 
 
 def _name(prompts: list[Prompt], i: int) -> str:

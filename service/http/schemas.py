@@ -75,6 +75,31 @@ def strings(body: dict, name: str, default: list[str] | None = None, most: tuple
     raise InvalidArgument(f"{name} must be a string or an array of strings (token-id arrays are not accepted)")
 
 
+def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias {"token id": bias} as (id, bias) pairs (ranges are the core's)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > 1024:
+        raise InvalidArgument("logit_bias must be an object of at most 1024 {token id: bias}")
+    out = []
+    for key, bias in value.items():
+        if not key.isdigit() or isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise InvalidArgument(f"logit_bias[{key[:16]!r}] must map a token id to a number")
+        out.append((int(key), float32(f"logit_bias[{key}]", float(bias))))
+    return tuple(out)
+
+
+def penalties(body: dict) -> dict:
+    """presence_penalty, frequency_penalty, logit_bias and min_p as SamplingParams fields."""
+    return dict(
+        presence_penalty=field(body, "presence_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
+        frequency_penalty=field(body, "frequency_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
+        min_p=field(body, "min_p", float, 0.0, minimum=0, maximum=FLOAT32),
+        logit_bias=logit_bias(body),
+    )
+
+
 def count(name: str, values: list, most: int, setting: str) -> None:
     """InvalidArgument when the array `name` holds more than `most` (the setting's value) elements:
     checked on its length, before any work per element."""

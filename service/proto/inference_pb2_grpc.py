@@ -173,6 +173,16 @@ class GenerationServiceStub:
                 request_serializer=inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=inference_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.Chat = channel.unary_unary(
+                '/inference.v1.GenerationService/Chat',
+                request_serializer=inference_dot_v1_dot_inference__pb2.ChatRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.ChatResponse.FromString,
+                _registered_method=True)
+        self.ChatStream = channel.unary_stream(
+                '/inference.v1.GenerationService/ChatStream',
+                request_serializer=inference_dot_v1_dot_inference__pb2.ChatRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.ChatChunk.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -194,6 +204,21 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Chat(self, request, context):
+        """A chat: the messages rendered with the model's own chat template (docs/chat.md), n choices.
+        FAILED_PRECONDITION when the model has no chat template.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChatStream(self, request, context):
+        """One choice's reply as it is generated; the last chunk carries finish_reason and usage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -206,6 +231,16 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=inference_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=inference_dot_v1_dot_inference__pb2.GenerateChunk.SerializeToString,
+            ),
+            'Chat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Chat,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.ChatRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.ChatResponse.SerializeToString,
+            ),
+            'ChatStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ChatStream,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.ChatRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.ChatChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +300,60 @@ class GenerationService:
             '/inference.v1.GenerationService/GenerateStream',
             inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             inference_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Chat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.GenerationService/Chat',
+            inference_dot_v1_dot_inference__pb2.ChatRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.ChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChatStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/inference.v1.GenerationService/ChatStream',
+            inference_dot_v1_dot_inference__pb2.ChatRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.ChatChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,12 +41,16 @@ NEW_GRPC_CALLS = {  # one call of every kind, as a client that connects during t
     "Attention": lambda ch: pb_grpc.InspectionServiceStub(ch).Attention(
         pb.AttentionRequest(model="tiny-embed", text="a b"), timeout=10
     ),
+    "Chat": lambda ch: pb_grpc.GenerationServiceStub(ch).Chat(
+        pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="Hi")]), timeout=10
+    ),
     "ListModels": lambda ch: pb_grpc.ModelServiceStub(ch).ListModels(pb.ListModelsRequest(), timeout=10),
     "ModelInfer": lambda ch: oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(_infer_request(), timeout=10),
 }
 NEW_HTTP_CALLS = {
     "/v1/embeddings": {"input": ["a new call"]},
     "/v1/completions": {"prompt": "Hi", "max_tokens": 4},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
     "/v1/translate": {"inputs": ["Hi"]},
     "/v1/fill-mask": {"inputs": ["a [MASK]"]},
 }

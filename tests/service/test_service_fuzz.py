@@ -45,7 +45,14 @@ VALID = {
     "FillMaskService/FillMask": pb.FillMaskRequest(inputs=["fuzz [MASK]"]),
     "ClassificationService/Rerank": pb.RerankRequest(query="fuzz", documents=["fuzz"]),
     "ClassificationService/Classify": pb.ClassifyRequest(inputs=[pb.ClassifyInput(text="fuzz")]),
+    "GenerationService/Chat": pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="fuzz")], max_new_tokens=2),
+    "GenerationService/ChatStream": pb.ChatRequest(
+        messages=[pb.ChatMessage(role="user", content="fuzz")], max_new_tokens=2
+    ),
 }
+# tiny-gpt chats with this template here (--chat-template): short, as its context is (48 prompt tokens)
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:"
+CHAT_TEMPLATE += "{% endif %}"
 EXPLICIT = [(r, VALID[r.name]) for r in rpcs() if r.name in VALID]
 
 
@@ -104,8 +111,10 @@ def _explicit_examples(test):
     return test
 
 
-async def test_fuzzed_requests_end_with_documented_statuses(all_kinds_root, start_server):
-    server = await start_server(all_kinds_root)  # a model of every kind: every RPC can get through
+async def test_fuzzed_requests_end_with_documented_statuses(all_kinds_root, start_server, tmp_path):
+    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    # a model of every kind: every RPC can get through; tiny-gpt chats with the template above
+    server = await start_server(all_kinds_root, chat_template=f"tiny-gpt={tmp_path / 'chat.jinja'}")
     client, seen = Client(server.address), Counter()
     try:
         await asyncio.to_thread(

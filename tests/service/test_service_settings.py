@@ -30,6 +30,7 @@ def test_env_then_flags_override():
         ({"TS_COMPUTE_WORKERS": "0"}, "compute_workers must be > 0"),
         ({"TS_EMBED_MAX_QUEUE": "100"}, "embed_max_inputs=256 is above embed_max_queue=100"),
         ({"TS_TRANSLATE_MAX_INPUTS": "5000"}, "translate_max_inputs=5000 is above translate_max_queue=4096"),
+        ({"TS_CHAT_TEMPLATE": "qwen=a.jinja,b.jinja"}, "chat_template 'b.jinja': expected MODEL=FILE"),
     ],
 )
 def test_bad_settings_say_why(env, words):
@@ -44,8 +45,13 @@ PARTNERS = {
 }
 
 
+VALID = {"chat_template": "tiny-gpt=chatml.jinja"}  # str settings with a form of their own
+
+
 def _other_value(f: dataclasses.Field):
     """A valid value of the field other than its default."""
+    if f.name in VALID:
+        return VALID[f.name]
     if f.metadata.get("choices"):
         return next(c for c in f.metadata["choices"] if c != f.default)
     return {"bool": lambda d: not d, "int": lambda d: d + 2, "float": lambda d: d + 0.5}.get(

@@ -34,8 +34,27 @@ FIELDS = {
         "logprobs",
         "best_of",
         "repetition_penalty",
+        "response_format",
+        "structured_outputs",
     ],
-    "/v1/chat/completions": ["model", "messages"],
+    "/v1/chat/completions": [
+        "model",
+        "messages",
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "chat_template_kwargs",
+        "continue_final_message",
+        "response_format",
+        "structured_outputs",
+    ],
     "/tokenize": ["prompt", "model", "add_special_tokens", "return_token_strs", "messages"],
     "/detokenize": ["tokens", "model"],
     "/v1/translate": ["inputs", "model", "beam_size", "max_length", "length_penalty"],
@@ -80,14 +99,29 @@ VALUES = st.recursive(
 )
 
 
+MESSAGES = st.lists(  # chat messages: mostly well-formed keys, any values
+    st.dictionaries(
+        st.sampled_from(["role", "content", "name", "tool_calls", "tool_call_id", "other"]),
+        st.sampled_from(["system", "user", "assistant", "tool", "wizard"]) | VALUES,
+        max_size=4,
+    ),
+    max_size=4,
+)
+
+
 @st.composite
-def calls(draw):
-    path = draw(st.sampled_from(sorted(FIELDS)))
+def calls(draw, paths: tuple[str, ...] = ()):
+    path = draw(st.sampled_from(sorted(paths or FIELDS)))
     body = draw(st.dictionaries(st.sampled_from([*FIELDS[path], "other"]), VALUES, max_size=6))
+    if path != "/tokenize" and draw(st.booleans()):  # a structure llguidance may or may not take
+        body["structured_outputs"] = {draw(st.sampled_from(["regex", "grammar", "json", "choice"])): draw(VALUES)}
+    if path == "/v1/chat/completions" and draw(st.booleans()):
+        body["messages"] = draw(MESSAGES)
+        body["model"] = draw(st.sampled_from(["qwen2.5", "llama3.1", "mistral", "qwen3", "base", "tiny-gpt"]))
     return path, json.dumps(body)  # NaN and Infinity as JavaScript literals, which Python's json reads
 
 
-def run_property(url: str) -> None:
+def run_property(url: str, paths: tuple[str, ...] = ()) -> None:
     @seed(7)
     @settings(
         max_examples=EXAMPLES,
@@ -96,7 +130,7 @@ def run_property(url: str) -> None:
         phases=[Phase.explicit, Phase.generate],
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(call=calls())
+    @given(call=calls(paths))
     def ends_with_a_documented_status(call) -> None:
         path, body = call
         with httpx.Client(base_url=url, timeout=60) as http:
@@ -119,3 +153,11 @@ async def test_random_bodies_never_get_a_500(all_kinds_root, start_server):
     async with httpx.AsyncClient(base_url=server.http_url) as http:  # still serving afterwards
         assert (await http.get("/health")).status_code == 200
         assert (await http.post("/v1/embeddings", json={"input": "fine"})).status_code == 200
+
+
+async def test_random_chat_bodies_never_get_a_500(start_server, chat_models_root):
+    server = await start_server(chat_models_root)  # chat models with templates (tests/fixtures/chat.py)
+    await asyncio.to_thread(run_property, server.http_url, ("/v1/chat/completions", "/tokenize"))
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        body = {"model": "qwen2.5", "messages": [{"role": "user", "content": "still here?"}], "max_tokens": 2}
+        assert (await http.post("/v1/chat/completions", json=body)).status_code == 200

@@ -216,7 +216,8 @@ async def test_lm_eval_detects_the_remote_tokenizer(server):
 async def test_chat_completions_says_the_model_has_no_chat_template(server, client):
     with pytest.raises(openai.BadRequestError) as err:
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    assert err.value.status_code == 400 and "plain language model" in err.value.message
+    assert err.value.status_code == 400 and "has no chat template" in err.value.message
+    assert "--chat-template" in err.value.message
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,43 @@
+"""OpenAI's presence and frequency penalties, `logit_bias` and `min_p`, per row, on the (B, V) scores.
+
+A row's adjustments read only its own settings and its own generated tokens, so its neighbours'
+tokens never change (batch invariance, like every other sampling option):
+- presence / frequency (OpenAI's definition): logit - frequency * count - presence * (count > 0),
+  count = how often the token was generated so far in this reply (vLLM counts the output too);
+- logit_bias: a fixed amount added to the named tokens' logits (-100 bans, +100 forces, in practice);
+- min_p: after temperature, tokens less likely than min_p times the likeliest are dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_BIAS = 100.0
+MAX_PENALTY = 2.0
+
+
+def adjusted(scores: np.ndarray, logits: np.ndarray, rows) -> np.ndarray:
+    """scores (B, V) with each row's penalties and bias applied (a copy when any applies)."""
+    hit = [i for i, r in enumerate(rows) if r.counts or r.params.logit_bias]
+    if not hit:
+        return scores
+    scores = scores.copy() if scores is logits else scores
+    for i in hit:
+        p, counts = rows[i].params, rows[i].counts
+        if counts and (p.presence_penalty or p.frequency_penalty):
+            ids = np.fromiter(counts.keys(), np.int64, len(counts))
+            n = np.fromiter(counts.values(), np.float32, len(counts))
+            scores[i, ids] -= p.frequency_penalty * n + p.presence_penalty
+        if p.logit_bias:
+            ids = np.asarray([t for t, _ in p.logit_bias], np.int64)
+            scores[i, ids] += np.asarray([b for _, b in p.logit_bias], scores.dtype)
+    return scores
+
+
+def min_p_cut(s: np.ndarray, rows) -> np.ndarray:
+    """s (n, V) scores after temperature: each row's tokens below min_p x its likeliest at -inf."""
+    cut = np.asarray([r.params.min_p for r in rows], np.float64)
+    if not cut.any():
+        return s
+    floor = s.max(axis=1) + np.log(np.where(cut > 0, cut, 1e-300))  # (n,) log(min_p * p_max) - log Z
+    return np.where((cut[:, None] > 0) & (s < floor[:, None]), -np.inf, s)

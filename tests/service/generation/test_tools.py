@@ -1,0 +1,57 @@
+"""Tool-call parsing of "auto" replies in each family's format (service/generation/tools.py), the
+parser picked from the real templates' text; a reply that does not parse stays content."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service.generation import tools
+from tests.export.convert.chat_checkpoints import template
+
+AUTO = tools.ToolChoice("auto")
+ARGS = {"city": "Zürich", "unit": "c"}
+CALL = json.dumps({"name": "get_weather", "arguments": ARGS})
+
+
+@pytest.mark.parametrize(
+    ("name", "parser"),
+    [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("llama-3.1", "llama3"), ("mistral-nemo", "mistral")],
+)
+def test_the_parser_comes_from_the_template(name, parser):
+    assert tools.parser_of(template(name)) == parser
+
+
+@pytest.mark.parametrize(
+    ("parser", "reply", "content"),
+    [
+        (
+            "hermes",
+            f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}\n</tool_call>',
+            "Let me check.",
+        ),
+        ("llama3", f'{{"name": "get_weather", "parameters": {json.dumps(ARGS)}}}', None),
+        ("llama3", f'<|python_tag|>{{"name": "get_weather", "parameters": {json.dumps(ARGS)}}}', None),
+        ("mistral", f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}]', None),
+        ("mistral", f'[{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}]', None),  # marker decoded away
+    ],
+)
+def test_auto_replies_parse_into_tool_calls(parser, reply, content):
+    got_content, calls = tools.parse(AUTO, parser, reply)
+    assert got_content == content
+    (call,) = calls
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == ARGS
+    assert len(call["id"]) == 9 if parser == "mistral" else call["id"].startswith("call_")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral", None])
+@pytest.mark.parametrize("reply", ["It is sunny.", "<tool_call>{not json}</tool_call>", '{"name": 3}', "[1, 2]"])
+def test_replies_that_do_not_parse_stay_content(parser, reply):
+    assert tools.parse(AUTO, parser, reply) == (reply, [])
+
+
+def test_none_never_parses_and_a_cut_constrained_reply_is_content():
+    reply = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    assert tools.parse(tools.ToolChoice("none"), "hermes", reply) == (reply, [])
+    assert tools.parse(tools.ToolChoice("named", "get_weather"), "hermes", '{"city": "Zü') == ('{"city": "Zü', [])
