@@ -120,13 +120,12 @@ def build_model_dir(
         raise ValueError(f"a {kind} model has no chat template (generation models do)")
     request = Request(special_tokens, max_input_tokens, max_output_tokens, quality_sample, device)
     part = KINDS[kind](model, tokenizer, request)
-    fields = dict(part.fields)
-    extra = {**(extra or {}), **fields.pop("extra", {})}
     staging = staging_dir(out)
     try:
         graphs, figures = _graphs(part, staging, variants)
         tokenizer.save(str(staging / TOKENIZER_FILE))
-        fields = dict(part.fields)
+        fields = dict(part.fields)  # after the graphs: a kind may set fields while it exports
+        extra = {**(extra or {}), **fields.pop("extra", {})}
         if chat_template is not None:
             fields["chat_template"] = chat_template.stage(staging)
         write_manifest(
