@@ -126,12 +126,16 @@ class ModelRegistry:
         if len(set(names)) != len(names):
             raise ModelLoadError(f"duplicate model names under {settings.models}: {sorted(names)}")
         chats = {b.name for b in served if b.kind == "generation"}
-        unknown = sorted(set(settings.chat_templates()) - chats)
-        if unknown:
-            raise ModelLoadError(
-                f"chat_template names {', '.join(unknown)}, not a generation model served here "
-                f"(generation models: {', '.join(sorted(chats)) or 'none'})"
-            )
+        for setting, by_model in (
+            ("chat_template", settings.chat_templates()),
+            ("tool_parser", settings.tool_parsers()),
+        ):
+            unknown = sorted(set(by_model) - chats)
+            if unknown:
+                raise ModelLoadError(
+                    f"{setting} names {', '.join(unknown)}, not a generation model served here "
+                    f"(generation models: {', '.join(sorted(chats)) or 'none'})"
+                )
         registry = cls(served, _defaults(served, settings), dict(zip(names, dirs)), runtime.gate)
         for b in served:
             metrics.MODEL_INFO.labels(b.name, b.kind, b.provider, b.variant, runtime.requested_provider).set(1)

@@ -21,6 +21,7 @@ from typing import Any
 ENV_PREFIX = "TS_"
 DEVICES = ("auto", "cpu", "cuda")
 VARIANT_CHOICES = ("auto", "fp32", "optimized", "fp16", "int8")
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral")  # tool-call formats (service/generation/tools.py)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -142,6 +143,11 @@ class Settings:
         "MODEL=FILE[,MODEL=FILE]: a Jinja chat template for a generation model, instead of its "
         "directory's (or for one without); docs/chat.md",
     )
+    tool_parser: str = _f(
+        "",
+        f"MODEL=PARSER[,MODEL=PARSER]: the tool-call format a generation model's replies are parsed in "
+        f"({'|'.join(TOOL_PARSERS)}), instead of the one picked from its chat template; docs/chat.md",
+    )
     gen_max_context: int = _f(
         0,
         "longest context (prompt + generated tokens) a generation model serves, which "
@@ -215,10 +221,11 @@ class Settings:
             out.append("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             out.append("tls_client_ca (mTLS) needs TLS: give tls_cert and tls_key too")
-        try:
-            self.chat_templates()
-        except ValueError as e:
-            out.append(str(e))
+        for by_model in (self.chat_templates, self.tool_parsers):
+            try:
+                by_model()
+            except ValueError as e:
+                out.append(str(e))
         if self.gen_max_context < 0 or self.gen_max_context == 1:
             out.append(
                 f"gen_max_context must be 0 (the model's) or >= 2: a prompt token and a generated one "
@@ -238,12 +245,16 @@ class Settings:
 
     def chat_templates(self) -> dict[str, str]:
         """chat_template ("MODEL=FILE,MODEL=FILE") -> {model: file}; ValueError when malformed."""
-        out = {}
-        for item in filter(None, (s.strip() for s in self.chat_template.split(","))):
-            name, sep, file = item.partition("=")
-            if not sep or not name.strip() or not file.strip():
-                raise ValueError(f"chat_template {item!r}: expected MODEL=FILE (a model's name, a Jinja file)")
-            out[name.strip()] = file.strip()
+        return _by_model("chat_template", self.chat_template, "FILE (a model's name, a Jinja file)")
+
+    def tool_parsers(self) -> dict[str, str]:
+        """tool_parser ("MODEL=PARSER,...") -> {model: parser}; ValueError when malformed or unknown."""
+        out = _by_model("tool_parser", self.tool_parser, f"PARSER (a model's name, one of {', '.join(TOOL_PARSERS)})")
+        for name, parser in out.items():
+            if parser not in TOOL_PARSERS:
+                raise ValueError(
+                    f"tool_parser {name}={parser!r}: unknown parser; expected one of {', '.join(TOOL_PARSERS)}"
+                )
         return out
 
     @property
@@ -298,6 +309,17 @@ class Settings:
     def describe(self) -> dict[str, Any]:
         """The settings as a dict, secrets masked."""
         return {**dataclasses.asdict(self), "auth_tokens": "***" if self.auth_tokens else ""}
+
+
+def _by_model(name: str, value: str, what: str) -> dict[str, str]:
+    """MODEL=X,MODEL=X -> {model: x}; ValueError naming the setting and the malformed item."""
+    out = {}
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        model, sep, x = item.partition("=")
+        if not sep or not model.strip() or not x.strip():
+            raise ValueError(f"{name} {item!r}: expected MODEL={what}")
+        out[model.strip()] = x.strip()
+    return out
 
 
 def _type_of(f: dataclasses.Field) -> type:

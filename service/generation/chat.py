@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from service import tokenizing
 from service.errors import FailedPrecondition, InvalidArgument, label_model
-from service.generation import reasoning
+from service.generation import reasoning, tools
 from service.generation.chat_template import ChatTemplate
 from service.generation.constraint import Structure
 from service.generation.core import GenerateQuery, Generation, GenerationCore
@@ -54,6 +54,7 @@ class Chat:
     prompt_ids: list[int]
     generation: Generation
     template: str  # the template's source that rendered the prompt (reasoning.py reads its tags)
+    tool_parser: str | None  # the format tool calls are parsed in (settings tool_parser, else the template's)
 
     def splitter(self) -> reasoning.Splitter:
         """A choice's reasoning / content splitter (service/generation/reasoning.py)."""
@@ -108,7 +109,7 @@ class ChatCore:
         if query.structure is not None:
             params = dataclasses.replace(params, constraint=await model.constraints.compile(query.structure))
         generation = await self.core.generate(GenerateQuery(ids, params, model.name, n=query.n), deadline)
-        return Chat(model.name, text, ids, generation, source)
+        return Chat(model.name, text, ids, generation, source, model.tool_parser or tools.parser_of(source))
 
 
 def template_of(model: GenerationModel) -> ChatTemplate:

@@ -72,6 +72,7 @@ class GenerationModel:
         )
         self.max_output = min(int(manifest.max_output_tokens or self.context), self.context - 1)
         self.chat_template: ChatTemplate | None = None  # load() reads it (service/generation/chat.py uses it)
+        self.tool_parser = settings.tool_parsers().get(self.name)  # None: picked from the template (tools.py)
         self.constraints = Constraints(tokenizer, self.io.vocab_size, self.eos_ids)  # structured output
         if not self.io.buffer_kv:
             raise ValueError(

@@ -20,7 +20,6 @@ from typing import Any
 from service.errors import InvalidArgument
 from service.generation.constraint import Structure, structure_of
 
-PARSERS = ("hermes", "llama3", "mistral")
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -87,7 +86,7 @@ def parser_of(template: str) -> str | None:
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<|python_tag|>" in template or "ipython" in template:
-        return "llama3"
+        return "llama3_json"
     return None
 
 
@@ -101,7 +100,7 @@ def parse(choice: ToolChoice, parser: str | None, text: str) -> tuple[str | None
         return None, [_call(i["name"], i["arguments"], parser) for i in json.loads(text)]
     if choice.mode == "none" or parser is None:
         return text, []
-    found = {"hermes": _hermes, "mistral": _mistral, "llama3": _llama3}[parser](text)
+    found = PARSERS[parser](text)
     if found is None:
         return text, []
     content, calls = found
@@ -127,6 +126,9 @@ def _llama3(text: str) -> tuple[str, list[dict]] | None:
     body = text.strip().removeprefix("<|python_tag|>")
     call = json.loads(body) if _is_json(body) else None
     return ("", [call]) if isinstance(call, dict) and _is_call(call) else None
+
+
+PARSERS = {"hermes": _hermes, "llama3_json": _llama3, "mistral": _mistral}  # settings.TOOL_PARSERS names them
 
 
 def _is_json(text: str) -> bool:

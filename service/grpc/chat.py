@@ -83,7 +83,7 @@ def chat_response(choices: list[Chunk], chat: Chat, choice: tools.ToolChoice) ->
     for j, chunk in enumerate(choices):
         reason, _ = chunk.ending()
         thought, said = reasoning.split(chat.template, chat.prompt, chunk.text)
-        content, calls = tools.parse(choice, tools.parser_of(chat.template), said)
+        content, calls = tools.parse(choice, chat.tool_parser, said)
         out.choices.append(
             pb.ChatChoice(
                 index=j,

@@ -191,7 +191,7 @@ class Completion:
 
 def _message(thought: str | None, said: str, chat: Chat, choice: tools.ToolChoice) -> tuple[dict, bool]:
     """(the assistant message, whether it calls tools): content, reasoning_content, tool_calls."""
-    content, calls = tools.parse(choice, tools.parser_of(chat.template), said)
+    content, calls = tools.parse(choice, chat.tool_parser, said)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if thought is not None:
         message["reasoning_content"] = thought

@@ -31,6 +31,8 @@ def test_env_then_flags_override():
         ({"TS_EMBED_MAX_QUEUE": "100"}, "embed_max_inputs=256 is above embed_max_queue=100"),
         ({"TS_TRANSLATE_MAX_INPUTS": "5000"}, "translate_max_inputs=5000 is above translate_max_queue=4096"),
         ({"TS_CHAT_TEMPLATE": "qwen=a.jinja,b.jinja"}, "chat_template 'b.jinja': expected MODEL=FILE"),
+        ({"TS_TOOL_PARSER": "qwen"}, "tool_parser 'qwen': expected MODEL=PARSER"),
+        ({"TS_TOOL_PARSER": "qwen=pythonic"}, "tool_parser qwen='pythonic': unknown parser; expected one of hermes"),
     ],
 )
 def test_bad_settings_say_why(env, words):
@@ -45,7 +47,10 @@ PARTNERS = {
 }
 
 
-VALID = {"chat_template": "tiny-gpt=chatml.jinja"}  # str settings with a form of their own
+VALID = {
+    "chat_template": "tiny-gpt=chatml.jinja",
+    "tool_parser": "tiny-gpt=mistral",
+}  # str settings with a form of their own
 
 
 def _other_value(f: dataclasses.Field):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from service.generation import tools
+from service.settings import TOOL_PARSERS
 from tests.export.convert.chat_checkpoints import template
 
 AUTO = tools.ToolChoice("auto")
@@ -17,7 +18,7 @@ CALL = json.dumps({"name": "get_weather", "arguments": ARGS})
 
 @pytest.mark.parametrize(
     ("name", "parser"),
-    [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("llama-3.1", "llama3"), ("mistral-nemo", "mistral")],
+    [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("llama-3.1", "llama3_json"), ("mistral-nemo", "mistral")],
 )
 def test_the_parser_comes_from_the_template(name, parser):
     assert tools.parser_of(template(name)) == parser
@@ -31,8 +32,8 @@ def test_the_parser_comes_from_the_template(name, parser):
             f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}\n</tool_call>',
             "Let me check.",
         ),
-        ("llama3", f'{{"name": "get_weather", "parameters": {json.dumps(ARGS)}}}', None),
-        ("llama3", f'<|python_tag|>{{"name": "get_weather", "parameters": {json.dumps(ARGS)}}}', None),
+        ("llama3_json", f'{{"name": "get_weather", "parameters": {json.dumps(ARGS)}}}', None),
+        ("llama3_json", f'<|python_tag|>{{"name": "get_weather", "parameters": {json.dumps(ARGS)}}}', None),
         ("mistral", f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}]', None),
         ("mistral", f'[{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}]', None),  # marker decoded away
     ],
@@ -45,7 +46,7 @@ def test_auto_replies_parse_into_tool_calls(parser, reply, content):
     assert len(call["id"]) == 9 if parser == "mistral" else call["id"].startswith("call_")
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral", None])
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", None])
 @pytest.mark.parametrize("reply", ["It is sunny.", "<tool_call>{not json}</tool_call>", '{"name": 3}', "[1, 2]"])
 def test_replies_that_do_not_parse_stay_content(parser, reply):
     assert tools.parse(AUTO, parser, reply) == (reply, [])
@@ -55,3 +56,7 @@ def test_none_never_parses_and_a_cut_constrained_reply_is_content():
     reply = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     assert tools.parse(tools.ToolChoice("none"), "hermes", reply) == (reply, [])
     assert tools.parse(tools.ToolChoice("named", "get_weather"), "hermes", '{"city": "Zü') == ('{"city": "Zü', [])
+
+
+def test_the_settings_name_every_parser():
+    assert set(tools.PARSERS) == set(TOOL_PARSERS)

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from export.convert.chat_template import WEATHER
+from service.registry import ModelLoadError
 
 pytestmark = pytest.mark.timeout(900)  # the first run converts the chat checkpoints (cached after)
 
@@ -119,3 +120,31 @@ async def test_bad_tool_requests_are_400(body, says, client):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         reply = await http.post("/v1/chat/completions", json={"model": "qwen2.5", "messages": MESSAGES, **body})
     assert reply.status_code == 400 and says in reply.json()["error"]["message"], reply.text
+
+
+async def test_the_servers_tool_parser_overrides_the_templates(start_server, chat_models_root):
+    """qwen2.5's template picks Hermes' format; --tool-parser qwen2.5=mistral parses Mistral's instead. The
+    reply is forced (a one-choice constraint) to a Mistral-format call: a call under the override, text without."""
+    said = '[TOOL_CALLS][{"name": "get_time", "arguments": {"city": "Zü"}}]'
+    body = dict(
+        model="qwen2.5",
+        messages=MESSAGES,
+        tools=[CLOCK],
+        max_tokens=64,
+        extra_body={"structured_outputs": {"choice": [said]}},
+    )
+    mistral = await start_server(chat_models_root, tool_parser="qwen2.5=mistral")
+    sdk = openai.AsyncOpenAI(base_url=mistral.http_url + "/v1", api_key="unused", max_retries=0)
+    (choice,) = (await sdk.chat.completions.create(**body)).choices
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_time", {"city": "Zü"})
+    assert len(call.id) == 9 and choice.finish_reason == "tool_calls" and not choice.message.content
+    hermes = await start_server(chat_models_root)
+    sdk = openai.AsyncOpenAI(base_url=hermes.http_url + "/v1", api_key="unused", max_retries=0)
+    (choice,) = (await sdk.chat.completions.create(**body)).choices
+    assert choice.message.content == said and not choice.message.tool_calls and choice.finish_reason == "stop"
+
+
+async def test_a_tool_parser_for_no_served_model_stops_the_start(start_server, chat_models_root):
+    with pytest.raises(ModelLoadError, match="tool_parser names qwen9, not a generation model served here"):
+        await start_server(chat_models_root, tool_parser="qwen9=hermes")
