@@ -44,14 +44,22 @@ def _message(m: pb.ChatMessage) -> dict[str, Any]:
     return out
 
 
+def structure_fields(request: pb.ChatRequest | pb.GenerateRequest) -> dict[str, Any]:
+    """response_format_json and structured_outputs_json (ChatRequest's and GenerateRequest's) as the
+    HTTP door's body fields, for constraint.structure_of."""
+    return {
+        "response_format": _json(request.response_format_json, "response_format_json", dict),
+        "structured_outputs": _json(request.structured_outputs_json, "structured_outputs_json", dict),
+    }
+
+
 def chat_query(request: pb.ChatRequest) -> tuple[ChatQuery, tools.ToolChoice]:
     """A ChatRequest as the chat core's query and its tool choice (ranges are checked by the core and
     the model; the JSON fields as the HTTP door checks them)."""
     params = sampling_params(request)  # the same sampling fields as GenerateRequest
     listed = _json(request.tools_json, "tools_json", list)
     body = {
-        "response_format": _json(request.response_format_json, "response_format_json", dict),
-        "structured_outputs": _json(request.structured_outputs_json, "structured_outputs_json", dict),
+        **structure_fields(request),
         "tool_choice": _any_json(request.tool_choice_json, "tool_choice_json"),
         "parallel_tool_calls": request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True,
     }

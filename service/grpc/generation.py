@@ -21,6 +21,7 @@ import grpc
 from service.cores import Cores
 from service.errors import InvalidArgument, deadline_of, grpc_errors
 from service.generation.chat import ChatCore
+from service.generation.constraint import structure_of
 from service.generation.core import Chunk, GenerateQuery, GenerationCore, join_chunks
 from service.generation.scoring import TokenLogprobs
 from service.grpc import chat as chat_converters
@@ -116,9 +117,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, core: GenerationCore):
         self.core, self.chats = core, ChatCore(core)
 
+    async def _constrained(self, request: pb.GenerateRequest, query: GenerateQuery) -> GenerateQuery:
+        """The query with its structured output compiled once for every choice (each row copies it)."""
+        structure = structure_of(chat_converters.structure_fields(request))
+        if structure is None:
+            return query
+        compiled = await self.chats.model(query.model).constraints.compile(structure)
+        return dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled))
+
     @grpc_errors("GenerationService")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        generation = await self.core.generate(generate_query(request), deadline_of(context))
+        query = await self._constrained(request, generate_query(request))
+        generation = await self.core.generate(query, deadline_of(context))
         try:
             chunks = await generation.collect()
         finally:
@@ -129,7 +139,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateChunk]:
-        generation = await self.core.generate(generate_query(request, stream=True), deadline_of(context))
+        query = await self._constrained(request, generate_query(request, stream=True))
+        generation = await self.core.generate(query, deadline_of(context))
         interval = generation.interval_s
         try:
             sent = None

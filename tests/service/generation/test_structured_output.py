@@ -2,7 +2,7 @@
 schema outputs that validate for many seeds at temperature 1, in compact JSON; regex outputs that
 fullmatch; choices; a constrained row beside unconstrained ones leaves theirs unchanged; a grammar
 that cannot finish within max_tokens ends with "length"; what llguidance refuses is a 400 naming the
-field."""
+field. gRPC Generate / GenerateStream take the same structures (INVALID_ARGUMENT naming the field)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import asyncio
 import json
 import re
 
+import grpc
 import httpx2 as httpx
 import jsonschema
 import openai
 import pytest
+
+from service.proto import inference_pb2 as pb
+from tests.fixtures.server import status_of
 
 pytestmark = pytest.mark.timeout(900)  # the first run converts the chat checkpoints (cached after)
 
@@ -139,3 +143,59 @@ async def test_what_llguidance_refuses_is_400_naming_the_field(body, says, serve
             reply = await http.post(path, json={"model": MODEL, **extra, **body})
             assert reply.status_code == 400, reply.text
             assert says in reply.json()["error"]["message"]
+
+
+async def test_grpc_generate_takes_structured_output(server):
+    """GenerateRequest's response_format_json / structured_outputs_json constrain Generate and
+    GenerateStream as ChatRequest's do: regex outputs fullmatch, schema outputs validate (seeds at
+    temperature 1), every one of n choices too."""
+    regex = "[a-z]{2}-[0-9]{3}"
+    fmt = json.dumps({"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+    for seed in range(4):
+        sampled = dict(model=MODEL, prompt="A code:", temperature=1.0, seed=seed)
+        reply = await server.generation.Generate(
+            pb.GenerateRequest(**sampled, max_new_tokens=20, structured_outputs_json=json.dumps({"regex": regex}))
+        )
+        assert re.fullmatch(regex, reply.text), reply.text
+        reply = await server.generation.Generate(
+            pb.GenerateRequest(**sampled, max_new_tokens=80, response_format_json=fmt)
+        )
+        jsonschema.validate(json.loads(reply.text), SCHEMA)
+    request = pb.GenerateRequest(
+        model=MODEL,
+        prompt="x",
+        temperature=1.0,
+        seed=9,
+        max_new_tokens=20,
+        structured_outputs_json=json.dumps({"regex": regex}),
+    )
+    chunks = [c async for c in server.generation.GenerateStream(request)]
+    assert re.fullmatch(regex, "".join(c.text for c in chunks))
+    request.n = 3
+    choices = (await server.generation.Generate(request)).choices
+    assert len(choices) == 3 and all(re.fullmatch(regex, c.text) for c in choices)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        (
+            {"response_format_json": json.dumps({"type": "json_schema", "json_schema": {"schema": {"type": "wat"}}})},
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format_json": "{"}, "response_format_json is not JSON"),
+        ({"structured_outputs_json": json.dumps({"regex": "("})}, "structured_outputs.regex"),
+        ({"structured_outputs_json": "[]"}, "structured_outputs_json must be a JSON object"),
+        ({"response_format_json": '{"type": "json_object"}', "structured_outputs_json": '{"regex": "a"}'}, "not both"),
+    ],
+)
+async def test_bad_structures_on_grpc_generate_are_invalid_argument(fields, says, server):
+    request = pb.GenerateRequest(model=MODEL, prompt="x", max_new_tokens=4, **fields)
+    for call in (server.generation.Generate(request), _first(server.generation.GenerateStream(request))):
+        code, message = await status_of(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and says in message, message
+
+
+async def _first(stream):
+    async for chunk in stream:
+        return chunk
