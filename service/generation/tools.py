@@ -107,6 +107,36 @@ def parse(choice: ToolChoice, parser: str | None, text: str) -> tuple[str | None
     return content or None, [_call(c["name"], c.get("arguments", c.get("parameters", {})), parser) for c in calls]
 
 
+class CallStream:
+    """A streamed reply's tool calls, each given once it is complete where its format closes it
+    (Hermes' `</tool_call>` under "auto"; a complete call there is one the whole reply's `parse`
+    returns too, in the same place), the rest at the end: the stream's calls and content add up to
+    `parse`'s of the whole reply. Other formats' calls are known only at the reply's end."""
+
+    def __init__(self, choice: ToolChoice, parser: str | None):
+        self.choice, self.parser = choice, parser
+        self.early = choice.mode == "auto" and parser == "hermes"
+        self.text, self.sent = "", 0
+
+    def feed(self, text: str) -> tuple[str | None, list[dict]]:
+        """More of the reply's content -> (the content before the calls, with the first call only;
+        the calls completed now)."""
+        self.text += text
+        found = _hermes(self.text) if self.early else None
+        if found is None or len(found[1]) == self.sent:
+            return None, []
+        content, calls = found
+        new = [_call(c["name"], c.get("arguments", c.get("parameters", {})), self.parser) for c in calls[self.sent :]]
+        first, self.sent = self.sent == 0, len(calls)
+        return (content or None) if first else None, new
+
+    def finish(self, text: str = "") -> tuple[str | None, list[dict]]:
+        """The reply's end (and its last text) -> (its content unless sent with a call, the calls not sent yet)."""
+        self.text += text
+        content, calls = parse(self.choice, self.parser, self.text)
+        return (None if self.sent else content), calls[self.sent :]
+
+
 def _hermes(text: str) -> tuple[str, list[dict]] | None:
     calls = [json.loads(m) for m in _HERMES.findall(text) if _is_json(m)]
     good = [c for c in calls if _is_call(c)]

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from service.cores import Cores
+from service.generation import tools
 from service.generation.chat import Chat, ChatCore
 from service.generation.core import Chunk, GenerateQuery, Generation, join_chunks
 from service.grpc.fillmask import fill_mask_query, fill_mask_response
@@ -171,17 +172,34 @@ async def _chat_events(admitted: Chat, completion: chat.Completion, query: chat.
     """A streamed chat: the role first, then each batch of chunks as one delta, then the usage."""
     generation, splitter = admitted.generation, admitted.splitter()
     yield completion.first(query.include_usage)
-    if query.tool_choice.mode != "none":  # tool calls are parsed from the whole reply
-        (whole,) = await generation.collect()
-        yield completion.whole_event(admitted, whole, query)
-        if query.include_usage:
-            yield completion.usage_event(whole)
+    if query.tool_choice.mode != "none":  # tool calls are parsed
+        async for event in _tool_events(admitted, completion, query):
+            yield event
         return
     async for chunk in generation:
         joined = join_chunks([chunk, *generation.ready()])
         yield completion.event(joined, splitter, query.logprobs, query.include_usage)
         if joined.finish_reason is not None and query.include_usage:
             yield completion.usage_event(joined)
+
+
+async def _tool_events(admitted: Chat, completion: chat.Completion, query: chat.ChatRequest):
+    """A streamed chat whose tool calls are parsed: reasoning as it comes, each call as soon as it is
+    complete (tools.CallStream), then the content and calls left with the finish reason, the usage."""
+    generation, splitter = admitted.generation, admitted.splitter()
+    calls, chunks = tools.CallStream(query.tool_choice, admitted.tool_parser), []
+    async for chunk in generation:
+        chunks.append(join_chunks([chunk, *generation.ready()]))
+        thought, said = splitter.feed(chunks[-1].text)
+        first = calls.sent
+        content, new = calls.feed(said)
+        if thought or new:
+            yield completion.tool_event(thought, content, new, first, query)
+    thought, said = splitter.finish()
+    whole = join_chunks(chunks)
+    yield completion.last_tool_event(thought, said, calls, whole, query)
+    if query.include_usage:
+        yield completion.usage_event(whole)
 
 
 async def _collect(generations: list[Generation]) -> list[list[Chunk]]:

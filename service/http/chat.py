@@ -172,18 +172,30 @@ class Completion:
         out = self._envelope("chat.completion.chunk", [_delta(delta, logprobs_object(chunk.logprobs, top), reason)])
         return {**out, "usage": None} if include_usage else out
 
-    def whole_event(self, chat: Chat, chunk: Chunk, request: ChatRequest) -> dict:
-        """A stream's one event when tools are parsed (the reply is held to its end to parse it):
-        content, reasoning and `tool_calls` (each with its index) with the finish reason."""
-        message, called = _message(*reasoning.split(chat.template, chat.prompt, chunk.text), chat, request.tool_choice)
-        delta = {k: v for k, v in message.items() if k != "role" and v is not None}
-        if called:
-            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-        reason = "tool_calls" if called else FINISH[chunk.ending()[0]]
-        out = self._envelope(
-            "chat.completion.chunk", [_delta(delta, logprobs_object(chunk.logprobs, request.logprobs), reason)]
-        )
+    def tool_event(
+        self, thought: str, content: str | None, calls: list[dict], first: int, request: ChatRequest
+    ) -> dict:
+        """A stream event when tools are parsed (tools.CallStream): reasoning as it comes, the calls
+        complete so far (indexed from `first`) with the content before them."""
+        delta: dict[str, Any] = {"reasoning_content": thought} if thought else {}
+        if content is not None:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = [{"index": first + k, **call} for k, call in enumerate(calls)]
+        out = self._envelope("chat.completion.chunk", [_delta(delta, None, None)])
         return {**out, "usage": None} if request.include_usage else out
+
+    def last_tool_event(
+        self, thought: str, said: str, stream: tools.CallStream, whole: Chunk, request: ChatRequest
+    ) -> dict:
+        """The last event when tools are parsed: what is left of the reasoning (`thought`) and the
+        content (`said`), the content and calls not sent yet, the whole reply's logprobs and the finish reason."""
+        sent = stream.sent
+        content, calls = stream.finish(said)
+        out = self.tool_event(thought, content, calls, sent, request)
+        reason = "tool_calls" if sent or calls else FINISH[whole.ending()[0]]
+        out["choices"][0].update(logprobs=logprobs_object(whole.logprobs, request.logprobs), finish_reason=reason)
+        return out
 
     def usage_event(self, last: Chunk) -> dict:
         return {**self._envelope("chat.completion.chunk", []), "usage": usage(last.input_tokens, last.output_tokens)}

@@ -60,3 +60,29 @@ def test_none_never_parses_and_a_cut_constrained_reply_is_content():
 
 def test_the_settings_name_every_parser():
     assert set(tools.PARSERS) == set(TOOL_PARSERS)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        f"Let me check.\n<tool_call>{CALL}</tool_call>\n<tool_call>{CALL}</tool_call>",
+        f"<tool_call>{{not json}}</tool_call><tool_call>{CALL}</tool_call> trailing",
+        "<tool_call>{not json}</tool_call> no call",
+        "It is sunny.",
+    ],
+)
+def test_a_call_streams_once_closed_and_the_stream_adds_up_to_the_whole_parse(reply):
+    """Fed a character at a time, each call comes out at the character closing its `</tool_call>`;
+    the content (with the first call) and the calls at the end add up to `parse` of the whole reply."""
+    stream, content, calls = tools.CallStream(AUTO, "hermes"), None, []
+    for i in range(len(reply)):
+        said, new = stream.feed(reply[i])
+        if new:
+            assert reply[: i + 1].endswith("</tool_call>")
+            content = said if not calls else content
+        calls += new
+    rest_content, rest = stream.finish()
+    content = content if calls else rest_content
+    whole_content, whole_calls = tools.parse(AUTO, "hermes", reply)
+    assert content == whole_content and not rest
+    assert [c["function"] for c in calls] == [c["function"] for c in whole_calls]

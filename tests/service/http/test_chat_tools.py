@@ -148,3 +148,37 @@ async def test_the_servers_tool_parser_overrides_the_templates(start_server, cha
 async def test_a_tool_parser_for_no_served_model_stops_the_start(start_server, chat_models_root):
     with pytest.raises(ModelLoadError, match="tool_parser names qwen9, not a generation model served here"):
         await start_server(chat_models_root, tool_parser="qwen9=hermes")
+
+
+async def test_a_streamed_call_goes_out_once_complete(start_server, chat_models_root):
+    """Under "auto" in Hermes' format, a `<tool_call>` goes out as a delta.tool_calls as soon as its
+    `</tool_call>` is written, not at the stream's end; the stream adds up to the unary reply. The reply
+    is forced (a regex): content, a call, then 20 more characters (the served 64 tokens hold no more).
+    The Mistral checkpoint is told to parse Hermes' format: its tokenizer writes `<tool_call>` as plain
+    text, where the tiny Qwen's has it as one added token after which llguidance's matcher fails; and
+    compact JSON: after `:` the tiny Mistral's matcher fails on its ` "` token."""
+    server = await start_server(chat_models_root, tool_parser="mistral=hermes")
+    sdk = openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
+    regex = r'ok<tool_call>\{"name":"get_time","arguments":\{"city":"Zü"\}\}</tool_call>[a-z]{20}'
+    kwargs = dict(
+        model="mistral",
+        messages=MESSAGES,
+        tools=[CLOCK],
+        max_tokens=64,
+        temperature=1.0,
+        seed=5,
+        extra_body={"structured_outputs": {"regex": regex}},
+    )
+    unary = (await sdk.chat.completions.create(**kwargs)).choices[0]
+    events = [e async for e in await sdk.chat.completions.create(stream=True, **kwargs)]
+    deltas = [e.choices[0].delta for e in events]
+    streamed = [c for d in deltas if d.tool_calls for c in d.tool_calls]
+    assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in streamed] == [
+        (0, "get_time", {"city": "Zü"})
+    ]
+    (call,) = unary.message.tool_calls
+    assert (call.function.name, call.function.arguments) == (streamed[0].function.name, streamed[0].function.arguments)
+    first = next(i for i, d in enumerate(deltas) if d.tool_calls)
+    assert first < len(events) - 1 and deltas[first].content == unary.message.content == "ok"
+    assert "".join(d.content or "" for d in deltas) == "ok"
+    assert events[-1].choices[0].finish_reason == unary.finish_reason == "tool_calls"
