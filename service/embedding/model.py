@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.embedding.engine import EmbeddingEngine, EncoderEngine, PackedEmbeddingEngine, postprocess
+from service.embedding.prompts import Prompts
 from service.engine.batcher import Batcher, BatchLimits
 from service.engine.packing import alignment
 from service.engine.tokenization import EmbeddingTokenizer, Encoded
@@ -118,6 +119,7 @@ class EmbeddingModel:
         self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime
         self.provider = engine.provider
         self.dimension = int(manifest.embedding_dim or 0)
+        self.prompts = Prompts.of(manifest)
         self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gate=runtime.gate)
 
     @classmethod
@@ -142,6 +144,9 @@ class EmbeddingModel:
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        if self.prompts.texts:
+            info["manifest"]["prompts"] = ",".join(self.prompts.texts)
+            info["manifest"]["default_prompt_name"] = self.prompts.default or ""
         return info
 
     async def embed(
