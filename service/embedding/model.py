@@ -8,6 +8,7 @@ through the batcher, then truncate dimensions / normalise in numpy.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -145,7 +146,7 @@ class EmbeddingModel:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
         if self.prompts.texts:
-            info["manifest"]["prompts"] = ",".join(self.prompts.texts)
+            info["manifest"]["prompts"] = json.dumps(self.prompts.texts, ensure_ascii=False)
             info["manifest"]["default_prompt_name"] = self.prompts.default or ""
         return info
 

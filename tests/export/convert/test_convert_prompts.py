@@ -97,8 +97,10 @@ async def test_grpc_embed_equals_sentence_transformers(fields, st_args, prefix, 
     assert reply.usage.input_tokens == st_tokens(reference, prefix)
 
 
-async def test_prompts_change_the_vectors(models_root, start_server):
+async def test_prompts_are_listed_and_change_the_vectors(models_root, start_server):
     server = await start_server(models_root)
+    (info,) = (await server.models.ListModels(pb.ListModelsRequest())).models
+    assert json.loads(info.manifest["prompts"]) == PROMPTS and info.manifest["default_prompt_name"] == "query"
     query = vectors(await server.embedding.Embed(pb.EmbedRequest(model=NAME, inputs=TEXTS, prompt_name="query")))
     passage = vectors(await server.embedding.Embed(pb.EmbedRequest(model=NAME, inputs=TEXTS, prompt_name="passage")))
     bare = vectors(await server.embedding.Embed(pb.EmbedRequest(model=NAME, inputs=TEXTS, prompt="")))
