@@ -8,6 +8,7 @@ the same folder with the same prompt (cosine >= 0.99999), token counts with its 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -20,9 +21,11 @@ import pytest
 from sentence_transformers import SentenceTransformer
 from transformers import BertConfig, BertModel
 
+from client import Client
 from export.convert import ConversionError, convert
 from service.manifest import ModelDirError, load_model_dir
 from service.proto import inference_pb2 as pb
+from tests.client.test_service_client import cli
 from tests.export.convert.test_convert_encoders import sentence_transformers_folder, sizes, widen, wordpiece
 from tests.fixtures.server import status_of
 
@@ -123,6 +126,24 @@ async def test_http_embeddings_take_prompt_name(models_root, reference, start_se
     message = unknown.json()["error"]["message"]
     assert "'document'" in message and "'query'" in message and "'passage'" in message
     assert wrong_type.status_code == 400 and "prompt_name" in wrong_type.json()["error"]["message"]
+
+
+async def test_client_and_cli_take_prompts(models_root, reference, start_server):
+    server = await start_server(models_root)
+
+    def calls() -> tuple[np.ndarray, np.ndarray]:
+        with Client(server.address, timeout=30) as client:
+            named = client.embed_array(TEXTS, model=NAME, prompt_name="passage")
+            return named, client.embed_array(TEXTS, model=NAME, prompt="passage: ")
+
+    named, explicit = await asyncio.to_thread(calls)
+    want = reference.encode(TEXTS, prompt_name="passage")
+    assert cosines(named, want).min() >= 0.99999 and np.array_equal(named, explicit)
+    rc, out, _ = await cli(server.address, "embed", TEXTS[0], "--model", NAME, "--prompt-name", "passage")
+    got = np.array(json.loads(out)["embeddings"][0]["values"], dtype=np.float32)
+    assert rc == 0 and cosines(got[None], want[:1])[0] >= 0.99999
+    rc, _, err = await cli(server.address, "embed", "hi", "--model", NAME, "--prompt-name", "nope")
+    assert rc == 2 and "INVALID_ARGUMENT" in err and "'passage'" in err
 
 
 async def test_kserve_rest_takes_prompt_name(models_root, reference, start_server):
