@@ -43,6 +43,8 @@ def _cmd_embed(args: argparse.Namespace, client: Client) -> int:
         truncate=args.truncate,
         dimensions=args.dimensions,
         packed=args.packed,
+        prompt_name=args.prompt_name,
+        prompt=args.prompt,
     )
     _print_json(MessageToDict(response, preserving_proto_field_name=True))
     return 0
@@ -89,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None)
     embed.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None)
     embed.add_argument("--packed", action="store_true", help="ask for packed float32 bytes (printed as base64)")
+    embed.add_argument("--prompt-name", default="", help="one of the model's instruction prompts")
+    embed.add_argument("--prompt", default=None, help="the prefix text itself, instead of --prompt-name")
     embed.set_defaults(handler=_cmd_embed)
     fill = sub.add_parser("fill-mask", help="predict the [MASK] tokens of texts; prints candidates best first")
     fill.add_argument("texts", nargs="+", help='texts holding one or more [MASK], e.g. "The cat sat on the [MASK]."')

@@ -44,15 +44,21 @@ def embed_request(
     dimensions: int = 0,
     request_id: str = "",
     packed: bool = False,
+    prompt_name: str = "",
+    prompt: str | None = None,
 ) -> pb.EmbedRequest:
-    """An EmbedRequest; `packed` asks for the vectors as little-endian float32 bytes (Embedding.packed)."""
+    """An EmbedRequest; `packed` asks for the vectors as little-endian float32 bytes (Embedding.packed);
+    `prompt_name` (one of the model's instruction prompts) or `prompt` (the prefix text) goes before each input."""
     request = pb.EmbedRequest(
         inputs=list(inputs),
         model=model,
         dimensions=dimensions,
         request_id=request_id,
         encoding=pb.EMBEDDING_ENCODING_PACKED_FLOAT32 if packed else pb.EMBEDDING_ENCODING_FLOAT,
+        prompt_name=prompt_name,
     )
+    if prompt is not None:
+        request.prompt = prompt
     if normalize is not None:
         request.normalize = normalize
     if truncate is not None:
@@ -130,7 +136,7 @@ class Client(_Stubs, GenerationClientMixin, TranslationClientMixin, Classificati
         return self.embedding_stub.Embed(embed_request(inputs, **kwargs), timeout=self.timeout)
 
     def embed(self, inputs: Iterable[str], **kwargs: Any) -> list[list[float]]:
-        """Embeddings of inputs, in order (kwargs: model, normalize, truncate, dimensions; sent packed)."""
+        """Embeddings of inputs, in order (kwargs: embed_request's; sent packed)."""
         return vectors(self.embed_response(inputs, **{"packed": True, **kwargs}))
 
     def embed_array(self, inputs: Iterable[str], **kwargs: Any) -> np.ndarray:

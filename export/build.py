@@ -150,7 +150,7 @@ def build_converted(
 ) -> ModelDir:
     """A checkpoint converted onto our modules (export/convert/) -> a model directory, through the gate."""
     c = converted
-    info = {"converted_from": c.source, **(extra or {})}
+    info = {"converted_from": c.source, **c.prompts, **(extra or {})}
     if len(c.eos_token_ids) > 1:  # several end tokens (Llama 3); special_tokens' eos is the first
         info["eos_token_ids"] = c.eos_token_ids
     return build_model_dir(

@@ -200,6 +200,7 @@ def _check_manifest(m: Manifest, where: Path) -> None:
     if m.max_input_tokens <= 0:
         raise ModelDirError(f"{where}: max_input_tokens must be positive")
     _check_chat_template(m.chat_template, where)
+    _check_prompts(m, where)
     ends = m.extra.get("eos_token_ids")
     if ends is not None and (
         not isinstance(ends, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ends)
@@ -215,6 +216,21 @@ def _check_classifier(m: Manifest, where: Path) -> None:
     if activation not in CLASSIFIER_ACTIVATIONS:
         raise ModelDirError(
             f"{where}: extra.activation {activation!r} is not one of {', '.join(CLASSIFIER_ACTIVATIONS)}"
+        )
+
+
+def _check_prompts(m: Manifest, where: Path) -> None:
+    """extra.prompts ({name: prefix text}) and extra.default_prompt_name (one of them): an embedder's
+    instruction prompts (export/convert/prompts.py)."""
+    prompts, default = m.extra.get("prompts", {}), m.extra.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ModelDirError(f"{where}: extra.prompts must map prompt names to prefix texts, not {prompts!r}")
+    if prompts and m.kind != "embedding":
+        raise ModelDirError(f"{where}: extra.prompts is for embedding models, not a {m.kind} model")
+    if default is not None and default not in prompts:
+        raise ModelDirError(
+            f"{where}: extra.default_prompt_name {default!r} is not one of extra.prompts "
+            f"({', '.join(map(repr, prompts)) or 'none'})"
         )
 
 

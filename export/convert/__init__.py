@@ -5,7 +5,8 @@
 makes an encoder an embedding model), maps its weights onto the project's own modules (one
 module per family: bert.py, classifier.py, gpt2.py, llama.py, marian.py), checks the result against
 transformers' own forward and tokenizer (reference.py), then builds the model directory like
-any other (export/build.py: ONNX export, parity gate, variants). Anything unsupported raises
+any other (export/build.py: ONNX export, parity gate, variants); an embedder's instruction prompts
+(config_sentence_transformers.json) go into the manifest (prompts.py). Anything unsupported raises
 `ConversionError` naming the file, field and value before a file is written. Nothing is downloaded.
 (The approach of CTranslate2's converters: checkpoints onto the project's own specs.)
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from export.convert import bert, classifier, gpt2, llama, marian
+from export.convert import bert, classifier, gpt2, llama, marian, prompts
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 
@@ -72,6 +73,8 @@ def load(path: str | Path, options: Options = Options()) -> Converted:
     folder = HFFolder(path)
     converter, kind = family(folder, options.kind)
     converted = converter.load(folder, kind, options)
+    if kind == "embedding":
+        converted.prompts = prompts.read(folder)
     from export.convert import reference
 
     converted.source["reference"] = reference.check(folder, converted)

@@ -73,6 +73,8 @@ def sentence_pipeline(folder: HFFolder) -> dict:
             other = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v and k not in POOLING_MODES]
             if other or len(chosen) != 1:
                 raise refuse(folder.where(where), "pooling mode", other or chosen, list(POOLING_MODES))
+            if not pooling.get("include_prompt", True):  # pooling that skips the prompt's tokens (INSTRUCTOR)
+                raise refuse(folder.where(where), "include_prompt", False, [True])
             out["pooling"] = chosen[0]
     st = folder.json("sentence_bert_config.json") or {}
     if st.get("max_seq_length"):

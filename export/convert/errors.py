@@ -35,3 +35,4 @@ class Converted:
     eos_token_ids: list[int] = field(default_factory=list)  # generation: every end id, special_tokens' eos first
     source: dict[str, Any] = field(default_factory=dict)  # what was read: architecture, model_type, options
     chat_template: Any = None  # generation: export/convert/chat_template.ChatTemplates, or None
+    prompts: dict[str, Any] = field(default_factory=dict)  # embedding: export/convert/prompts.py's extra fields

@@ -25,6 +25,8 @@ class EmbedQuery:
     normalize: bool = True
     truncate: bool = True
     dimensions: int = 0  # 0: the model's full dimension
+    prompt_name: str = ""  # one of the model's prompts; empty: its default prompt, if any (prompts.py)
+    prompt: str | None = None  # the prefix text itself; not with prompt_name
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class EmbeddingCore:
         )
         model = cast("EmbeddingModel", self.registry.get("embedding", query.model))
         label_model(model.name)
-        r = await model.embed(query.inputs, query.normalize, query.truncate, query.dimensions, deadline)
+        texts = model.prompts.apply(query.inputs, query.prompt_name, query.prompt)
+        r = await model.embed(texts, query.normalize, query.truncate, query.dimensions, deadline)
         timings = Timings.of_seconds(time.perf_counter() - start, r.tokenize_s, r.queue_s, r.inference_s)
         return Embeddings(model.name, r.embeddings, r.input_tokens, timings)

@@ -8,6 +8,7 @@ through the batcher, then truncate dimensions / normalise in numpy.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.embedding.engine import EmbeddingEngine, EncoderEngine, PackedEmbeddingEngine, postprocess
+from service.embedding.prompts import Prompts
 from service.engine.batcher import Batcher, BatchLimits
 from service.engine.packing import alignment
 from service.engine.tokenization import EmbeddingTokenizer, Encoded
@@ -118,6 +120,7 @@ class EmbeddingModel:
         self.tokenizer, self.engine, self.runtime = tokenizer, engine, runtime
         self.provider = engine.provider
         self.dimension = int(manifest.embedding_dim or 0)
+        self.prompts = Prompts.of(manifest)
         self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gate=runtime.gate)
 
     @classmethod
@@ -142,6 +145,9 @@ class EmbeddingModel:
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        if self.prompts.texts:
+            info["manifest"]["prompts"] = json.dumps(self.prompts.texts, ensure_ascii=False)
+            info["manifest"]["default_prompt_name"] = self.prompts.default or ""
         return info
 
     async def embed(

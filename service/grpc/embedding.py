@@ -46,6 +46,8 @@ def embed_query(request: pb.EmbedRequest) -> EmbedQuery:
         normalize=request.normalize if request.HasField("normalize") else True,
         truncate=request.truncate if request.HasField("truncate") else True,
         dimensions=int(request.dimensions),
+        prompt_name=request.prompt_name,
+        prompt=request.prompt if request.HasField("prompt") else None,
     )
 
 

@@ -123,6 +123,7 @@ def embed_request(body: dict, most: int) -> tuple[EmbedQuery, bool]:
         inputs=strings(body, "input", most=(most, "embed_max_inputs")),
         model=field(body, "model", str, ""),
         dimensions=field(body, "dimensions", int, 0, minimum=0),
+        prompt_name=field(body, "prompt_name", str, ""),
     ), fmt == "base64"
 
 

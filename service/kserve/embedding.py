@@ -12,7 +12,7 @@ from service.kserve.tensors import Tensor
 from service.models import ModelInfo
 from service.proto import inference_pb2 as pb
 
-PARAMETERS = ("normalize", "truncate", "dimensions")
+PARAMETERS = ("normalize", "truncate", "dimensions", "prompt_name", "prompt")
 
 
 def outputs(info: ModelInfo | None) -> dict[str, tuple[str, list[int]]]:

@@ -61,7 +61,7 @@ class Timings(_message.Message):
     def __init__(self, tokenize_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., inference_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "model", "normalize", "truncate", "dimensions", "request_id", "encoding")
+    __slots__ = ("inputs", "model", "normalize", "truncate", "dimensions", "request_id", "encoding", "prompt_name", "prompt")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,8 @@ class EmbedRequest(_message.Message):
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     model: str
     normalize: bool
@@ -76,7 +78,9 @@ class EmbedRequest(_message.Message):
     dimensions: int
     request_id: str
     encoding: EmbeddingEncoding
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+    prompt_name: str
+    prompt: str
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values", "packed")
