@@ -20,7 +20,6 @@ Authentication (anything every route must pass) goes in `build_app(middleware=..
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -33,6 +32,7 @@ from starlette.routing import BaseRoute, Route
 
 from service.cores import Cores
 from service.generation.chat import Chat, ChatCore
+from service.generation.core import Generation
 from service.grpc.fillmask import fill_mask_query, fill_mask_response
 from service.grpc.translation import translate_query, translate_response
 from service.http import chat, classification, completions, schemas, tokenization
@@ -64,14 +64,9 @@ class Routes:
         query = completions.parse(body, self.settings.gen_max_queue)  # completions.py
         if query.stream:
             call.method = "GenerateStream"
-        queries = query.queries
-        if query.structure is not None:  # compiled once for every choice (each row copies it)
-            compiled = await self.chats.model(queries[0].model).constraints.compile(query.structure)
-            queries = [
-                dataclasses.replace(q, params=dataclasses.replace(q.params, constraint=compiled)) for q in queries
-            ]
+        queries = await self.chats.constrained(query.queries, query.structure)  # structured outputs
         # Every choice of every prompt admitted at once; refusals here, before any 200.
-        generations = await self.cores.generation.generate_many(queries, call.deadline)
+        generations: list[Generation] = await self.cores.generation.generate_many(queries, call.deadline)
         return await completions.answer(request, call, query, generations)
 
     @route("GenerationService", "Chat")
