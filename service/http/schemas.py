@@ -82,7 +82,7 @@ def fields(body: dict, table: tuple[Field, ...]) -> dict[str, Any]:
     """Every field of table read from body in the table's order (the first bad one refused), then
     every number checked against its 32-bit float (float32())."""
     values = {f.name: _read(body, f) for f in table}
-    for name, number in _floats(table, values):
+    for name, number in _floats(body, table, values):
         float32(name, number)
     return values
 
@@ -95,13 +95,13 @@ def _read(body: dict, f: Field) -> Any:
     return _checked(body, f.name, f.kind, f.default, f.minimum, f.maximum)
 
 
-def _floats(table: tuple[Field, ...], values: dict[str, Any]):
-    """(name, value) of every float read: the float fields and logit_bias's biases."""
+def _floats(body: dict, table: tuple[Field, ...], values: dict[str, Any]):
+    """(name, value) of every float read: the float fields and logit_bias's biases (named by their key as sent)."""
     for f in table:
         if f.kind is float and values[f.name] is not None:
             yield f.name, values[f.name]
         if f.kind is dict:
-            yield from ((f"logit_bias[{key}]", bias) for key, bias in values[f.name])
+            yield from ((f"logit_bias[{key}]", float(bias)) for key, bias in (body.get(f.name) or {}).items())
 
 
 def text(name: str, value: str) -> str:
