@@ -100,6 +100,14 @@ class ChatCore:
         (encoding,) = await model.text_encoder.encode([text], add_special_tokens=False)
         return model, text, list(encoding.ids), template.pick(query.tools)
 
+    async def constrained(self, queries: list[GenerateQuery], structure: Structure | None) -> list[GenerateQuery]:
+        """A completion call's queries (one model) with their structure compiled once for every
+        choice (each row copies it); as they were without one."""
+        if structure is None:
+            return queries
+        compiled = await self.model(queries[0].model).constraints.compile(structure)
+        return [dataclasses.replace(q, params=dataclasses.replace(q.params, constraint=compiled)) for q in queries]
+
     async def chat(self, query: ChatQuery, deadline: float | None = None) -> Chat:
         """Renders and admits the query's n choices (refusals raise here, before any reply)."""
         if not 1 <= query.n <= MAX_N:  # before rendering

@@ -82,6 +82,11 @@ class Generation:
         chunks = self._handles[0].ready()
         return [self._shapers[0](c) for c in chunks] if self._shaped else chunks
 
+    async def batches(self):
+        """Its one choice's chunks, those that queued up while the previous one was used joined into one."""
+        async for chunk in self:
+            yield join_chunks([chunk, *self.ready()])
+
     async def collect(self) -> list[Chunk]:
         """Every choice, one joined chunk each (n), once all have ended (one wake-up per choice); a
         score-only query's one chunk stands for its n alike choices."""
@@ -143,8 +148,8 @@ class GenerationCore:
             raise InvalidArgument("the generations of one call must name one model")
         model = cast("GenerationModel", self.registry.get("generation", queries[0].model))
         label_model(model.name)
-        runs = [(q, j) for q in queries for j in range(q.runs)]
-        handles = await model.submit_many([(q.prompt, choice_params(q, j), q.prompt_name) for q, j in runs])
+        runs = [(q.prompt, choice_params(q, j), q.prompt_name) for q in queries for j in range(q.runs)]
+        handles = await model.submit_many(runs)
         try:
             out, at = [], 0
             for q in queries:

@@ -1,4 +1,4 @@
-"""Protobuf pieces every kind's converters share (`usage`, `timings`, `model_info`, `float32`; generation's
+"""Protobuf pieces every kind's converters share (`usage`, `timings`, `model_info`; generation's
 and chat's `sampling_params` and `FINISH_REASONS`); each
 kind's own request and response conversions are in its module here, service/grpc/<kind>.py."""
 
@@ -6,26 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.errors import InvalidArgument
 from service.generation.decoding import SamplingParams
 from service.generation.output import EOS, LENGTH, STOP
 from service.models import ModelInfo
 from service.proto import inference_pb2 as pb
 from service.timings import Timings
-
-FLOAT32_ZERO = 2.0**-150  # a magnitude at or below this is 0 as a 32-bit float (the smallest one is 2**-149)
-
-
-def float32(name: str, value: float) -> float:
-    """value for a proto `float` field from a door that reads wider numbers (JSON, OIP's double
-    parameters); INVALID_ARGUMENT when it is not 0 but a 32-bit float would hold it as 0: a
-    temperature of 1e-50 became 0, greedy, instead of being refused as out of range."""
-    if value != 0 and abs(value) <= FLOAT32_ZERO:
-        raise InvalidArgument(
-            f"{name}={value!r} is too small for the field's 32-bit float, which would read it as 0; "
-            "send 0 or a value in the documented range"
-        )
-    return value
 
 
 def usage(input_tokens: int, output_tokens: int = 0) -> pb.Usage:

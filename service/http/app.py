@@ -20,8 +20,6 @@ Authentication (anything every route must pass) goes in `build_app(middleware=..
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -35,15 +33,11 @@ from starlette.routing import BaseRoute, Route
 from service.cores import Cores
 from service.generation import tools
 from service.generation.chat import Chat, ChatCore
-from service.generation.core import Chunk, GenerateQuery, Generation, join_chunks
+from service.generation.core import Generation, join_chunks
 from service.grpc.fillmask import fill_mask_query, fill_mask_response
 from service.grpc.translation import translate_query, translate_response
 from service.http import chat, classification, completions, schemas, tokenization
 from service.http.body import read_json
-from service.http.completions import (
-    Completion,
-    CompletionRequest,
-)  # for annotations: a method shadows the module's name
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
 
@@ -67,42 +61,14 @@ class Routes:
 
     @route("GenerationService", "Generate")
     async def completions(self, request: Request, call: HttpCall) -> Response:
-        query = completions.parse(await self._json(request), self.settings.gen_max_queue)  # completions.py
+        body = await self._json(request)
+        query = completions.parse(body, self.settings.gen_max_queue)  # completions.py
         if query.stream:
             call.method = "GenerateStream"
+        queries = await self.chats.constrained(query.queries, query.structure)  # structured outputs
         # Every choice of every prompt admitted at once; refusals here, before any 200.
-        generations = await self.cores.generation.generate_many(await self._constrained(query), call.deadline)
-        try:
-            completion = completions.Completion(generations[0].model)
-            if query.stream:
-                return call.stream(self._chunks(generations[0], completion), on_close=generations[0].cancel)
-            try:
-                results = await call.unless_gone(request, _collect(generations))  # one wake-up per choice
-            finally:
-                for generation in generations:
-                    generation.cancel()
-            return JSONResponse(completions.response(query, completion, results))
-        except BaseException:  # nothing admitted runs on for a call that failed before its stream took it
-            for generation in generations:
-                generation.cancel()
-            raise
-
-    async def _constrained(self, query: CompletionRequest) -> list[GenerateQuery]:
-        """The queries with their structure compiled once for every choice (each row copies it)."""
-        if query.structure is None:
-            return query.queries
-        compiled = await self.chats.model(query.queries[0].model).constraints.compile(query.structure)
-        return [
-            dataclasses.replace(q, params=dataclasses.replace(q.params, constraint=compiled)) for q in query.queries
-        ]
-
-    @staticmethod
-    async def _chunks(generation: Generation, completion: Completion):
-        # The response cancels the generation when it ends: a client gone frees its cache row; the
-        # core's deadline ends the stream with DEADLINE_EXCEEDED (a last error event).
-        async for chunk in generation:
-            # Chunks that queued up while the previous event was written go out as one.
-            yield completions.event(completion, join_chunks([chunk, *generation.ready()]))
+        generations: list[Generation] = await self.cores.generation.generate_many(queries, call.deadline)
+        return await completions.answer(request, call, query, generations)
 
     @route("GenerationService", "Chat")
     async def chat_completions(self, request: Request, call: HttpCall) -> Response:
@@ -116,7 +82,7 @@ class Routes:
                 events = _chat_events(admitted, completion, query)
                 return call.stream(events, on_close=admitted.cancel)
             try:
-                (chunks,) = await call.unless_gone(request, _collect([admitted.generation]))
+                chunks = await call.unless_gone(request, admitted.generation.collect())
             finally:
                 admitted.cancel()
             return JSONResponse(completion.response(admitted, chunks, query))
@@ -176,8 +142,7 @@ async def _chat_events(admitted: Chat, completion: chat.Completion, query: chat.
         async for event in _tool_events(admitted, completion, query):
             yield event
         return
-    async for chunk in generation:
-        joined = join_chunks([chunk, *generation.ready()])
+    async for joined in generation.batches():  # chunks that queued up while one was written go out as one
         yield completion.event(joined, splitter, query.logprobs, query.include_usage)
         if joined.finish_reason is not None and query.include_usage:
             yield completion.usage_event(joined)
@@ -188,8 +153,8 @@ async def _tool_events(admitted: Chat, completion: chat.Completion, query: chat.
     complete (tools.CallStream), then the content and calls left with the finish reason, the usage."""
     generation, splitter = admitted.generation, admitted.splitter()
     calls, chunks = tools.CallStream(query.tool_choice, admitted.tool_parser), []
-    async for chunk in generation:
-        chunks.append(join_chunks([chunk, *generation.ready()]))
+    async for joined in generation.batches():
+        chunks.append(joined)
         thought, said = splitter.feed(chunks[-1].text)
         first = calls.sent
         content, new = calls.feed(said)
@@ -200,11 +165,6 @@ async def _tool_events(admitted: Chat, completion: chat.Completion, query: chat.
     yield completion.last_tool_event(thought, said, calls, whole, query)
     if query.include_usage:
         yield completion.usage_event(whole)
-
-
-async def _collect(generations: list[Generation]) -> list[list[Chunk]]:
-    """Each prompt's choices (one joined chunk each), once every generation has ended."""
-    return list(await asyncio.gather(*(generation.collect() for generation in generations)))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

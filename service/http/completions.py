@@ -15,19 +15,25 @@ kept); an echoed prompt's first token has `null` for both (nothing predicts it).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 from service.errors import InvalidArgument
 from service.generation.constraint import Structure, structure_of
-from service.generation.core import EOS, LENGTH, STOP, Chunk, GenerateQuery
+from service.generation.core import EOS, LENGTH, STOP, Chunk, GenerateQuery, Generation
 from service.generation.decoding import SamplingParams
 from service.generation.query import MAX_N
 from service.generation.scoring import TokenLogprobs
-from service.http.schemas import FLOAT32, UINT64, count, field, penalties, refuse_unsupported, strings, text
+from service.http import schemas
+from service.http.errors import HttpCall
+from service.http.schemas import FLOAT32, PENALTIES, UINT64, Field, fields, refuse_unsupported
 
-Prompt = str | list[int]
+Prompt = schemas.Prompt
 FINISH = {EOS: "stop", STOP: "stop", LENGTH: "length"}  # OpenAI has no separate "end of text" reason
 
 
@@ -46,38 +52,46 @@ class CompletionRequest:
     structure: Structure | None = None  # response_format / structured_outputs (constraint.py)
 
 
+_FIELDS = (  # in the order they are checked: the first bad one is refused
+    Field("n", int, 1),
+    Field("best_of", int, None, minimum=1, maximum=MAX_N),  # absent: n
+    Field("echo", bool, False),
+    Field("max_tokens", int, None, minimum=0),
+    Field("temperature", float, 0.0, minimum=0, maximum=FLOAT32),
+    Field("top_p", float, 0.0, minimum=0, maximum=FLOAT32),
+    Field("top_k", int, 0, minimum=0),
+    Field("repetition_penalty", float, 0.0, minimum=0, maximum=FLOAT32),
+    Field("stop", list, []),
+    Field("seed", int, minimum=0, maximum=UINT64),
+    Field("logprobs", int, None),
+    *PENALTIES,
+    Field("stream", bool, False),
+    Field("model", str, ""),
+)
+_PARAMS = [f.name for f in _FIELDS if f.name not in ("n", "best_of", "echo", "max_tokens", "stream", "model")]
+
+
 def parse(body: dict, max_prompts: int) -> CompletionRequest:
     """The request's fields, checked as JSON; refusals name the field (InvalidArgument). The ranges
     of n, logprobs and the sampling parameters are the core's. max_prompts: gen_max_queue, as many
     generations as one call may hold."""
     refuse_unsupported(body, {"suffix": None})
-    prompts = parse_prompts(body.get("prompt"), max_prompts)
-    n = field(body, "n", int, 1)
-    best_of = field(body, "best_of", int, n, minimum=1, maximum=MAX_N)
-    if best_of != n:
-        raise InvalidArgument(f"best_of={best_of} is not supported (leave it out or set it to n={n})")
-    echo = field(body, "echo", bool, False)
-    max_tokens = field(body, "max_tokens", int, None, minimum=0)
+    prompts = schemas.prompts(body.get("prompt"), max_prompts)
+    v = fields(body, _FIELDS)
+    n, echo, max_tokens, stream = v["n"], v["echo"], v["max_tokens"], v["stream"]
+    if v["best_of"] not in (None, n):
+        raise InvalidArgument(f"best_of={v['best_of']} is not supported (leave it out or set it to n={n})")
+    if stream and len(prompts) > 1:
+        raise InvalidArgument("stream is supported for one prompt; send the others as separate requests")
     if max_tokens == 0 and not echo:
         max_tokens = None  # the server's default length, as before echo existed (docs/api.md)
     params = SamplingParams(
         max_new_tokens=max_tokens or 0,
-        temperature=field(body, "temperature", float, 0.0, minimum=0, maximum=FLOAT32),
-        top_p=field(body, "top_p", float, 0.0, minimum=0, maximum=FLOAT32),
-        top_k=field(body, "top_k", int, 0, minimum=0),
-        repetition_penalty=field(body, "repetition_penalty", float, 0.0, minimum=0, maximum=FLOAT32),
-        stop=tuple(strings(body, "stop", default=[])),
-        seed=field(body, "seed", int, minimum=0, maximum=UINT64),
-        logprobs=field(body, "logprobs", int, None),
         score_only=max_tokens == 0,
-        **penalties(body),
+        **{k: v[k] for k in _PARAMS},
     )
-    stream = field(body, "stream", bool, False)
-    if stream and len(prompts) > 1:
-        raise InvalidArgument("stream is supported for one prompt; send the others as separate requests")
-    model = field(body, "model", str, "")
     queries = [
-        GenerateQuery(p, params, model, prompt_name=_name(prompts, i), n=n, echo=echo, stream=stream)
+        GenerateQuery(p, params, v["model"], prompt_name=_name(prompts, i), n=n, echo=echo, stream=stream)
         for i, p in enumerate(prompts)
     ]
     return CompletionRequest(queries, n, stream, structure_of(body))
@@ -87,28 +101,24 @@ def _name(prompts: list[Prompt], i: int) -> str:
     return "prompt" if len(prompts) == 1 else f"prompt[{i}]"
 
 
-def parse_prompts(value, max_prompts: int) -> list[Prompt]:
-    """A string, an array of strings, an array of token ids, or an array of arrays of token ids. The
-    prompts are counted before any is looked at; token ids are the model's to check, after their
-    count (GenerationModel.check_ids): per-element work only within the limits."""
-    if isinstance(value, str):
-        return [text("prompt", value)]
-    if isinstance(value, list) and value:
-        if _is_id(value[0]):
-            return [value]
-        count("prompt", value, max_prompts, "gen_max_queue")
-        if all(isinstance(v, str) for v in value):
-            return [text(f"prompt[{i}]", v) for i, v in enumerate(value)]
-        if all(isinstance(v, list) for v in value):
-            return value
-    raise InvalidArgument(
-        "prompt must be a string, an array of strings, an array of token ids or an array of "
-        "arrays of token ids (not empty, not mixed)"
-    )
-
-
-def _is_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+async def answer(request: Request, call: HttpCall, query: CompletionRequest, generations: list[Generation]) -> Response:
+    """The admitted generations as the JSON response, or (stream) as its events; every generation
+    is cancelled once the call is done with it, or when anything fails before a stream took it."""
+    try:
+        completion = Completion(generations[0].model)
+        if query.stream:  # the stream cancels its generation when it ends (client gone, deadline)
+            events = (event(completion, chunk) async for chunk in generations[0].batches())
+            return call.stream(events, on_close=generations[0].cancel)
+        try:  # one wake-up per choice
+            results = await call.unless_gone(request, asyncio.gather(*(g.collect() for g in generations)))
+        finally:
+            for generation in generations:
+                generation.cancel()
+        return JSONResponse(response(query, completion, list(results)))
+    except BaseException:
+        for generation in generations:
+            generation.cancel()
+        raise
 
 
 def response(request: CompletionRequest, completion: Completion, results: list[list[Chunk]]) -> dict:

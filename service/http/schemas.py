@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -19,9 +20,9 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import InvalidArgument
-from service.grpc.converters import float32
 from service.grpc.packing import WIRE_DTYPE
 from service.models import ModelInfo
+from service.numbers import float32
 from service.proto import inference_pb2 as pb
 
 ENCODING_FORMATS = {"float": pb.EMBEDDING_ENCODING_FLOAT, "base64": pb.EMBEDDING_ENCODING_PACKED_FLOAT32}
@@ -34,6 +35,12 @@ def field(
     body: dict, name: str, kind: type, default: Any = None, minimum: float | None = None, maximum: float = UINT32
 ) -> Any:
     """body[name] checked against kind (int accepted for float, bool never for a number); null = absent."""
+    value = _checked(body, name, kind, default, minimum, maximum)
+    return float32(name, float(value)) if kind is float and value is not None else value
+
+
+def _checked(body: dict, name: str, kind: type, default: Any, minimum: float | None, maximum: float) -> Any:
+    """field() but for the float32 check (a number a 32-bit float would read as 0)."""
     value = body.get(name)
     if value is None:
         return default
@@ -48,7 +55,53 @@ def field(
     low = -math.inf if minimum is None else minimum
     if not low <= value <= maximum:  # NaN fails too
         raise InvalidArgument(f"{name}={value} is out of range [{minimum}, {maximum}]")
-    return float32(name, float(value)) if kind is float else value
+    return float(value) if kind is float else value
+
+
+@dataclass(frozen=True)
+class Field:
+    """One JSON field of a request: its name, type (list: a string or an array of strings, as
+    strings(); dict: logit_bias), default (for absent or null) and range."""
+
+    name: str
+    kind: type
+    default: Any = None
+    minimum: float | None = None
+    maximum: float = UINT32
+
+
+PENALTIES = (  # presence_penalty, frequency_penalty, min_p and logit_bias: SamplingParams fields
+    Field("presence_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
+    Field("frequency_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
+    Field("min_p", float, 0.0, minimum=0, maximum=FLOAT32),
+    Field("logit_bias", dict, ()),
+)
+
+
+def fields(body: dict, table: tuple[Field, ...]) -> dict[str, Any]:
+    """Every field of table read from body in the table's order (the first bad one refused), then
+    every number checked against its 32-bit float (float32())."""
+    values = {f.name: _read(body, f) for f in table}
+    for name, number in _floats(body, table, values):
+        float32(name, number)
+    return values
+
+
+def _read(body: dict, f: Field) -> Any:
+    if f.kind is list:
+        return tuple(strings(body, f.name, default=f.default))
+    if f.kind is dict:
+        return _logit_bias(body)
+    return _checked(body, f.name, f.kind, f.default, f.minimum, f.maximum)
+
+
+def _floats(body: dict, table: tuple[Field, ...], values: dict[str, Any]):
+    """(name, value) of every float read: the float fields and logit_bias's biases (named by their key as sent)."""
+    for f in table:
+        if f.kind is float and values[f.name] is not None:
+            yield f.name, values[f.name]
+        if f.kind is dict:
+            yield from ((f"logit_bias[{key}]", float(bias)) for key, bias in (body.get(f.name) or {}).items())
 
 
 def text(name: str, value: str) -> str:
@@ -75,7 +128,7 @@ def strings(body: dict, name: str, default: list[str] | None = None, most: tuple
     raise InvalidArgument(f"{name} must be a string or an array of strings (token-id arrays are not accepted)")
 
 
-def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     """OpenAI's logit_bias {"token id": bias} as (id, bias) pairs (ranges are the core's)."""
     value = body.get("logit_bias")
     if value is None:
@@ -86,18 +139,40 @@ def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     for key, bias in value.items():
         if not key.isdigit() or isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise InvalidArgument(f"logit_bias[{key[:16]!r}] must map a token id to a number")
-        out.append((int(key), float32(f"logit_bias[{key}]", float(bias))))
+        out.append((int(key), float(bias)))
     return tuple(out)
 
 
 def penalties(body: dict) -> dict:
     """presence_penalty, frequency_penalty, logit_bias and min_p as SamplingParams fields."""
-    return dict(
-        presence_penalty=field(body, "presence_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
-        frequency_penalty=field(body, "frequency_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
-        min_p=field(body, "min_p", float, 0.0, minimum=0, maximum=FLOAT32),
-        logit_bias=logit_bias(body),
+    return fields(body, PENALTIES)
+
+
+Prompt = str | list[int]
+
+
+def prompts(value, max_prompts: int) -> list[Prompt]:
+    """A completion's prompt: a string, an array of strings, an array of token ids, or an array of
+    arrays of token ids. The prompts are counted before any is looked at; token ids are the model's
+    to check, after their count (GenerationModel.check_ids): per-element work only within the limits."""
+    if isinstance(value, str):
+        return [text("prompt", value)]
+    if isinstance(value, list) and value:
+        if _is_id(value[0]):
+            return [value]
+        count("prompt", value, max_prompts, "gen_max_queue")
+        if all(isinstance(v, str) for v in value):
+            return [text(f"prompt[{i}]", v) for i, v in enumerate(value)]
+        if all(isinstance(v, list) for v in value):
+            return value
+    raise InvalidArgument(
+        "prompt must be a string, an array of strings, an array of token ids or an array of "
+        "arrays of token ids (not empty, not mixed)"
     )
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def count(name: str, values: list, most: int, setting: str) -> None:

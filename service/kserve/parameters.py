@@ -15,7 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from service.errors import InvalidArgument, quote
-from service.grpc.converters import float32
+from service.numbers import float32
 
 IGNORED = ("priority", "timeout")  # tritonclient's own; a call here is bounded by its deadline
 

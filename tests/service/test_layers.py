@@ -17,6 +17,7 @@ BELOW_DOORS = (
     "service/registry.py",
     "service/core.py",
     "service/timings.py",
+    "service/numbers.py",
     "service/embedding/",
     "service/fillmask/",
     "service/generation/",
