@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.error
 import urllib.request
 
 import grpc
@@ -76,13 +77,23 @@ async def test_at_the_descriptor_limit_connections_get_503_without_a_traceback_p
         )
         for sock in socks:
             sock.close()
-        reply = await asyncio.to_thread(lambda: urllib.request.urlopen(server.http_url + "/health", timeout=30))
-        assert reply.status == 200
+        # The server frees a descriptor when it sees its client's close: until then an accept can
+        # meet the limit again (a new episode, one more warning), so health is polled, not asked once.
+        await until(lambda: _health(server.http_url) == 200, timeout=30, what="HTTP /health 200 after the closes")
         await until(lambda: any("accepting connections" in line for line in server.log), what="accepting again")
     finally:
         await asyncio.to_thread(server.stop)
     assert not [line for line in server.log if "Traceback" in line or " ERROR " in line]
-    assert sum("out of file descriptors" in line for line in server.log) == 1
+    # One warning per episode, not one per accept try (the flood was ~12,000 lines a second).
+    assert 1 <= sum("out of file descriptors" in line for line in server.log) <= 5
+
+
+def _health(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as reply:
+            return reply.status
+    except (urllib.error.URLError, OSError):
+        return 0
 
 
 async def test_answers_a_client_never_reads_are_dropped_after_the_write_timeout(start_server):
