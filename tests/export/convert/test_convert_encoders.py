@@ -53,13 +53,19 @@ def corpus() -> list[str]:
     return lines
 
 
-def wordpiece(folder: Path) -> PreTrainedTokenizerFast:
-    """A BERT-style WordPiece tokenizer ([CLS] ... [SEP]) trained on the held-out text."""
+def trained_wordpiece() -> Tokenizer:
+    """BERT's normaliser and pre-tokenizer, a 400-piece WordPiece vocabulary trained on the held-out text."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    return tok
+
+
+def wordpiece(folder: Path) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer ([CLS] ... [SEP]) trained on the held-out text."""
+    tok = trained_wordpiece()
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")]
     )
