@@ -112,6 +112,8 @@ class ChatCore:
         """Renders and admits the query's n choices (refusals raise here, before any reply)."""
         if not 1 <= query.n <= MAX_N:  # before rendering
             raise InvalidArgument(f"n must be in [1, {MAX_N}] (choices per prompt), got {query.n}")
+        # A full queue refuses before any rendering or tokenizing (generate takes the places after).
+        self.model(query.model).scheduler.admission.check(query.n)
         model, text, ids, source = await self._render(query)
         params = query.params
         if query.structure is not None:

@@ -141,3 +141,16 @@ async def test_structured_output_and_tool_calls_over_grpc(start_server, chat_mod
     assert chunk.tool_calls[0].arguments == call.arguments and chunk.usage == reply.usage
     request.response_format_json = '{"type": "json_object"}'
     assert (await status_of(server.generation.Chat(request)))[0] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_chat_bigger_than_the_queue_is_refused_before_rendering(start_server, tmp_path):
+    """The queue is asked first: a template that would raise is never rendered for a refused call."""
+    (tmp_path / "raises.jinja").write_text("{{ raise_exception('rendered') }}", encoding="utf-8")
+    server = await start_server(chat_template=f"tiny-gpt={tmp_path / 'raises.jinja'}", gen_max_queue=2)
+    request = chat_request([{"role": "user", "content": "hi"}], model="tiny-gpt", max_new_tokens=2)
+    request.n = 3
+    code, details = await status_of(server.generation.Chat(request))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "needs 3 places" in details and "rendered" not in details
+    request.n = 1
+    code, details = await status_of(server.generation.Chat(request))
+    assert code != grpc.StatusCode.OK and "rendered" in details  # the template did raise when rendered
