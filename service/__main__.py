@@ -2,6 +2,7 @@
 
     python -m service --models models --host 127.0.0.1 --port 50051 --metrics-port 9464
     python -m service --workers 2 ...     # 2 serving processes on one port (service/supervisor.py)
+    python -m service --frontends 2 ...   # 2 front ends before one engine core (service/split/)
     python -m service --http-port 8080    # OpenAI-compatible HTTP beside gRPC (-1: off; service/http/)
 
 Exits 0 after a graceful SIGTERM / SIGINT shutdown, 1 when it cannot start (the log says why:
@@ -17,7 +18,7 @@ import sys
 
 from service.settings import Settings
 from service.supervisor import Supervisor
-from service.worker import auto_workers, configure_logging
+from service.worker import auto_frontends, auto_workers, configure_logging
 
 log = logging.getLogger("service")
 
@@ -30,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     if settings.workers == 0:
         settings = dataclasses.replace(settings, workers=auto_workers(settings))
         log.info("workers: %d (auto)", settings.workers)
-    if settings.workers > 1:
+    if settings.frontends == 0:
+        settings = dataclasses.replace(settings, frontends=auto_frontends(settings))
+        log.info("frontends: %s (auto)", settings.frontends or "off")
+    if settings.workers > 1 or settings.frontends > 0:
         return Supervisor(settings).run()
     from service.server import run  # here, not at import: a supervisor never loads onnxruntime
 

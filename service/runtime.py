@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +59,7 @@ class Runtime:
         self._cuda_offered = CUDA in available
         self._executor = ThreadPoolExecutor(settings.compute_workers, thread_name_prefix="ts-compute")
         self._closed = False
+        self._active, self._busy_s, self._busy_since = 0, 0.0, 0.0  # compute jobs running; busy_seconds()
         self.gate = Gate()  # closed when the server drains: every model's admission refuses then
         self.kv_budget = None  # the generation caches' budget, made at the first load (service/generation/kvbudget.py)
 
@@ -157,7 +159,20 @@ class Runtime:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs fn(*args) in the compute executor and awaits its result."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        self._active += 1
+        if self._active == 1:
+            self._busy_since = time.perf_counter()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._busy_s += time.perf_counter() - self._busy_since
+
+    def busy_seconds(self) -> float:
+        """Seconds so far during which at least one compute job ran (the engine's busy gauge)."""
+        running = time.perf_counter() - self._busy_since if self._active else 0.0
+        return self._busy_s + running
 
     def close(self) -> None:
         """Stops the executor once the running tasks finish."""

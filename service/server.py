@@ -42,6 +42,8 @@ from service.registry import ModelLoadError, ModelRegistry
 from service.runtime import ProviderError, Runtime
 from service.settings import Settings
 from service.signals import Signals
+from service.split import frontend
+from service.split.client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,12 @@ class Server:
         worker: int | None = None,
         tokens: Tokens | None = None,
         credentials: grpc.ServerCredentials | None = None,
+        cores: Cores | None = None,
     ):
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
-        self.cores = Cores.build(registry, settings, runtime)  # what every door calls (service/cores.py)
+        # what every door calls (service/cores.py); a front end's forward to the engine (service/split/)
+        self.cores = cores or Cores.build(registry, settings, runtime)
+        self.engine: EngineClient | None = None  # a front end's connection to its engine core
         self.tokens, self.credentials = tokens or Tokens(), credentials
         self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
         self.inflight = Inflight()  # the drain waits for these (service/inflight.py)
@@ -100,16 +105,24 @@ class Server:
         return f"{self.settings.host}:{self.port}"
 
     @classmethod
-    async def start(cls, settings: Settings, worker: int | None = None) -> Server:
-        """Loads, binds, warms up (a worker: warms up, then binds); returns once every model serves."""
+    async def start(cls, settings: Settings, worker: int | None = None, engine: str = "") -> Server:
+        """Loads, binds, warms up (a worker: warms up, then binds); returns once every model serves.
+        With `engine` (a front end of `--frontends`), the models are the engine core's at that endpoint."""
         tokens, credentials = Tokens.from_settings(settings), server_credentials(settings)  # bad files: fail fast
         runtime = Runtime(settings)
+        client, cores = None, None
         try:
-            registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
+            if engine:
+                client, registry, cores = await frontend.connect(settings, runtime, engine)
+            else:
+                registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
         except BaseException:
             runtime.close()
             raise
-        server = cls(settings, runtime, registry, worker, tokens, credentials)
+        server = cls(settings, runtime, registry, worker, tokens, credentials, cores)
+        if client is not None:
+            server.engine = client
+            client.on_change = server._on_engine
         try:
             if worker is None:
                 await server._bind()
@@ -187,6 +200,12 @@ class Server:
             ok = kind is None or kind in served_kinds
             self.health.set(full_name, status if ok else health_pb2.HealthCheckResponse.NOT_SERVING)
 
+    def _on_engine(self, up: bool) -> None:
+        """A front end's engine core exited (health NOT_SERVING: calls get UNAVAILABLE) or is back."""
+        if self._stopping is None:
+            status = health_pb2.HealthCheckResponse
+            self._set_health(status.SERVING if up else status.NOT_SERVING)
+
     def shutdown(self, grace: float | None = None) -> asyncio.Task:
         """Starts the graceful shutdown once (later calls return the same task); await it to wait."""
         if self._stopping is None:
@@ -209,6 +228,8 @@ class Server:
         self.health.enter_graceful_shutdown()
         await asyncio.gather(self._stop_grpc(grace), *([self.http.stop(grace)] if self.http else []))
         await self.registry.stop()
+        if self.engine is not None:
+            self.engine.close()
         await asyncio.to_thread(self.runtime.close)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -217,12 +238,18 @@ class Server:
         self.stopped.set()
 
 
-async def serve(settings: Settings, worker: int | None = None, on_ready: Callable[[Server], None] | None = None) -> int:
+async def serve(
+    settings: Settings,
+    worker: int | None = None,
+    on_ready: Callable[[Server], None] | None = None,
+    engine: str = "",
+) -> int:
     """Runs the service until a signal stops it; returns the process exit code.
 
-    on_ready(server) is called once it serves (a worker tells its supervisor)."""
+    on_ready(server) is called once it serves (a worker tells its supervisor); `engine`: a front
+    end's engine core endpoint (service/split/)."""
     signals = Signals()  # before the load: a signal while it runs must not kill a half-loaded process
-    server = await Server.start(settings, worker)
+    server = await Server.start(settings, worker, engine)
     signals.attach(server)
     if on_ready is not None:
         on_ready(server)
@@ -230,10 +257,15 @@ async def serve(settings: Settings, worker: int | None = None, on_ready: Callabl
     return 0
 
 
-def run(settings: Settings, worker: int | None = None, on_ready: Callable[[Server], None] | None = None) -> int:
+def run(
+    settings: Settings,
+    worker: int | None = None,
+    on_ready: Callable[[Server], None] | None = None,
+    engine: str = "",
+) -> int:
     """`serve` in a fresh event loop; 1 with the reason logged when the service cannot start."""
     try:
-        return asyncio.run(serve(settings, worker, on_ready))
+        return asyncio.run(serve(settings, worker, on_ready, engine))
     except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
         log.error("cannot start: %s", e)
         return 1

@@ -70,6 +70,11 @@ class Settings:
         "serving processes sharing the gRPC port under one supervisor (docs/design/workers.md); "
         "1 = one process, no supervisor; 0 = auto (1 on CUDA; on CPU cores / compute threads)",
     )
+    frontends: int = _f(
+        0,
+        "front-end processes (every door, chat rendering) in front of one engine core process that holds "
+        "the models (docs/design/engine-core.md); 0 = auto (several on a CUDA host, else off); -1 = off",
+    )
     worker_liveness_s: float = _f(
         10.0,
         "--workers: a serving worker whose event loop answers none of the supervisor's pings (one a "
@@ -204,6 +209,12 @@ class Settings:
             "http_max_connections",
         )
         out += [f"{n} must be > 0 (got {getattr(self, n)})" for n in positive if getattr(self, n) <= 0]
+        if self.frontends < -1:
+            out.append(f"frontends must be >= -1 (-1 = off, 0 = auto; got {self.frontends})")
+        if self.frontends > 0 and self.workers > 1:
+            out.append(
+                "frontends and workers > 1 exclude each other: front ends share one engine, workers each load theirs"
+            )
         non_negative = (
             "workers",
             "port",

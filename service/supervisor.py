@@ -21,6 +21,7 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from service import metrics_server
 from service.metrics_dir import own_metrics_dir
 from service.ports import reserve_port
 from service.settings import Settings
+from service.split.frontend import frontend_main
+from service.split.process import endpoint, engine_main
 from service.worker import usable_cores, worker_main
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,11 @@ class Supervisor:
         self._signal: int | None = None
         self._hangup = False
         self._spawn = multiprocessing.get_context("spawn")
+        # --frontends N: process 0 is the engine core, 1..N the front ends (service/split/); else N workers
+        self.split = settings.frontends > 0
+        self.size = settings.frontends + 1 if self.split else settings.workers
+        self.serving_processes = settings.frontends if self.split else settings.workers
+        self._engine_stopping = False
 
     def run(self) -> int:
         if MULTIPROC_ENV in os.environ:  # yours: emptied at start, kept
@@ -98,13 +106,14 @@ class Supervisor:
         port = hold.getsockname()[1]
         http_port = self.settings.http_port if http_hold is None else http_hold.getsockname()[1]
         self._warn_if_oversubscribed()
-        log.info("gRPC listening on %s:%d (%d workers, SO_REUSEPORT)", self.settings.host, port, self.settings.workers)
+        count = self.serving_processes
+        log.info("gRPC listening on %s:%d (%d processes, SO_REUSEPORT)", self.settings.host, port, count)
         if http_hold is not None:
             log.info(
-                "HTTP listening on http://%s:%d (%d workers, SO_REUSEPORT)",
+                "HTTP listening on http://%s:%d (%d processes, SO_REUSEPORT)",
                 self.settings.http_address,
                 http_port,
-                self.settings.workers,
+                self.serving_processes,
             )
         self.worker_settings = dataclasses.replace(self.settings, port=port, http_port=http_port, metrics_port=-1)
         wake_r, wake_w = os.pipe()
@@ -114,7 +123,7 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hangup)
         try:
-            for index in range(self.settings.workers):
+            for index in range(1 if self.split else self.size):  # front ends start once the engine serves
                 self._start_worker(index)
             while self.workers or (self.restart_at and self.stop_deadline is None):
                 self._step(wake_r)
@@ -133,7 +142,7 @@ class Supervisor:
 
     def _warn_if_oversubscribed(self) -> None:
         s, cores = self.settings, usable_cores()
-        if s.device != "cuda" and s.workers * s.compute_workers * s.intra_op_threads > cores:
+        if s.device != "cuda" and (1 if self.split else s.workers) * s.compute_workers * s.intra_op_threads > cores:
             log.warning(
                 "%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
                 "they will contend (lower --compute-workers)",
@@ -161,9 +170,15 @@ class Supervisor:
 
     def _start_worker(self, index: int) -> None:
         mine, theirs = multiprocessing.Pipe()
-        process = self._spawn.Process(
-            target=worker_main, args=(self.worker_settings, index, theirs), name=f"ts-worker-{index}"
-        )
+        target: Callable[..., None]
+        args: tuple
+        if not self.split:
+            target, args, name = worker_main, (self.worker_settings, index, theirs), f"ts-worker-{index}"
+        else:
+            target = engine_main if index == 0 else frontend_main
+            args = (self.worker_settings, index, theirs, endpoint(self.metrics_dir))
+            name = "ts-engine" if index == 0 else f"ts-frontend-{index}"
+        process = self._spawn.Process(target=target, args=args, name=name)
         process.start()
         theirs.close()
         self.workers[index] = Worker(index, process, mine)
@@ -196,6 +211,7 @@ class Supervisor:
             self._signal = None
             self._stop(exit_code=0)
         self._restart_due()
+        self._stop_engine_when_alone()
         self._check_liveness()
         if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
             for worker in self.workers.values():
@@ -219,11 +235,16 @@ class Supervisor:
         worker.ready = True
         log.info("worker %d ready (pid %d)", worker.index, worker.process.pid)
         group = self.workers.values()
-        if not self.served and len(group) == self.settings.workers and all(w.ready for w in group):
+        if self.split and worker.index == 0 and not self.served and len(group) == 1:
+            for index in range(1, self.size):  # the engine serves: its front ends connect to it
+                self._start_worker(index)
+        if not self.served and len(group) == self.size and all(w.ready for w in group):
             self.served = True
-            log.info(
-                "all %d workers serving on %s:%d", len(self.workers), self.settings.host, self.worker_settings.port
-            )
+            host, port = self.settings.host, self.worker_settings.port
+            if self.split:
+                log.info("engine core and %d front ends serving on %s:%d", self.size - 1, host, port)
+            else:
+                log.info("all %d workers serving on %s:%d", len(self.workers), host, port)
 
     def _on_exit(self, worker: Worker) -> None:
         worker.process.join()
@@ -295,7 +316,17 @@ class Supervisor:
         self.stop_deadline = time.monotonic() + self.settings.grace_seconds + KILL_AFTER_GRACE_SECONDS
         self.restart_at.clear()
         for worker in self.workers.values():
-            worker.process.terminate()
+            if not (self.split and worker.index == 0):  # the engine drains once its front ends have
+                worker.process.terminate()
+        self._stop_engine_when_alone()
+
+    def _stop_engine_when_alone(self) -> None:
+        """--frontends: once every front end has exited while stopping, the engine drains and exits."""
+        engine = self.workers.get(0)
+        stopping = self.split and self.stop_deadline is not None and not self._engine_stopping
+        if stopping and engine is not None and len(self.workers) == 1:
+            self._engine_stopping = True
+            engine.process.terminate()
 
 
 class _SupervisorCollector:

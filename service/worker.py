@@ -4,7 +4,8 @@
 runs the ordinary server (service/server.py) as worker I, tells the supervisor over its pipe once
 it serves, answers the supervisor's liveness pings on that pipe from its event loop, and drains
 when the pipe closes (the supervisor has gone).
-`auto_workers` is `--workers 0`.
+`auto_workers` is `--workers 0`, `auto_frontends` `--frontends 0`; `serve_worker` also runs a
+front end of `--frontends` (service/split/frontend.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"
 MAX_AUTO_WORKERS = 8  # every worker holds its own copy of every model
+MAX_AUTO_FRONTENDS = 4
 
 
 def configure_logging(level: str, tag: str = "") -> None:
@@ -30,14 +32,19 @@ def configure_logging(level: str, tag: str = "") -> None:
 
 def worker_main(settings: Settings, index: int, conn: Connection) -> None:
     """A worker process: one server on the shared port; tells the supervisor when it serves."""
-    configure_logging(settings.log_level, tag=f"[worker {index} pid {os.getpid()}] ")
+    sys.exit(serve_worker(settings, index, conn))
+
+
+def serve_worker(settings: Settings, index: int, conn: Connection, engine: str = "", tag: str = "worker") -> int:
+    """Runs a worker's server (a front end's with `engine`: service/split/) and returns its exit code."""
+    configure_logging(settings.log_level, tag=f"[{tag} {index} pid {os.getpid()}] ")
     from service.server import run  # here, not at import: the supervisor never loads onnxruntime
 
     def on_ready(server) -> None:
         conn.send(("ready", os.getpid()))
         asyncio.get_running_loop().add_reader(conn.fileno(), _on_supervisor_message, server, conn)
 
-    sys.exit(run(settings, worker=index, on_ready=on_ready))
+    return run(settings, worker=index, on_ready=on_ready, engine=engine)
 
 
 def _on_supervisor_message(server, conn: Connection) -> None:
@@ -57,15 +64,29 @@ def auto_workers(settings: Settings) -> int:
     """`--workers 0`: 1 where CUDA runs the models (one GPU context and copy of the weights per
     process); on a CPU, as many workers as the cores hold `compute_workers x intra_op_threads`
     threads each, at most MAX_AUTO_WORKERS. docs/design/workers.md has the measurements."""
-    if settings.device == "cuda":
+    if _cuda(settings):
         return 1
+    threads = settings.compute_workers * settings.intra_op_threads
+    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // threads))
+
+
+def auto_frontends(settings: Settings) -> int:
+    """`--frontends 0`: where CUDA runs the models and one process serves them (`--workers 1`), front
+    ends up to the cores left beside the engine, at most MAX_AUTO_FRONTENDS; else 0 (off: on a CPU the
+    split costs more than it frees, docs/design/engine-core.md has the measurements)."""
+    if settings.workers != 1 or not _cuda(settings):
+        return 0
+    return max(1, min(MAX_AUTO_FRONTENDS, usable_cores() - 1))
+
+
+def _cuda(settings: Settings) -> bool:
+    if settings.device == "cuda":
+        return True
     if settings.device == "auto":
         import onnxruntime  # only here: a supervisor with an explicit count never loads it
 
-        if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-            return 1
-    threads = settings.compute_workers * settings.intra_op_threads
-    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // threads))
+        return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return False
 
 
 def usable_cores() -> int:

@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -53,6 +53,7 @@ class Compiled:
     matcher: Any  # llguidance.LLMatcher in its start state
     width: int
     eos: tuple[int, ...]
+    structure: Structure | None = field(default=None, compare=False)  # what it was compiled from (service/split/)
 
 
 class RowConstraint:
@@ -112,7 +113,7 @@ class Constraints:
         matcher = llguidance.LLMatcher(self._lltokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidArgument(f"{structure.field} cannot be used: {matcher.get_error()[:300]}")
-        return Compiled(matcher, self.width, self.eos)
+        return Compiled(matcher, self.width, self.eos, structure)
 
 
 def _grammar(s: Structure) -> str:

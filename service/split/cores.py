@@ -1,0 +1,113 @@
+"""A front end's cores: the classes of service/cores.py `Cores` whose compute methods send the call
+to the engine core (service/split/client.py) instead of running it. What the doors read besides
+(models, their info, tokenizers, chat templates) is answered here from the front end's registry
+(service/split/models.py). Every check and refusal of a forwarded call runs in the engine, in the
+same code as in one process; a call is labelled here with the model its query names, when it names
+a served one (the engine's own checks decide what the client is told)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.classification.core import ClassificationCore
+from service.cores import Cores
+from service.embedding.core import EmbeddingCore
+from service.errors import ServiceError, label_model
+from service.fillmask.core import FillMaskCore
+from service.generation.core import GenerationCore
+from service.inspection.core import AttentionCore
+from service.models import ModelsCore
+from service.registry import ModelRegistry
+from service.runtime import Runtime
+from service.settings import Settings
+from service.split.client import EngineClient
+from service.translation.core import TranslationCore
+
+
+def _label(registry: ModelRegistry, kind: str, name: str) -> None:
+    try:
+        backend = registry.get(kind, name) if kind else registry.find(name)
+    except ServiceError:
+        return  # the engine's checks say what is wrong, in the order one process would
+    label_model(backend.name)
+
+
+class _Forward:
+    """Sends core `core`'s calls to the engine."""
+
+    core, kind = "", ""
+    registry: ModelRegistry
+    client: EngineClient
+
+    async def _forward(self, method: str, query: Any, deadline: float | None) -> Any:
+        _label(self.registry, self.kind, query.model)
+        return await self.client.call(self.core, method, query, deadline)
+
+
+class RemoteEmbeddingCore(_Forward, EmbeddingCore):
+    core, kind = "embedding", "embedding"
+
+    async def embed(self, query, deadline=None):
+        return await self._forward("embed", query, deadline)
+
+
+class RemoteTranslationCore(_Forward, TranslationCore):
+    core, kind = "translation", "translation"
+
+    async def translate(self, query, deadline=None):
+        return await self._forward("translate", query, deadline)
+
+
+class RemoteFillMaskCore(_Forward, FillMaskCore):
+    core, kind = "fill_mask", "fill-mask"
+
+    async def fill_mask(self, query, deadline=None):
+        return await self._forward("fill_mask", query, deadline)
+
+
+class RemoteClassificationCore(_Forward, ClassificationCore):
+    core, kind = "classification", "classification"
+
+    async def rerank(self, query, deadline=None):
+        return await self._forward("rerank", query, deadline)
+
+    async def score(self, query, deadline=None):
+        return await self._forward("score", query, deadline)
+
+    async def classify(self, query, deadline=None):
+        return await self._forward("classify", query, deadline)
+
+
+class RemoteAttentionCore(_Forward, AttentionCore):
+    core = "attention"  # any served model (kind "": registry.find)
+
+    async def attention(self, query, deadline=None):
+        return await self._forward("attention", query, deadline)
+
+
+class RemoteGenerationCore(_Forward, GenerationCore):
+    """Tokenizer calls answered here; generations admitted and run in the engine."""
+
+    core, kind = "generation", "generation"
+
+    async def generate_many(self, queries, deadline=None):
+        if queries:
+            _label(self.registry, self.kind, queries[0].model)
+        return await self.client.generate(queries, deadline)
+
+
+def remote_cores(registry: ModelRegistry, settings: Settings, runtime: Runtime, client: EngineClient) -> Cores:
+    """Cores over the front end's registry whose compute runs in the engine behind `client`."""
+    built: dict[str, Any] = {}
+    for name, cls, args in (
+        ("embedding", RemoteEmbeddingCore, (registry, settings)),
+        ("fill_mask", RemoteFillMaskCore, (registry, settings)),
+        ("generation", RemoteGenerationCore, (registry,)),
+        ("translation", RemoteTranslationCore, (registry, settings)),
+        ("attention", RemoteAttentionCore, (registry, settings, runtime)),
+        ("classification", RemoteClassificationCore, (registry, settings)),
+    ):
+        core = cls(*args)
+        core.client = client
+        built[name] = core
+    return Cores(registry=registry, settings=settings, models=ModelsCore(registry), **built)

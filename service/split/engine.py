@@ -1,0 +1,268 @@
+"""The engine core process of `--frontends N`: every model, batcher and scheduler of one device,
+serving its front ends (service/split/frontend.py) over a pyzmq ROUTER socket.
+
+It runs the real cores (service/cores.py) on what the front ends send (service/split/wire.py):
+a unary call's answer, a generation's chunks as the scheduler posts them (`Generation.batches()`:
+one joined chunk per generation per step) or every choice at its end; what became ready in one
+loop turn goes to each front end as one `Batch`. Each front end says its pid; the engine watches
+it through a pidfd, and when it exits its calls are cancelled and its rows freed at the next step.
+SIGTERM drains: new calls UNAVAILABLE, those in flight finish (within the grace period), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from service.cores import BACKENDS, Cores
+from service.errors import ServiceError, Unavailable
+from service.generation.constraint import Structure
+from service.generation.core import Generation
+from service.generation.query import GenerateQuery
+from service.registry import ModelRegistry
+from service.runtime import Runtime
+from service.settings import Settings
+from service.split import wire
+from service.split.load import EngineLoad, served_models
+
+log = logging.getLogger(__name__)
+
+RESTARTED = "the engine restarted and lost this call; retry it"
+
+
+class Peer:
+    """One front end: its calls (id -> task), its generations and what is ready for it this turn."""
+
+    def __init__(self, identity: bytes, pid: int):
+        self.identity, self.pid = identity, pid
+        self.pidfd = os.pidfd_open(pid)
+        self.tasks: dict[tuple[str, int], asyncio.Task] = {}  # ("call" | "pull", id)
+        self.generations: dict[int, Generation] = {}
+        self.batch: wire.Batch | None = None
+        self.gone = False
+
+    def idle(self) -> bool:
+        return not self.tasks and not self.generations
+
+
+class Engine:
+    """The engine's side of the socket: one task reads, `send` flushes each front end's batch once per turn."""
+
+    def __init__(self, cores: Cores, settings: Settings, socket: zmq.asyncio.Socket):
+        self.cores, self.settings, self.socket = cores, settings, socket
+        self.pid = os.getpid()
+        self.peers: dict[bytes, Peer] = {}
+        self._ids = itertools.count(-1, -1)  # generation ids: negative (a call's are positive), unique here
+        self._flush_due = False
+
+    async def serve(self) -> None:
+        while True:
+            identity, payload = await self.socket.recv_multipart(copy=False)
+            try:
+                message = wire.TO_ENGINE.decode(payload.buffer)
+            except Exception:
+                log.exception("undecodable message from a front end; dropped")
+                continue
+            self._handle(bytes(identity.buffer), message)
+
+    def _handle(self, identity: bytes, message: wire.ToEngine) -> None:
+        if isinstance(message, wire.Hello):
+            self._welcome(identity, message.pid)
+            return
+        peer = self.peers.get(identity)
+        if peer is None:
+            return  # a front end that never said hello to this engine: its Hello comes next
+        if isinstance(message, wire.Call | wire.Generate) and message.epoch != self.pid:
+            self._fail(peer, message.id, Unavailable(RESTARTED))
+        elif isinstance(message, wire.Call):
+            peer.tasks["call", message.id] = self._task(peer, ("call", message.id), self._call(peer, message))
+        elif isinstance(message, wire.Generate):
+            peer.tasks["call", message.id] = self._task(peer, ("call", message.id), self._generate(peer, message))
+        elif isinstance(message, wire.Pull):
+            generation = peer.generations.get(message.id)
+            if generation is not None:
+                pull = (self._collect if message.collect else self._stream)(peer, message.id, generation)
+                peer.tasks["pull", message.id] = self._task(peer, ("pull", message.id), pull)
+        elif isinstance(message, wire.Cancel):
+            self._cancel(peer, message.id)
+
+    def _welcome(self, identity: bytes, pid: int) -> None:
+        old = self.peers.get(identity)
+        if old is None or old.pid != pid:
+            if old is not None:
+                self._forget(old)
+            peer = self.peers[identity] = Peer(identity, pid)
+            asyncio.get_running_loop().add_reader(peer.pidfd, self._forget, peer)
+            log.info("front end pid %d connected", pid)
+        welcome = wire.Welcome(self.pid, served_models(self.cores.registry), dict(self.cores.registry.defaults))
+        self.socket.send_multipart([identity, wire.ENCODER.encode(welcome)])
+
+    def _forget(self, peer: Peer) -> None:
+        """The front end exited (its pidfd turned readable): its calls end, its rows are freed."""
+        if peer.gone:
+            return
+        peer.gone = True
+        asyncio.get_running_loop().remove_reader(peer.pidfd)
+        os.close(peer.pidfd)
+        if self.peers.get(peer.identity) is peer:
+            del self.peers[peer.identity]
+        if peer.tasks or peer.generations:
+            log.warning(
+                "front end pid %d exited; cancelling its %d call(s), %d generation(s)",
+                peer.pid,
+                len(peer.tasks),
+                len(peer.generations),
+            )
+        for generation in peer.generations.values():
+            generation.cancel()
+        peer.generations.clear()
+        for task in list(peer.tasks.values()):
+            task.cancel()
+
+    def _cancel(self, peer: Peer, id: int) -> None:
+        generation = peer.generations.pop(id, None)
+        if generation is not None:
+            generation.cancel()
+        for key in (("call", id), ("pull", id)):
+            task = peer.tasks.get(key)
+            if task is not None:
+                task.cancel()
+
+    def _task(self, peer: Peer, key: tuple[str, int], work: Any) -> asyncio.Task:
+        task = asyncio.create_task(work)
+        task.add_done_callback(lambda t: peer.tasks.pop(key, None) if peer.tasks.get(key) is t else None)
+        return task
+
+    async def _call(self, peer: Peer, call: wire.Call) -> None:
+        try:
+            key = (call.core, call.method)
+            query = wire.QUERIES[key].decode(call.query)
+            value = await getattr(getattr(self.cores, call.core), call.method)(query, call.deadline)
+        except BaseException as e:
+            self._fail(peer, call.id, e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self._batch(peer).results.append(wire.Result(call.id, msgspec.Raw(wire.ENCODER.encode(value))))
+
+    async def _generate(self, peer: Peer, call: wire.Generate) -> None:
+        try:
+            queries = [await self._compiled(q) for q in call.queries]
+            generations = await self.cores.generation.generate_many(queries, call.deadline)
+        except BaseException as e:
+            self._fail(peer, call.id, e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        if peer.gone:
+            for g in generations:
+                g.cancel()
+            return
+        started = []
+        for g in generations:
+            gid = next(self._ids)
+            peer.generations[gid] = g
+            started.append((gid, g.model, g.n, g.interval_s))
+        self._batch(peer).started.append(wire.Started(call.id, started))
+
+    async def _compiled(self, query: GenerateQuery) -> GenerateQuery:
+        """A structured output arrives as its structure (a dict); compiled here (cached per model)."""
+        spec = query.params.constraint
+        if spec is None:
+            return query
+        model = self.cores.generation.registry.get("generation", query.model)
+        compiled = await model.constraints.compile(Structure(**spec))  # type: ignore[attr-defined]
+        return dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled))
+
+    async def _stream(self, peer: Peer, gid: int, generation: Generation) -> None:
+        try:
+            async for chunk in generation.batches():
+                self._batch(peer).chunks.append((gid, chunk))
+        except Exception as e:
+            self._fail(peer, gid, e)
+        finally:
+            generation.cancel()
+            peer.generations.pop(gid, None)
+
+    async def _collect(self, peer: Peer, gid: int, generation: Generation) -> None:
+        try:
+            chunks = await generation.collect()
+            self._batch(peer).collected.append((gid, chunks))
+        except Exception as e:
+            self._fail(peer, gid, e)
+        finally:
+            generation.cancel()
+            peer.generations.pop(gid, None)
+
+    def _fail(self, peer: Peer, id: int, error: BaseException) -> None:
+        if isinstance(error, ServiceError):
+            failure = wire.Failure(id, error.code.name, error.message)
+        elif isinstance(error, asyncio.CancelledError):
+            return  # the front end cancelled it, or went away
+        else:
+            log.error("call %d of front end pid %d failed", id, peer.pid, exc_info=error)
+            failure = wire.Failure(id, "INTERNAL", "internal error (the engine's log has the traceback)")
+        self._batch(peer).failures.append(failure)
+
+    def _batch(self, peer: Peer) -> wire.Batch:
+        """The front end's batch of this loop turn; sent by one callback after every task woken now ran."""
+        if peer.batch is None:
+            peer.batch = wire.Batch([], [], [], [], [])
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return peer.batch
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        for peer in self.peers.values():
+            if peer.batch is not None:
+                batch, peer.batch = peer.batch, None
+                with contextlib.suppress(zmq.Again):  # its queue is full: it is gone or stuck
+                    self.socket.send_multipart([peer.identity, wire.ENCODER.encode(batch)], flags=zmq.NOBLOCK)
+
+    def idle(self) -> bool:
+        return all(p.idle() for p in self.peers.values())
+
+
+async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asyncio.Event) -> int:
+    """Loads and warms every model, serves the front ends on `endpoint` until `stop` is set, drains."""
+    runtime = Runtime(settings)
+    registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
+    await registry.start()
+    cores = Cores.build(registry, settings, runtime)
+    context = zmq.asyncio.Context()
+    socket = context.socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted front end with the same identity takes over
+    socket.bind(endpoint)
+    engine = Engine(cores, settings, socket)
+    load = EngineLoad(runtime, settings)
+    serving = asyncio.create_task(engine.serve(), name="engine-serve")
+    sampling = asyncio.create_task(load.run(), name="engine-load")
+    log.info("engine core serving %d model(s) on %s", len(list(registry)), endpoint)
+    on_ready()
+    await stop.wait()
+    log.info("engine draining: new calls UNAVAILABLE, %.1fs grace for those in flight", settings.grace_seconds)
+    registry.draining = True
+    deadline = asyncio.get_running_loop().time() + settings.grace_seconds
+    while not engine.idle() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await registry.stop()
+    await asyncio.sleep(0.05)  # the last batches leave
+    serving.cancel()
+    sampling.cancel()
+    socket.close()
+    context.term()
+    await asyncio.to_thread(runtime.close)
+    log.info("engine stopped")
+    return 0

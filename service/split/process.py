@@ -1,0 +1,65 @@
+"""The engine core's process under the supervisor (service/supervisor.py with `--frontends N`):
+`engine_main` loads and warms every model, says "ready" over its pipe, answers the supervisor's
+liveness pings from its event loop, and drains on SIGTERM / SIGINT (or when the pipe closes: the
+supervisor has gone). `endpoint` names the group's socket, in its metrics directory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from service.manifest import ModelDirError
+from service.registry import ModelLoadError
+from service.runtime import ProviderError
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def endpoint(folder: Path) -> str:
+    """The engine's ZMQ endpoint: a Unix socket in `folder` (the group's own metrics directory)."""
+    return f"ipc://{folder / 'engine.sock'}"
+
+
+def engine_main(settings: Settings, index: int, conn: Connection, address: str) -> None:
+    from service.worker import configure_logging
+
+    configure_logging(settings.log_level, tag=f"[engine pid {os.getpid()}] ")
+    try:
+        code = asyncio.run(_serve(settings, conn, address))
+    except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        code = 1
+    sys.exit(code)
+
+
+async def _serve(settings: Settings, conn: Connection, address: str) -> int:
+    from service.split.engine import run_engine  # here: the supervisor never loads onnxruntime
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):  # tokens are the front ends' business
+        loop.add_signal_handler(sig, lambda: None)
+
+    def on_ready() -> None:
+        conn.send(("ready", os.getpid()))
+        loop.add_reader(conn.fileno(), _on_pipe, conn, stop)
+
+    return await run_engine(settings, address, on_ready, stop)
+
+
+def _on_pipe(conn: Connection, stop: asyncio.Event) -> None:
+    try:
+        conn.recv()
+        conn.send(("pong",))
+    except (EOFError, OSError):
+        asyncio.get_running_loop().remove_reader(conn.fileno())
+        log.warning("supervisor gone; draining")
+        stop.set()
