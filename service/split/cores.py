@@ -7,6 +7,7 @@ a served one (the engine's own checks decide what the client is told)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from service.classification.core import ClassificationCore
@@ -14,7 +15,9 @@ from service.cores import Cores
 from service.embedding.core import EmbeddingCore
 from service.errors import ServiceError, label_model
 from service.fillmask.core import FillMaskCore
+from service.generation.constraint import Compiled
 from service.generation.core import GenerationCore
+from service.generation.query import GenerateQuery
 from service.inspection.core import AttentionCore
 from service.models import ModelsCore
 from service.registry import ModelRegistry
@@ -93,7 +96,15 @@ class RemoteGenerationCore(_Forward, GenerationCore):
     async def generate_many(self, queries, deadline=None):
         if queries:
             _label(self.registry, self.kind, queries[0].model)
-        return await self.client.generate(queries, deadline)
+        return await self.client.generate([_sendable(q) for q in queries], deadline)
+
+
+def _sendable(query: GenerateQuery) -> GenerateQuery:
+    """A structured output crosses as its structure (checked here); the engine compiles it (cached)."""
+    compiled = query.params.constraint
+    if not isinstance(compiled, Compiled):
+        return query
+    return dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled.structure))
 
 
 def remote_cores(registry: ModelRegistry, settings: Settings, runtime: Runtime, client: EngineClient) -> Cores:

@@ -19,7 +19,6 @@ from service.classification.core import Classified, ClassifyQuery, RerankQuery, 
 from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import ServiceError
 from service.fillmask.core import FilledMasks, FillMaskQuery
-from service.generation.constraint import Compiled
 from service.generation.output import Chunk
 from service.generation.query import GenerateQuery
 from service.inspection.core import AttentionMaps, AttentionQuery
@@ -138,8 +137,6 @@ def _enc_hook(obj: Any) -> Any:
         return msgspec.msgpack.Ext(ARRAY_EXT, len(header).to_bytes(4, "little") + header + obj.tobytes())
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, Compiled):  # a structured output crosses as its structure; the engine compiles it
-        return obj.structure
     raise NotImplementedError(f"cannot send {type(obj).__name__} to another process")
 
 
