@@ -1,0 +1,50 @@
+"""Fixtures of the `--frontends` tests: a group of an engine core and two front ends, and one process
+over the same models for parity (real processes, port 0, their addresses read from their logs)."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.fixtures.process import ServiceProcess
+
+# tiny-gpt chats with this template here: short, as its context is
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:"
+CHAT_TEMPLATE += "{% endif %}"
+READY = r"engine core and {n} front ends serving on (\S+)"
+
+
+class SplitGroup(ServiceProcess):
+    """`python -m service --frontends N`: ready once the supervisor says the engine and every front end serve."""
+
+    def __init__(self, models_root: Path, frontends: int = 2, *flags: str):
+        super().__init__(models_root, "--frontends", str(frontends), *flags, ready=READY.format(n=frontends))
+
+    def pid(self, index: int) -> int:
+        """The pid of process `index` (0: the engine core, 1..N: the front ends), the latest started."""
+        found = [m for line in self.log if (m := re.search(rf"worker {index} ready \(pid (\d+)\)", line))]
+        return int(found[-1][1])
+
+
+def own_channel(address: str) -> grpc.Channel:
+    """A channel with its own TCP connection: the kernel picks a front end per connection."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def stop(process: ServiceProcess) -> None:
+    process.proc.send_signal(signal.SIGTERM)
+    try:
+        process.wait()
+    finally:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def chat_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("chat") / "template.jinja"
+    path.write_text(CHAT_TEMPLATE)
+    return path
