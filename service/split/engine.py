@@ -115,13 +115,13 @@ class Engine:
         os.close(peer.pidfd)
         if self.peers.get(peer.identity) is peer:
             del self.peers[peer.identity]
-        if peer.tasks or peer.generations:
-            log.warning(
-                "front end pid %d exited; cancelling its %d call(s), %d generation(s)",
-                peer.pid,
-                len(peer.tasks),
-                len(peer.generations),
-            )
+        log.log(
+            logging.WARNING if peer.tasks or peer.generations else logging.INFO,
+            "front end pid %d exited; cancelling its %d call(s), %d generation(s)",
+            peer.pid,
+            len(peer.tasks),
+            len(peer.generations),
+        )
         for generation in peer.generations.values():
             generation.cancel()
         peer.generations.clear()

@@ -1,0 +1,176 @@
+"""`--frontends 2` when things go away: a cancelled stream frees its row in the engine; a front end
+killed with SIGKILL mid-stream frees every row it held; a killed engine core makes the front ends
+answer UNAVAILABLE at once (no hang), is restarted by the supervisor, and the group serves again;
+SIGTERM with 32 streams in flight lets every one finish and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import grpc
+import pytest
+
+from client import generate_request
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+from tests.fixtures.server import until
+from tests.service.split.conftest import SplitGroup, stop
+
+LONG = 150  # tokens a stream asks for: with one row at a time, the later streams wait their turn
+HOLD = json.dumps({"regex": "[a-z ]{140}"})  # no early end of text: each row lives for many steps
+STREAMS = 16
+
+
+def long_request(prompt: str) -> pb.GenerateRequest:
+    request = generate_request(prompt, max_new_tokens=LONG)
+    request.structured_outputs_json = HOLD
+    return request
+
+
+def in_flight(group: SplitGroup) -> float:
+    return group.metrics().get(("ts_generations_in_flight", (("model", "tiny-gpt"),)), 0.0)
+
+
+def dropped(group: SplitGroup) -> float:
+    return group.metrics().get(("ts_dropped_items_total", (("model", "tiny-gpt"), ("reason", "cancelled"))), 0.0)
+
+
+def channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+@pytest.fixture
+def one_row(tiny_models_root):
+    group = SplitGroup(tiny_models_root, 2, "--gen-max-batch", "1")
+    yield group
+    stop(group)
+
+
+async def test_a_cancelled_stream_frees_its_row(one_row):
+    group = one_row
+    before = dropped(group)
+    async with channel(group.address) as ch:
+        stub = pb_grpc.GenerationServiceStub(ch)
+        calls = [stub.GenerateStream(long_request(f"story {i}")) for i in range(STREAMS)]
+        await until(lambda: in_flight(group) >= 4, what="generations admitted")  # one row: 3+ of them wait
+        for call in calls:
+            call.cancel()
+        await until(lambda: dropped(group) > before, what="a waiting generation dropped uncomputed")
+        await until(lambda: in_flight(group) == 0, what="every row freed")
+
+
+def accepted(metrics: dict, frontend: int) -> float:
+    return metrics.get(("ts_worker_rpcs_total", (("worker", str(frontend)),)), 0.0)
+
+
+def _accepted(group: SplitGroup, before: dict) -> list[float]:
+    now = group.metrics()
+    return [accepted(now, i) - accepted(before, i) for i in (1, 2)]
+
+
+async def _warm(group: SplitGroup) -> None:
+    """One structured call answered by each front end: its structure compiled (front ends check it)."""
+    before = group.metrics()
+    for _ in range(64):
+        async with channel(group.address) as c:
+            request = long_request("warm")
+            request.max_new_tokens = 1
+            await pb_grpc.GenerationServiceStub(c).Generate(request, timeout=60)
+        if min(_accepted(group, before)) > 0:
+            return
+    raise AssertionError("64 connections never reached both front ends")
+
+
+async def test_a_killed_front_end_frees_its_rows(one_row):
+    group = one_row
+    await _warm(group)
+    before = group.metrics()
+    channels = [channel(group.address) for _ in range(STREAMS)]
+    calls = [
+        pb_grpc.GenerationServiceStub(c).GenerateStream(long_request(f"story {i}")) for i, c in enumerate(channels)
+    ]
+    try:
+        await until(lambda: sum(_accepted(group, before)) == STREAMS and in_flight(group) >= STREAMS - 4)
+        per_frontend = dict(zip((1, 2), _accepted(group, before), strict=True))
+        victim = max(per_frontend, key=per_frontend.__getitem__)  # one that holds some of the streams
+        pid = group.pid(victim)
+        os.kill(pid, signal.SIGKILL)
+        group.wait_for(rf"front end pid {pid} exited; cancelling its \d+ call\(s\), [1-9]\d* generation\(s\)")
+        ended = await asyncio.gather(*(_ending(c) for c in calls))
+        assert 1 <= ended.count(grpc.StatusCode.UNAVAILABLE) <= per_frontend[victim], ended
+        assert set(ended) == {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, ended
+        await until(lambda: in_flight(group) == 0, what="every row freed")
+        group.wait_for(rf"worker {victim} ready \(pid (?!{pid}\))\d+\)")  # restarted
+    finally:
+        for c in channels:
+            await c.close()
+
+
+async def _ending(call) -> grpc.StatusCode:
+    try:
+        while await call.read() != grpc.aio.EOF:
+            pass
+    except grpc.aio.AioRpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+async def test_a_killed_engine_answers_unavailable_at_once_then_serves_again(one_row):
+    group = one_row
+    engine = group.pid(0)
+    async with channel(group.address) as ch:
+        stub = pb_grpc.GenerationServiceStub(ch)
+        calls = [stub.GenerateStream(long_request(f"tale {i}"), timeout=60) for i in range(4)]
+        assert (await calls[0].read()).token_ids
+        os.kill(engine, signal.SIGKILL)
+        ended = await asyncio.gather(*(_ending(c) for c in calls))
+        assert grpc.StatusCode.UNAVAILABLE in ended and set(ended) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK}
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # the engine is down: refused, not queued
+            await pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(inputs=["x"]), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "engine core process is not running" in refused.value.details()
+        group.wait_for(rf"worker 0 ready \(pid (?!{engine}\))\d+\)")
+        await until(lambda: _embeds(group.address), timeout=60, what="serving again")
+        reply = await stub.Generate(generate_request("Once upon", max_new_tokens=4), timeout=60)
+        assert reply.token_ids
+
+
+def _embeds(address: str) -> bool:
+    with grpc.insecure_channel(address) as ch:
+        try:
+            pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(inputs=["x"]), timeout=10)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+async def test_sigterm_drains_32_streams_and_exits_0(tiny_models_root):
+    group = SplitGroup(tiny_models_root, 2, "--grace-seconds", "60")
+    try:
+        channels = [channel(group.address) for _ in range(4)]
+        calls = [
+            pb_grpc.GenerationServiceStub(channels[i % 4]).GenerateStream(
+                generate_request(f"tale {i}", max_new_tokens=60), timeout=120
+            )
+            for i in range(32)
+        ]
+        await until(lambda: in_flight(group) > 0, what="generations admitted")
+        group.proc.send_signal(signal.SIGTERM)
+        ended = await asyncio.gather(*(_finished(c) for c in calls))
+        assert all(ended), "a stream in flight at SIGTERM did not finish"
+        for c in channels:
+            await c.close()
+        assert await asyncio.to_thread(group.wait) == 0, "".join(group.log)
+        assert group.find(r"service.split.engine: engine stopped")
+    finally:
+        group.kill()
+
+
+async def _finished(call) -> bool:
+    chunks = []
+    while (chunk := await call.read()) != grpc.aio.EOF:
+        chunks.append(chunk)
+    return bool(chunks) and chunks[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
