@@ -91,7 +91,8 @@ class ServiceProcess:
     from the repository root, until `stop()`. The one launcher every benchmark uses.
 
     Returns once the server serves: after "serving N model(s)", or, with `--workers N` among the
-    flags, after the supervisor's "all N workers serving". Raises ServiceStartError if it never does.
+    flags, after the supervisor's "all N workers serving" (`--frontends N`: "engine core and N front
+    ends serving"). Raises ServiceStartError if it never does.
     `proc.pid` is the server (the supervisor with `--workers`; bench.procstat sums its process tree).
     """
 
@@ -129,9 +130,12 @@ class ServiceProcess:
         ready = "model(s) on"
         for line in self._stderr:
             self.log.append(line.rstrip())
-            if m := re.search(r"gRPC listening on (\S+)(?: \((\d+) workers)?", line):
+            if m := re.search(r"gRPC listening on (\S+)(?: \((\d+) (workers|front ends))?", line):
                 self.address = self.address or m.group(1)
-                ready = f"all {m.group(2)} workers serving on" if m.group(2) else ready
+                if m.group(2):
+                    ready = f"all {m.group(2)} workers serving on"
+                    if m.group(3) == "front ends":
+                        ready = f"engine core and {m.group(2)} front ends serving on"
             if m := re.search(r"metrics on (http://\S+)", line):
                 self.metrics_url = self.metrics_url or m.group(1)
             if m := re.search(r"HTTP listening on (http://\S+)", line):

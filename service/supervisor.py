@@ -106,14 +106,14 @@ class Supervisor:
         port = hold.getsockname()[1]
         http_port = self.settings.http_port if http_hold is None else http_hold.getsockname()[1]
         self._warn_if_oversubscribed()
-        count = self.serving_processes
-        log.info("gRPC listening on %s:%d (%d processes, SO_REUSEPORT)", self.settings.host, port, count)
+        count = f"{self.serving_processes} {'front ends' if self.split else 'workers'}"
+        log.info("gRPC listening on %s:%d (%s, SO_REUSEPORT)", self.settings.host, port, count)
         if http_hold is not None:
             log.info(
-                "HTTP listening on http://%s:%d (%d processes, SO_REUSEPORT)",
+                "HTTP listening on http://%s:%d (%s, SO_REUSEPORT)",
                 self.settings.http_address,
                 http_port,
-                self.serving_processes,
+                count,
             )
         self.worker_settings = dataclasses.replace(self.settings, port=port, http_port=http_port, metrics_port=-1)
         wake_r, wake_w = os.pipe()
