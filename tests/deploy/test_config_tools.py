@@ -98,6 +98,7 @@ def _metric_names() -> set[str]:
 
     import service.auth
     import service.generation.metrics
+    import service.split.load
     import service.metrics  # noqa: F401
 
     names = set()
