@@ -41,7 +41,6 @@ class EngineClient:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.IDENTITY, f"frontend-{os.getpid()}".encode())
         self.socket.connect(endpoint)
-        self.sync: zmq.Socket = zmq.Socket.shadow(self.socket.underlying)  # reads what is queued, sends: no future each
         self.on_change = on_change
         self.epoch = 0  # the serving engine's pid; 0 while there is none
         self.welcome: wire.Welcome | None = None
@@ -61,7 +60,7 @@ class EngineClient:
 
     def send(self, message: wire.ToEngine) -> None:
         with contextlib.suppress(zmq.Again):  # nothing listens: the pidfd says so
-            self.sync.send(wire.ENCODER.encode(message), flags=zmq.NOBLOCK)
+            self.socket.send(wire.ENCODER.encode(message), flags=zmq.NOBLOCK)
 
     async def call(self, core: str, method: str, query: Any, deadline: float | None) -> Any:
         """One unary core call in the engine: its result, or the ServiceError it raised there."""
@@ -93,26 +92,17 @@ class EngineClient:
             self._calls.pop(id, None)
 
     async def _read(self) -> None:
-        """Waits for a message, then takes every one already queued (one wake-up for many)."""
         while True:
             payload = await self.socket.recv(copy=False)
-            while True:
-                self._receive(payload)
-                try:
-                    payload = self.sync.recv(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-
-    def _receive(self, payload: Any) -> None:
-        try:
-            message = wire.TO_FRONTEND.decode(payload.buffer)
-        except Exception:
-            log.exception("undecodable message from the engine; dropped")
-            return
-        if isinstance(message, wire.Welcome):
-            self._on_welcome(message)
-        else:
-            self._on_batch(message)
+            try:
+                message = wire.TO_FRONTEND.decode(payload.buffer)
+            except Exception:
+                log.exception("undecodable message from the engine; dropped")
+                continue
+            if isinstance(message, wire.Welcome):
+                self._on_welcome(message)
+            else:
+                self._on_batch(message)
 
     def _on_batch(self, batch: wire.Batch) -> None:
         for result in batch.results:

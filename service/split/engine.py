@@ -59,31 +59,20 @@ class Engine:
 
     def __init__(self, cores: Cores, settings: Settings, socket: zmq.asyncio.Socket):
         self.cores, self.settings, self.socket = cores, settings, socket
-        self.sync: zmq.Socket = zmq.Socket.shadow(socket.underlying)  # reads what is queued, sends: no future each
         self.pid = os.getpid()
         self.peers: dict[bytes, Peer] = {}
         self._ids = itertools.count(-1, -1)  # generation ids: negative (a call's are positive), unique here
         self._flush_due = False
 
     async def serve(self) -> None:
-        """Waits for a message, then takes every one already queued (one wake-up for many)."""
         while True:
-            frames = await self.socket.recv_multipart(copy=False)
-            while True:
-                self._receive(frames)
-                try:
-                    frames = self.sync.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-
-    def _receive(self, frames: list) -> None:
-        identity, payload = frames
-        try:
-            message = wire.TO_ENGINE.decode(payload.buffer)
-        except Exception:
-            log.exception("undecodable message from a front end; dropped")
-            return
-        self._handle(bytes(identity.buffer), message)
+            identity, payload = await self.socket.recv_multipart(copy=False)
+            try:
+                message = wire.TO_ENGINE.decode(payload.buffer)
+            except Exception:
+                log.exception("undecodable message from a front end; dropped")
+                continue
+            self._handle(bytes(identity.buffer), message)
 
     def _handle(self, identity: bytes, message: wire.ToEngine) -> None:
         if isinstance(message, wire.Hello):
@@ -115,7 +104,7 @@ class Engine:
             asyncio.get_running_loop().add_reader(peer.pidfd, self._forget, peer)
             log.info("front end pid %d connected", pid)
         welcome = wire.Welcome(self.pid, served_models(self.cores.registry), dict(self.cores.registry.defaults))
-        self.sync.send_multipart([identity, wire.ENCODER.encode(welcome)])
+        self.socket.send_multipart([identity, wire.ENCODER.encode(welcome)])
 
     def _forget(self, peer: Peer) -> None:
         """The front end exited (its pidfd turned readable): its calls end, its rows are freed."""
@@ -239,7 +228,7 @@ class Engine:
             if peer.batch is not None:
                 batch, peer.batch = peer.batch, None
                 with contextlib.suppress(zmq.Again):  # its queue is full: it is gone or stuck
-                    self.sync.send_multipart([peer.identity, wire.ENCODER.encode(batch)], flags=zmq.NOBLOCK)
+                    self.socket.send_multipart([peer.identity, wire.ENCODER.encode(batch)], flags=zmq.NOBLOCK)
 
     def idle(self) -> bool:
         return all(p.idle() for p in self.peers.values())
