@@ -39,6 +39,8 @@ class EngineClient:
         self.context = zmq.asyncio.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        for option in (zmq.SNDHWM, zmq.RCVHWM):  # no silent drop at a queue limit: admission bounds the calls
+            self.socket.setsockopt(option, 0)
         self.socket.setsockopt(zmq.IDENTITY, f"frontend-{os.getpid()}".encode())
         self.socket.connect(endpoint)
         self.on_change = on_change

@@ -243,6 +243,8 @@ async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asy
     context = zmq.asyncio.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
+    for option in (zmq.SNDHWM, zmq.RCVHWM):  # no silent drop at a queue limit: admission bounds the calls
+        socket.setsockopt(option, 0)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted front end with the same identity takes over
     socket.bind(endpoint)
     engine = Engine(cores, settings, socket)
