@@ -11,10 +11,8 @@ import grpc
 import pytest
 
 from tests.fixtures.process import ServiceProcess
+from tests.service.test_service_fuzz import CHAT_TEMPLATE  # tiny-gpt chats with it: short, as its context is
 
-# tiny-gpt chats with this template here: short, as its context is
-CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:"
-CHAT_TEMPLATE += "{% endif %}"
 READY = r"engine core and {n} front ends serving on (\S+)"
 
 
