@@ -115,6 +115,9 @@ class EngineClient:
             entry = self._calls.get(started.id)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(started.generations)
+            else:  # its caller went away meanwhile: nobody will read these
+                for gid, *_ in started.generations:
+                    self.send(wire.Cancel(gid))
         for failure in batch.failures:
             error = wire.error_of(failure.code, failure.message)
             if failure.id < 0:  # a generation's (their ids are negative)

@@ -3,7 +3,8 @@ to the engine core (service/split/client.py) instead of running it. What the doo
 (models, their info, tokenizers, chat templates) is answered here from the front end's registry
 (service/split/models.py). Every check and refusal of a forwarded call runs in the engine, in the
 same code as in one process; a call is labelled here with the model its query names, when it names
-a served one (the engine's own checks decide what the client is told)."""
+a served one (the engine's own checks decide what the client is told), and refused while this front
+end drains."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class _Forward:
     client: EngineClient
 
     async def _forward(self, method: str, query: Any, deadline: float | None) -> Any:
+        self.registry.gate.check()  # this front end drains: new calls UNAVAILABLE (an open stream's go on)
         _label(self.registry, self.kind, query.model)
         return await self.client.call(self.core, method, query, deadline)
 
@@ -94,6 +96,7 @@ class RemoteGenerationCore(_Forward, GenerationCore):
     core, kind = "generation", "generation"
 
     async def generate_many(self, queries, deadline=None):
+        self.registry.gate.check()
         if queries:
             _label(self.registry, self.kind, queries[0].model)
         return await self.client.generate([_sendable(q) for q in queries], deadline)
