@@ -33,9 +33,7 @@ from service import metrics_server
 from service.metrics_dir import own_metrics_dir
 from service.ports import reserve_port
 from service.settings import Settings
-from service.split.frontend import frontend_main
-from service.split.process import endpoint, engine_main
-from service.worker import usable_cores, worker_main
+from service.worker import engine_main, frontend_main, usable_cores, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +54,11 @@ class Worker:
     pinged: float = 0.0  # monotonic time of the last ping sent
     killed: bool = False  # killed for answering no ping; its exit restarts it
     closed: bool = False  # its end of the pipe is closed (it is exiting): nothing more to read
+
+
+def endpoint(folder: Path) -> str:
+    """--frontends: the engine core's ZMQ endpoint, a Unix socket in the group's own metrics directory."""
+    return f"ipc://{folder / 'engine.sock'}"
 
 
 class Supervisor:

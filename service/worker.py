@@ -35,6 +35,19 @@ def worker_main(settings: Settings, index: int, conn: Connection) -> None:
     sys.exit(serve_worker(settings, index, conn))
 
 
+def frontend_main(settings: Settings, index: int, conn: Connection, endpoint: str) -> None:
+    """A front end of `--frontends` (service/split/frontend.py): a worker over the engine at `endpoint`."""
+    sys.exit(serve_worker(settings, index, conn, engine=endpoint, tag="front end"))
+
+
+def engine_main(settings: Settings, index: int, conn: Connection, endpoint: str) -> None:
+    """The engine core of `--frontends` (service/split/process.py), serving its front ends at `endpoint`."""
+    configure_logging(settings.log_level, tag=f"[engine pid {os.getpid()}] ")
+    from service.split import process  # here, not at import: the supervisor never loads onnxruntime
+
+    sys.exit(process.run(settings, conn, endpoint))
+
+
 def serve_worker(settings: Settings, index: int, conn: Connection, engine: str = "", tag: str = "worker") -> int:
     """Runs a worker's server (a front end's with `engine`: service/split/) and returns its exit code."""
     configure_logging(settings.log_level, tag=f"[{tag} {index} pid {os.getpid()}] ")

@@ -3,14 +3,11 @@ shared through SO_REUSEPORT) over cores that forward compute to the engine core
 (service/split/cores.py), its models described by the engine (service/split/models.py).
 
 `connect` waits for the engine's Welcome (it is up before the supervisor starts a front end; a
-front end started while it restarts waits up to CONNECT_TIMEOUT_S). `frontend_main` is the entry
-point the supervisor spawns; it behaves as a `--workers` worker (service/worker.py).
+front end started while it restarts waits up to CONNECT_TIMEOUT_S). The process itself is
+service/worker.py `frontend_main`: a `--workers` worker's life over these cores.
 """
 
 from __future__ import annotations
-
-import sys
-from multiprocessing.connection import Connection
 
 from service.cores import Cores
 from service.registry import ModelLoadError, ModelRegistry
@@ -35,10 +32,3 @@ async def connect(settings: Settings, runtime: Runtime, endpoint: str) -> tuple[
         client.close()
         raise
     return client, registry, remote_cores(registry, settings, runtime, client)
-
-
-def frontend_main(settings: Settings, index: int, conn: Connection, endpoint: str) -> None:
-    """A front-end process: a worker's life (service/worker.py) over the engine at `endpoint`."""
-    from service.worker import serve_worker
-
-    sys.exit(serve_worker(settings, index, conn, engine=endpoint, tag="front end"))

@@ -1,7 +1,7 @@
 """The engine core's process under the supervisor (service/supervisor.py with `--frontends N`):
-`engine_main` loads and warms every model, says "ready" over its pipe, answers the supervisor's
+`run` loads and warms every model, says "ready" over its pipe, answers the supervisor's
 liveness pings from its event loop, and drains on SIGTERM / SIGINT (or when the pipe closes: the
-supervisor has gone). `endpoint` names the group's socket, in its metrics directory."""
+supervisor has gone). Its endpoint is the group's socket (service/supervisor.py `endpoint`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 from service.manifest import ModelDirError
 from service.registry import ModelLoadError
@@ -21,21 +19,13 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def endpoint(folder: Path) -> str:
-    """The engine's ZMQ endpoint: a Unix socket in `folder` (the group's own metrics directory)."""
-    return f"ipc://{folder / 'engine.sock'}"
-
-
-def engine_main(settings: Settings, index: int, conn: Connection, address: str) -> None:
-    from service.worker import configure_logging
-
-    configure_logging(settings.log_level, tag=f"[engine pid {os.getpid()}] ")
+def run(settings: Settings, conn: Connection, address: str) -> int:
+    """The engine process's life (service/worker.py `engine_main` spawns it); its exit code."""
     try:
-        code = asyncio.run(_serve(settings, conn, address))
+        return asyncio.run(_serve(settings, conn, address))
     except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
         log.error("cannot start: %s", e)
-        code = 1
-    sys.exit(code)
+        return 1
 
 
 async def _serve(settings: Settings, conn: Connection, address: str) -> int:

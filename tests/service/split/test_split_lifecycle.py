@@ -133,18 +133,17 @@ async def test_a_killed_engine_answers_unavailable_at_once_then_serves_again(one
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "engine core process is not running" in refused.value.details()
         group.wait_for(rf"worker 0 ready \(pid (?!{engine}\))\d+\)")
-        await until(lambda: _embeds(group.address), timeout=60, what="serving again")
+        successor = group.pid(0)
+        for frontend in (1, 2):  # each front end connects to the new engine
+            group.wait_for(rf"\[front end {frontend} pid \d+\] service.split.client: engine core pid {successor}")
+        assert _embeds(group.address)
         reply = await stub.Generate(generate_request("Once upon", max_new_tokens=4), timeout=60)
         assert reply.token_ids
 
 
 def _embeds(address: str) -> bool:
     with grpc.insecure_channel(address) as ch:
-        try:
-            pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(inputs=["x"]), timeout=10)
-        except grpc.RpcError:
-            return False
-    return True
+        return len(pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(inputs=["x"]), timeout=10).embeddings) == 1
 
 
 async def test_sigterm_drains_32_streams_and_exits_0(tiny_models_root):
