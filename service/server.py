@@ -128,7 +128,8 @@ class Server:
                 await server._bind()
                 await registry.start()
             else:
-                await registry.start()
+                if client is None:  # a front end's models were started and warmed by its engine
+                    await registry.start()
                 await server._bind(health_pb2.HealthCheckResponse.SERVING)  # warm: SERVING from its first call
         except BaseException:
             await server.shutdown(grace=0)

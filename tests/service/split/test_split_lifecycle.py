@@ -12,6 +12,7 @@ import signal
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import generate_request
 from service.proto import inference_pb2 as pb
@@ -132,11 +133,15 @@ async def test_a_killed_engine_answers_unavailable_at_once_then_serves_again(one
             await pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(inputs=["x"]), timeout=60)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "engine core process is not running" in refused.value.details()
+        health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=60)
+        assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING  # until the engine is back
         group.wait_for(rf"worker 0 ready \(pid (?!{engine}\))\d+\)")
         successor = group.pid(0)
         for frontend in (1, 2):  # each front end connects to the new engine
             group.wait_for(rf"\[front end {frontend} pid \d+\] service.split.client: engine core pid {successor}")
         assert _embeds(group.address)
+        health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=60)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
         reply = await stub.Generate(generate_request("Once upon", max_new_tokens=4), timeout=60)
         assert reply.token_ids
 
