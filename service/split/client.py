@@ -11,7 +11,6 @@ meanwhile). A caller that goes away (its task cancelled) sends Cancel: the engin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -20,13 +19,13 @@ from typing import Any
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from service.errors import Unavailable
 from service.generation.core import join_chunks
 from service.generation.handle import GenerationHandle, Outbox
 from service.generation.output import Chunk
 from service.split import wire
+from service.split.loopsocket import LoopSocket
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +35,14 @@ HELLO_EVERY_S = 0.1
 
 class EngineClient:
     def __init__(self, endpoint: str, on_change: Callable[[bool], None] = lambda up: None):
-        self.context = zmq.asyncio.Context()
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        self.context = zmq.Context()
+        socket = self.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
         for option in (zmq.SNDHWM, zmq.RCVHWM):  # no silent drop at a queue limit: admission bounds the calls
-            self.socket.setsockopt(option, 0)
-        self.socket.setsockopt(zmq.IDENTITY, f"frontend-{os.getpid()}".encode())
-        self.socket.connect(endpoint)
+            socket.setsockopt(option, 0)
+        socket.setsockopt(zmq.IDENTITY, f"frontend-{os.getpid()}".encode())
+        socket.connect(endpoint)
+        self.io = LoopSocket(socket, self._receive)
         self.on_change = on_change
         self.epoch = 0  # the serving engine's pid; 0 while there is none
         self.welcome: wire.Welcome | None = None
@@ -51,7 +51,6 @@ class EngineClient:
         self._calls: dict[int, tuple[asyncio.Future, Any]] = {}  # id -> (its future, the result's decoder)
         self.generations: dict[int, RemoteGeneration] = {}
         self._up = asyncio.Event()
-        self._reading = asyncio.create_task(self._read(), name="engine-client")
         self._greeting: asyncio.Task | None = asyncio.create_task(self._greet(), name="engine-hello")
 
     async def connected(self, timeout: float) -> wire.Welcome:
@@ -61,8 +60,7 @@ class EngineClient:
         return self.welcome
 
     def send(self, message: wire.ToEngine) -> None:
-        with contextlib.suppress(zmq.Again):  # nothing listens: the pidfd says so
-            self.socket.send(wire.ENCODER.encode(message), flags=zmq.NOBLOCK)
+        self.io.send([wire.ENCODER.encode(message)])
 
     async def call(self, core: str, method: str, query: Any, deadline: float | None) -> Any:
         """One unary core call in the engine: its result, or the ServiceError it raised there."""
@@ -93,18 +91,16 @@ class EngineClient:
         finally:
             self._calls.pop(id, None)
 
-    async def _read(self) -> None:
-        while True:
-            payload = await self.socket.recv(copy=False)
-            try:
-                message = wire.TO_FRONTEND.decode(payload.buffer)
-            except Exception:
-                log.exception("undecodable message from the engine; dropped")
-                continue
-            if isinstance(message, wire.Welcome):
-                self._on_welcome(message)
-            else:
-                self._on_batch(message)
+    def _receive(self, frames: list) -> None:
+        try:
+            message = wire.TO_FRONTEND.decode(frames[0].buffer)
+        except Exception:
+            log.exception("undecodable message from the engine; dropped")
+            return
+        if isinstance(message, wire.Welcome):
+            self._on_welcome(message)
+        else:
+            self._on_batch(message)
 
     def _on_batch(self, batch: wire.Batch) -> None:
         for result in batch.results:
@@ -179,13 +175,12 @@ class EngineClient:
         self.on_change(False)
 
     def close(self) -> None:
-        self._reading.cancel()
         if self._greeting is not None:
             self._greeting.cancel()
         if self._pidfd is not None:
             asyncio.get_running_loop().remove_reader(self._pidfd)
             os.close(self._pidfd)
-        self.socket.close()
+        self.io.close()
         self.context.term()
 
 

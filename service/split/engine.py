@@ -12,7 +12,6 @@ SIGTERM drains: new calls UNAVAILABLE, those in flight finish (within the grace 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -21,7 +20,6 @@ from typing import Any
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from service.cores import BACKENDS, Cores
 from service.errors import ServiceError, Unavailable
@@ -33,6 +31,7 @@ from service.runtime import Runtime
 from service.settings import Settings
 from service.split import wire
 from service.split.load import EngineLoad, served_models
+from service.split.loopsocket import LoopSocket
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +54,25 @@ class Peer:
 
 
 class Engine:
-    """The engine's side of the socket: one task reads, `send` flushes each front end's batch once per turn."""
+    """The engine's side of the socket: `_receive` handles each message, `_flush` sends each front
+    end's batch once per loop turn."""
 
-    def __init__(self, cores: Cores, settings: Settings, socket: zmq.asyncio.Socket):
-        self.cores, self.settings, self.socket = cores, settings, socket
+    def __init__(self, cores: Cores, settings: Settings, socket: zmq.Socket):
+        self.cores, self.settings = cores, settings
+        self.io = LoopSocket(socket, self._receive)
         self.pid = os.getpid()
         self.peers: dict[bytes, Peer] = {}
         self._ids = itertools.count(-1, -1)  # generation ids: negative (a call's are positive), unique here
         self._flush_due = False
 
-    async def serve(self) -> None:
-        while True:
-            identity, payload = await self.socket.recv_multipart(copy=False)
-            try:
-                message = wire.TO_ENGINE.decode(payload.buffer)
-            except Exception:
-                log.exception("undecodable message from a front end; dropped")
-                continue
-            self._handle(bytes(identity.buffer), message)
+    def _receive(self, frames: list) -> None:
+        identity, payload = frames
+        try:
+            message = wire.TO_ENGINE.decode(payload.buffer)
+        except Exception:
+            log.exception("undecodable message from a front end; dropped")
+            return
+        self._handle(bytes(identity.buffer), message)
 
     def _handle(self, identity: bytes, message: wire.ToEngine) -> None:
         if isinstance(message, wire.Hello):
@@ -104,7 +104,7 @@ class Engine:
             asyncio.get_running_loop().add_reader(peer.pidfd, self._forget, peer)
             log.info("front end pid %d connected", pid)
         welcome = wire.Welcome(self.pid, served_models(self.cores.registry), dict(self.cores.registry.defaults))
-        self.socket.send_multipart([identity, wire.ENCODER.encode(welcome)])
+        self.io.send([identity, wire.ENCODER.encode(welcome)])
 
     def _forget(self, peer: Peer) -> None:
         """The front end exited (its pidfd turned readable): its calls end, its rows are freed."""
@@ -227,8 +227,7 @@ class Engine:
         for peer in self.peers.values():
             if peer.batch is not None:
                 batch, peer.batch = peer.batch, None
-                with contextlib.suppress(zmq.Again):  # its queue is full: it is gone or stuck
-                    self.socket.send_multipart([peer.identity, wire.ENCODER.encode(batch)], flags=zmq.NOBLOCK)
+                self.io.send([peer.identity, wire.ENCODER.encode(batch)])
 
     def idle(self) -> bool:
         return all(p.idle() for p in self.peers.values())
@@ -240,7 +239,7 @@ async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asy
     registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
     await registry.start()
     cores = Cores.build(registry, settings, runtime)
-    context = zmq.asyncio.Context()
+    context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     for option in (zmq.SNDHWM, zmq.RCVHWM):  # no silent drop at a queue limit: admission bounds the calls
@@ -249,7 +248,6 @@ async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asy
     socket.bind(endpoint)
     engine = Engine(cores, settings, socket)
     load = EngineLoad(runtime, settings)
-    serving = asyncio.create_task(engine.serve(), name="engine-serve")
     sampling = asyncio.create_task(load.run(), name="engine-load")
     log.info("engine core serving %d model(s) on %s", len(list(registry)), endpoint)
     on_ready()
@@ -261,9 +259,8 @@ async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asy
         await asyncio.sleep(0.05)
     await registry.stop()
     await asyncio.sleep(0.05)  # the last batches leave
-    serving.cancel()
     sampling.cancel()
-    socket.close()
+    engine.io.close()
     context.term()
     await asyncio.to_thread(runtime.close)
     log.info("engine stopped")
