@@ -152,16 +152,15 @@ def _embeds(address: str) -> bool:
 
 
 async def test_sigterm_drains_32_streams_and_exits_0(tiny_models_root):
-    group = SplitGroup(tiny_models_root, 2, "--grace-seconds", "60")
+    group = SplitGroup(tiny_models_root, 2, "--grace-seconds", "60", "--gen-max-batch", "32")
     try:
         channels = [channel(group.address) for _ in range(4)]
         calls = [
-            pb_grpc.GenerationServiceStub(channels[i % 4]).GenerateStream(
-                generate_request(f"tale {i}", max_new_tokens=60), timeout=120
-            )
+            pb_grpc.GenerationServiceStub(channels[i % 4]).GenerateStream(long_request(f"tale {i}"), timeout=120)
             for i in range(32)
         ]
-        await until(lambda: in_flight(group) > 0, what="generations admitted")
+        firsts = [await call.read() for call in calls]  # every one admitted and decoding
+        assert all(first.token_ids for first in firsts)
         group.proc.send_signal(signal.SIGTERM)
         ended = await asyncio.gather(*(_finished(c) for c in calls))
         assert all(ended), "a stream in flight at SIGTERM did not finish"
