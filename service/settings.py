@@ -59,7 +59,7 @@ class Settings:
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
     grpc_max_streams: int = _f(
-        100,
+        1024,
         "gRPC calls open at once on one connection (HTTP/2 streams, answers not yet taken by the "
         "client included); more are refused with REFUSED_STREAM until one ends",
     )

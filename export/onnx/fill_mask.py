@@ -111,7 +111,9 @@ def masked_sample(tokenizer: Tokenizer, texts: Sequence[str], mask_id: int, limi
     return rows
 
 
-def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int) -> dict:
+def fill_mask_quality(
+    model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str = "int8"
+) -> dict:
     """Reduced-precision variant vs PyTorch at the sample's masked positions (parity.quality_figures)."""
     sess = parity.session(graph)
     rows, alone = [], []
@@ -123,4 +125,4 @@ def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], descrip
     ids, mask = parity.pad_batch(head, pad_id, left=False)
     batched = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
     batch_diff = max(float(np.abs(batched[i, : len(x)] - alone[i]).max()) for i, x in enumerate(head))
-    return parity.quality_figures(rows, description, batch_diff)
+    return parity.quality_figures(rows, description, batch_diff, variant)

@@ -184,7 +184,8 @@ def embedding_quality(
         ]
     )
     alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0], align) for s in sample[:chunk]])
-    cos, limits = parity._cos(ref, got), parity.EMBEDDING_QUALITY_LIMITS
+    limit = parity.batch_limit(variant, float(np.abs(got).max()))
+    cos, limits = parity._cos(ref, got), {**parity.EMBEDDING_QUALITY_LIMITS, "batch_max_abs_diff": limit}
     diff = float(np.abs(alone - got[: len(alone)]).max())
     figures: dict[str, Any] = {
         "sample": sample_name,
@@ -278,7 +279,7 @@ def fill_mask_quality(
     head = seqs[: parity.BATCH_ROWS]
     alone = [mask_logits(sess, [s], [p], pad_id, GATE_ROW_TOKENS[0], align)[0] for s, (_, p, _) in zip(head, sample)]
     diff = max(float(np.abs(a - g).max()) for a, g in zip(alone, got))
-    return parity.quality_figures(rows, description, diff)
+    return parity.quality_figures(rows, description, diff, variant)
 
 
 # ---- translation (the translator's encoder) ------------------------------------------------------
@@ -316,9 +317,10 @@ def translator_parity(
         ref = [t.numpy() for kv in model.encode(torch.from_numpy(src), torch.from_numpy(src_mask)) for t in kv]
     sess, align = parity.session(graph), translation_encoder.alignment(variant)
     valid = src_mask.astype(bool)[:, None, :, None]  # (B, 1, S, 1)
-    diff, alone_diff = 0.0, 0.0
+    diff, alone_diff, peak = 0.0, 0.0, 0.0
     for row_tokens in GATE_ROW_TOKENS:
         cross, mask = translator_cross(sess, sources, cfg.pad_token_id, row_tokens, align)
+        peak = max(peak, *(float(np.abs(c.astype(np.float32)).max()) for c in cross))
         if not np.array_equal(mask, src_mask):
             parity._fail(f"{variant} packed translator encoder: source mask differs from the padded one", 1.0, 0.0)
         diff = max(
@@ -340,6 +342,7 @@ def translator_parity(
     figures: dict[str, Any] = {
         "cross_kv_max_abs_diff": diff,
         "alone_max_abs_diff": alone_diff,
+        "cross_kv_peak": peak,
         "inputs": len(sources),
         "row_tokens": list(GATE_ROW_TOKENS),
     }
@@ -362,7 +365,14 @@ def translator_parity(
 
 
 def translator_quality(
-    model: Translator, graph: Path, decoder_graph: Path, pairs, sample: str, variant: str, alone_max_abs_diff: float
+    model: Translator,
+    graph: Path,
+    decoder_graph: Path,
+    pairs,
+    sample: str,
+    variant: str,
+    alone_max_abs_diff: float,
+    cross_kv_peak: float,
 ) -> dict:
     """A reduced-precision packed encoder with its decoder graph, teacher-forced on the sample as
     parity.translator_quality judges the padded ones; `quality_ok` also needs each source's cross
@@ -376,6 +386,8 @@ def translator_quality(
         pairs,
         sample,
         encode=lambda rows: translator_cross(sess, rows, pad, GATE_ROW_TOKENS[0], align),
+        variant=variant,
     )
-    figures["quality_ok"] = figures["quality_ok"] and alone_max_abs_diff <= parity.LOGITS_MAX_ABS
+    alone_ok = alone_max_abs_diff <= parity.batch_limit(variant, cross_kv_peak)
+    figures["quality_ok"] = figures["quality_ok"] and alone_ok
     return figures

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from service import tokenizing
@@ -31,13 +32,29 @@ from service.generation.sequence import Sequence
 from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info
-from service.runtime import CUDA, Runtime
+from service.runtime import CUDA, ProviderError, Runtime
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 PREFILL_TOKENS_PER_STEP = 512  # prompt tokens (padding counted) prefilled per scheduler turn
 WARMUP_TOKENS = 2
+
+
+def attention_off_device(provider: str, io: GraphIO) -> str | None:
+    """Why this decoder's attention cannot run on its session's device, or None.
+
+    onnxruntime registers its CUDA GroupQueryAttention kernel for float16 and bfloat16 only
+    (contrib_ops/cuda/bert/group_query_attention.cc), so a float32 decoder's attention runs on the
+    CPU provider. IO binding then copies the bound device inputs to the host once, when bound: every
+    step read stale values (seqlens_k garbage, "out of range", on an H200 with onnxruntime 1.31.1).
+    Such a decoder is served unbound (docs/design/gpu.md)."""
+    if provider == CUDA and np.dtype(io.kv_dtype) == np.float32:
+        return (
+            "onnxruntime's CUDA GroupQueryAttention takes float16 and bfloat16 only, "
+            "so this float32 decoder's attention runs on the CPU"
+        )
+    return None
 
 
 class GenerationModel:
@@ -86,11 +103,16 @@ class GenerationModel:
                 self.context,
                 self.model_context,
             )
+        if cpu_attention := attention_off_device(self.provider, self.io):
+            why = f"model {self.name!r}: {cpu_attention}"
+            if settings.strict_provider:
+                raise ProviderError(f"{why}; refusing to load it (strict_provider is set): serve its fp16 variant")
+            log.warning("%s: its steps run unbound (session.run; inputs and KV copied each step), serve fp16", why)
         self.budget = KVBudget.of(runtime, self.provider == CUDA)
         self.rows = self.budget.plan_rows(self.name, self.io, settings.gen_max_batch, self.context)
         self.kv_bytes = kv_bytes(self.io, self.rows, self.context)
-        if io_binding is None:  # bound in place; io_binding=False runs plain session.run (comparison only)
-            io_binding = True
+        if io_binding is None:  # bound in place; io_binding=False runs plain session.run
+            io_binding = not cpu_attention
         device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.scheduler = Scheduler(
             self.name,
