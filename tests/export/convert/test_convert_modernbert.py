@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +42,19 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def models_root(folders, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("converted")
-    for name, folder in folders.items():
-        convert(folder, root / name, name=name)
+def models(folders, tmp_path_factory) -> Callable[..., Path]:
+    """models(*names) -> a models folder holding those converted models (each converted once, when
+    first asked for, so a test's setup pays only for its own)."""
+    converted = tmp_path_factory.mktemp("converted")
+
+    def root(*names: str) -> Path:
+        out = tmp_path_factory.mktemp("models")
+        for name in names:
+            if not (converted / name).is_dir():
+                convert(folders[name], converted / name, name=name)
+            (out / name).symlink_to(converted / name, target_is_directory=True)
+        return out
+
     return root
 
 
@@ -69,15 +79,16 @@ def test_a_wrong_local_window_fails_the_check_against_transformers(name, folders
         reference.check(HFFolder(folders[name]), converted)
 
 
-def test_manifest_records_the_architecture(models_root):
-    manifest = json.loads((models_root / "mb-embed" / "model.json").read_text())
+def test_manifest_records_the_architecture(models):
+    root = models("mb-embed", "mb-cls3")
+    manifest = json.loads((root / "mb-embed" / "model.json").read_text())
     assert manifest["architecture"]["type"] == "modernbert-encoder"
     layers = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
     assert manifest["architecture"]["layer_types"] == layers and manifest["architecture"]["local_window"] == WINDOW
     assert manifest["pooling"] == "mean" and manifest["extra"]["prompts"] == PROMPTS
     assert {g["role"] for g in manifest["graphs"]} == {"encoder", "packed", "attention"}
     assert manifest["extra"]["converted_from"]["reference"]["embedding"]["cos_min"] >= 0.99999
-    classifier = json.loads((models_root / "mb-cls3" / "model.json").read_text())
+    classifier = json.loads((root / "mb-cls3" / "model.json").read_text())
     assert classifier["architecture"]["type"] == "modernbert-classifier"
     assert classifier["extra"]["labels"] == ["negative", "neutral", "positive"]
     assert classifier["extra"]["activation"] == "softmax"
@@ -86,9 +97,9 @@ def test_manifest_records_the_architecture(models_root):
 
 @pytest.mark.parametrize("execution", list(EXECUTIONS))
 @pytest.mark.parametrize("name", ["mb-embed", "mb-gte"])
-async def test_embed_equals_sentence_transformers(name, execution, folders, models_root, start_server):
+async def test_embed_equals_sentence_transformers(name, execution, folders, models, start_server):
     st = SentenceTransformer(str(folders[name]), device="cpu", local_files_only=True)
-    server = await start_server(models_root, **EXECUTIONS[execution])
+    server = await start_server(models(name), **EXECUTIONS[execution])
     assert await serving(server, name) == execution
     prompts = [None, *PROMPTS] if name == "mb-embed" else [None]
     for prompt_name in prompts:
@@ -99,7 +110,7 @@ async def test_embed_equals_sentence_transformers(name, execution, folders, mode
         assert cosines(got, want).min() >= 0.99999, prompt_name
 
 
-async def test_fill_mask_top_tokens_equal_transformers(folders, models_root, start_server):
+async def test_fill_mask_top_tokens_equal_transformers(folders, models, start_server):
     folder = folders["mb-mlm"]
     tok = AutoTokenizer.from_pretrained(folder)
     fill = pipeline("fill-mask", model=AutoModelForMaskedLM.from_pretrained(folder), tokenizer=tok, top_k=5)
@@ -108,7 +119,7 @@ async def test_fill_mask_top_tokens_equal_transformers(folders, models_root, sta
         f"Once upon a {tok.mask_token}, there was a little girl who loved books about dragons.",
     ]
     for execution, settings in EXECUTIONS.items():
-        server = await start_server(models_root, **settings)
+        server = await start_server(models("mb-mlm"), **settings)
         assert await serving(server, "mb-mlm") == execution
         reply = await pb_grpc.FillMaskServiceStub(server.channel).FillMask(
             pb.FillMaskRequest(model="mb-mlm", inputs=texts, top_k=5)
@@ -129,10 +140,10 @@ def transformers_logits(folder: Path, firsts: list[str], seconds: list[str] | No
 
 
 @pytest.mark.parametrize("execution", list(EXECUTIONS))
-async def test_classify_scores_equal_transformers(execution, folders, models_root, start_server):
+async def test_classify_scores_equal_transformers(execution, folders, models, start_server):
     """Three labels, mean pooling: single texts and pairs, softmax over the labels."""
     firsts, seconds = TEXTS, TEXTS[1:] + TEXTS[:1]
-    server = await start_server(models_root, **EXECUTIONS[execution])
+    server = await start_server(models("mb-cls3"), **EXECUTIONS[execution])
     assert await serving(server, "mb-cls3") == execution
     stub = pb_grpc.ClassificationServiceStub(server.channel)
     inputs = [pb.ClassifyInput(text=t) for t in firsts] + [
@@ -151,10 +162,11 @@ async def test_classify_scores_equal_transformers(execution, folders, models_roo
 
 
 @pytest.mark.parametrize("execution", list(EXECUTIONS))
-async def test_rerank_scores_equal_transformers(execution, folders, models_root, start_server):
+async def test_rerank_scores_equal_transformers(execution, folders, models, start_server):
     """One label, CLS pooling: sigmoid of the pair's logit, best first."""
     query = "Who loved books about dragons?"
-    server = await start_server(models_root, **EXECUTIONS[execution])
+    server = await start_server(models("mb-ce"), **EXECUTIONS[execution])
+    assert await serving(server, "mb-ce") == execution
     stub = pb_grpc.ClassificationServiceStub(server.channel)
     reply = await stub.Rerank(pb.RerankRequest(model="mb-ce", query=query, documents=TEXTS))
     logits = transformers_logits(folders["mb-ce"], [query] * len(TEXTS), TEXTS)[:, 0]
