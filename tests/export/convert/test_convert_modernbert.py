@@ -23,6 +23,8 @@ from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassificatio
 from export.convert import ConversionError, convert, load, reference
 from export.convert.folder import HFFolder
 from export.gate import parity
+from export.models.classifier import HeadConfig
+from export.models.modernbert import ModernBertClassifier, ModernBertConfig
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.export.convert.modernbert_checkpoints import PROMPTS, WINDOW, build
@@ -213,3 +215,19 @@ def test_unsupported_options_are_refused_naming_the_field(change, field, folders
         convert(folder, tmp_path / "out" / "bad", name="bad")
     assert "config.json" in str(refused.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_modules_build_their_tensors_on_the_inputs_device():
+    """Masks, rotary angles and packed pooling follow the input's device (meta here), as the other
+    models' do (tests/export/test_export_device.py), so they run on CUDA as on the CPU."""
+    meta = torch.device("meta")
+    layers = ["full_attention", "sliding_attention"]
+    cfg = ModernBertConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_ff=24, layer_types=layers)
+    cfg.local_window, cfg.max_length, cfg.pad_token_id, cfg.classifier_pooling = 4, 16, 0, "mean"
+    with meta:
+        model = ModernBertClassifier(cfg, HeadConfig(labels=["a", "b"], token_types=False))
+    ids = torch.zeros(2, 9, dtype=torch.long, device=meta)
+    assert model(ids, torch.ones_like(ids)).shape == (2, 2)
+    tokens = model.encoder.packed_hidden(ids, torch.zeros_like(ids), torch.ones_like(ids))
+    logits = model.classify_packed(tokens, torch.ones_like(ids), torch.tensor([0, 9], device=meta))
+    assert (logits.device, logits.shape) == (meta, (2, 2))
