@@ -20,7 +20,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-from export.convert import ConversionError, convert, load, reference
+from export.convert import ConversionError, Options, convert, load, reference
 from export.convert.folder import HFFolder
 from export.gate import parity
 from export.models.classifier import HeadConfig
@@ -192,6 +192,13 @@ def test_the_hubs_older_config_form_converts_the_same(folders, tmp_path):
     older_config(folder)
     got, want = load(folder), load(folders["mb-mlm"])  # each checked against transformers
     assert got.model.config == want.model.config
+
+
+def test_a_masked_lm_folder_converts_as_an_embedder(folders):
+    """--kind embedding: the encoder alone, its head left out, checked against transformers' AutoModel."""
+    converted = load(folders["mb-mlm"], Options(kind="embedding", pooling="cls"))
+    assert converted.kind == "embedding" and converted.source["reference"]["embedding"]["cos_min"] >= 0.99999
+    assert not any(k.startswith("head.") for k in converted.model.state_dict())
 
 
 REFUSALS = [
