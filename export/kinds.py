@@ -86,7 +86,7 @@ def _prompts(tokenizer: Tokenizer, limit: int, count: int = 4) -> list[list[int]
 
 class Embedding:
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
-        self.architecture, self.files, self.decoder_io = "bert-encoder", dict(ENCODER_FILES), False
+        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg = model.config
         if request.max_input_tokens not in (None, cfg.max_length):
             raise ValueError(f"an embedding model takes its config's max_length ({cfg.max_length}) inputs")
@@ -127,7 +127,7 @@ class FillMask:
     truncated input could lose its [MASK]); the quality sample is texts, every MASK_EVERY-th token masked."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
-        self.architecture, self.files, self.decoder_io = "bert-mlm", dict(ENCODER_FILES), False
+        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, limit, special = model.config, request.max_input_tokens, request.special_tokens
         if limit is None:
             raise ValueError("a fill-mask model needs max_input_tokens (its tokenizer does not truncate)")
@@ -264,7 +264,7 @@ class Classification:
     extra.activation tell the service how to read the logits (export/onnx/classifier.py)."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
-        self.architecture, self.files, self.decoder_io = "bert-classifier", dict(ENCODER_FILES), False
+        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, head = model.config, model.head_config
         tokenizer.no_padding()
         tokenizer.enable_truncation(cfg.max_length)

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from export.gate import parity
-from export.models.encoder import SentenceEncoder
-from export.models.mlm import MaskedLM
+from export.models.families import MLM, Encoder
+from export.models.layers import segment_mask
 from export.models.seq2seq import Translator
 from export.onnx import graphs as ox
 from service.engine.packing import Packed, alignment, pack, pool
@@ -29,41 +29,27 @@ from service.manifest import TensorSpec
 from service.translation import encoder as translation_encoder
 
 FILE = "packed.onnx"
-Model = SentenceEncoder | MaskedLM | Translator  # the kinds with a packed encoder graph
+Model = Encoder | MLM | Translator  # the kinds with a packed encoder graph
 GATE_ROW_TOKENS = (64, 0)  # rows of 64 tokens (several inputs each), and of the longest input (0)
 
 
-def segment_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(R, L) segment ids -> additive (R, 1, L, L): 0 where both tokens belong to the same input."""
-    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)  # (R, L, L)
-    return (1.0 - same[:, None].to(dtype)) * torch.finfo(dtype).min  # (R, 1, L, L)
-
-
-def _encode(encoder: SentenceEncoder, input_ids, position_ids, segment_ids) -> torch.Tensor:
-    x = encoder.embeddings(input_ids, torch.zeros_like(input_ids), position_ids)  # (R, L, C)
-    mask = segment_mask(segment_ids, x.dtype)
-    for block in encoder.blocks:
-        x = block(x, mask)
-    return x  # (R, L, C)
-
-
 class PackedEncoderGraph(nn.Module):
-    def __init__(self, model: SentenceEncoder):
+    def __init__(self, model: Encoder):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, position_ids, segment_ids):
-        return _encode(self.model, input_ids, position_ids, segment_ids)
+        return self.model.packed_hidden(input_ids, position_ids, segment_ids)  # (R, L, C)
 
 
 class PackedMaskedLMGraph(nn.Module):
-    def __init__(self, model: MaskedLM):
+    def __init__(self, model: MLM):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, position_ids, segment_ids, gather_positions):
         enc = self.model.encoder
-        x = _encode(enc, input_ids, position_ids, segment_ids)
+        x = enc.packed_hidden(input_ids, position_ids, segment_ids)  # (R, L, C)
         picked = x.reshape(-1, x.shape[-1])[gather_positions]  # (M, C)
         return self.model.head(picked, enc.embeddings.word.weight)  # (M, V)
 
@@ -98,7 +84,7 @@ def specs(model: Model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     if isinstance(model, Translator):
         inputs.append(TensorSpec("unpack_index", "int64", ["batch", "source_sequence"]))
         return inputs, ox.translator_specs(model)["encoder"][1]
-    if isinstance(model, MaskedLM):
+    if isinstance(model, MLM):
         inputs.append(TensorSpec("gather_positions", "int64", ["positions"]))
         return inputs, [TensorSpec("logits", "float32", ["positions", model.config.vocab_size])]
     return inputs, [TensorSpec("token_embeddings", "float32", ["rows", "length", model.config.d_model])]
@@ -109,7 +95,7 @@ def export_packed(model: Model, path: Path) -> tuple[list[TensorSpec], list[Tens
     inputs, outputs = specs(model)
     example = pack([list(range(3, 8)), list(range(3, 6)), list(range(3, 10))], 9, model.config.pad_token_id)
     args = [torch.from_numpy(a) for a in (example.input_ids, example.position_ids, example.segment_ids)]
-    if isinstance(model, MaskedLM):
+    if isinstance(model, MLM):
         args.append(torch.tensor([0, 4, 10], dtype=torch.int64))
         ox._export(PackedMaskedLMGraph(model), tuple(args), path, inputs, outputs)
     elif isinstance(model, Translator):
@@ -136,13 +122,13 @@ def embed(
     return pool(hidden, packed, pooling)
 
 
-def _reference(model: SentenceEncoder, seqs, pad_id: int) -> np.ndarray:
+def _reference(model: Encoder, seqs, pad_id: int) -> np.ndarray:
     ids, mask = parity.pad_batch(seqs, pad_id, left=False)
     with torch.no_grad():
         return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
 
 
-def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+def embedding_parity(model: Encoder, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
     """Packed embeddings vs PyTorch (cosine per input) and alone vs among others (module doc)."""
     sess, pooling = parity.session(graph), model.config.pooling
     cos, alone_diff, n = [], 0.0, 0
@@ -172,7 +158,7 @@ def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, 
 
 
 def embedding_quality(
-    model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str, chunk: int = 32
+    model: Encoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str, chunk: int = 32
 ) -> dict:
     """A reduced-precision packed graph on the quality sample, as parity.encoder_quality judges padded ones."""
     sess, pooling, align = parity.session(graph), model.config.pooling, alignment(variant)
@@ -226,7 +212,7 @@ def mask_logits(
     return np.split(np.asarray(logits, np.float32), np.cumsum([len(p) for p in positions])[:-1])
 
 
-def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+def fill_mask_parity(model: MLM, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
     """Packed logits at every real position vs PyTorch's padded forward, and alone vs among others."""
     sess = parity.session(graph)
     diff, alone_diff, same, total = 0.0, 0.0, 0, 0
@@ -265,7 +251,7 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant
 
 
 def fill_mask_quality(
-    model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str
+    model: MLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str
 ) -> dict:
     """A reduced-precision packed graph at the sample's masked positions (parity.quality_figures)."""
     sess, align = parity.session(graph), alignment(variant)
