@@ -28,6 +28,7 @@ from service.generation.handle import GenerationHandle
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
 from service.generation.sequence import Sequence
+from service.generation.speculate import DRIFT_LIMIT, pass_drift
 from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info
@@ -74,6 +75,7 @@ class GenerationModel:
         self.chat_template: ChatTemplate | None = None  # load() reads it (service/generation/chat.py uses it)
         self.tool_parser = settings.tool_parsers().get(self.name)  # None: picked from the template (tools.py)
         self.constraints = Constraints(tokenizer, self.io.vocab_size, self.eos_ids)  # structured output
+        self.features = "not checked"  # prefix caching and speculation (check_passes)
         if not self.io.buffer_kv:
             raise ValueError(
                 f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
@@ -104,6 +106,8 @@ class GenerationModel:
             device=device,
             context=self.context,
             gate=runtime.gate,
+            prefix_cache=settings.gen_prefix_cache,
+            speculate=settings.gen_speculate,
         )
 
     @classmethod
@@ -116,6 +120,7 @@ class GenerationModel:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
+        model.check_passes()
         model.chat_template = chat_template.for_model(model_dir, settings.chat_templates(), tokenizer)
         graph_session, why = runtime.create_graph_session(path)  # decode steps only; prefill stays plain
         if graph_session is not None:
@@ -133,6 +138,20 @@ class GenerationModel:
             model.scheduler.cache.device is not None,
         )
         return model
+
+    def check_passes(self) -> None:
+        """At load, on the empty cache: prefix caching and speculation keep greedy tokens only where a
+        token's logits do not depend on the pass it is computed in (speculate.pass_drift); else both
+        are turned off for this model, and ModelInfo says why."""
+        drift = pass_drift(self.scheduler.cache)
+        prefix, spec = self.scheduler.prefix, self.scheduler.speculator
+        if drift > DRIFT_LIMIT:
+            prefix.enabled = spec.allowed = False
+            self.features = f"off: logits differ by {drift:.3g} between one pass and steps (limit {DRIFT_LIMIT:g})"
+            log.info("generation model %s (%s): prefix cache, speculation %s", self.name, self.variant, self.features)
+        else:
+            speculation = "on" if spec.default else "per request"
+            self.features = f"prefix cache {'on' if prefix.enabled else 'off'}, speculation {speculation}"
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
         """Queues one generation, the prompt tokenized in the calling thread (warm-up, tests; the
@@ -264,6 +283,7 @@ class GenerationModel:
                 "serving.context": str(self.context),
                 "serving.kv_rows": str(self.rows),
                 "serving.kv_cache_bytes": str(self.kv_bytes),
+                "serving.prefix_speculation": self.features,
             }
         )
         return info
