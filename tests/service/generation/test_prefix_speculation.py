@@ -1,0 +1,116 @@
+"""Prefix caching and prompt-lookup speculation through real servers (tiny-gpt): the same greedy
+tokens with either on as with both off, the cached tokens in every door's usage, the metrics, and
+kept rows never holding a request back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2 as httpx
+import numpy as np
+import openai
+
+from client import generate_request
+from service.generation.speculate import draft
+from service.proto import inference_pb2 as pb
+from tests.fixtures.server import metric
+
+MODEL = {"model": "tiny-gpt"}
+SHARED = [(37 * i + 11) % 240 + 5 for i in range(36)]  # a shared prompt of 36 token ids (vocabulary: 257)
+QUESTIONS = [[101 + q, 7, 202 + q, 9, 33 + q, 11, 44 + q, 13] for q in range(4)]
+QUOTE = [(13 * i) % 97 + 20 for i in range(12)] * 3  # a context the continuation may quote
+
+
+def tokens_of(request) -> list[int]:
+    return list(request.token_ids)
+
+
+async def greedy(server, prompt: list[int], n: int = 24, **fields) -> pb.GenerateResponse:
+    return await server.generation.Generate(generate_request(prompt, max_new_tokens=n, **fields))
+
+
+async def test_prefix_cache_keeps_greedy_tokens_and_reports_cached_tokens(start_server):
+    plain = await start_server(gen_prefix_cache=False)
+    cached = await start_server()
+    hits = metric("ts_prefix_cache_hits_total", MODEL)
+    saved = metric("ts_prefix_cache_cached_tokens_total", MODEL)
+    for question in QUESTIONS[:2]:  # the second finds the first's finished row kept
+        a = await greedy(plain, SHARED + question)
+        b = await greedy(cached, SHARED + question)
+        assert tokens_of(a) == tokens_of(b) and a.text == b.text
+        assert a.usage.cached_tokens == 0
+    assert b.usage.cached_tokens >= len(SHARED) and b.usage.input_tokens == len(SHARED) + 8
+    assert metric("ts_prefix_cache_hits_total", MODEL) > hits
+    assert metric("ts_prefix_cache_cached_tokens_total", MODEL) >= saved + len(SHARED)
+    info = await cached.models.GetModel(pb.GetModelRequest(name="tiny-gpt"))
+    assert info.manifest["serving.prefix_speculation"].startswith("prefix cache on")
+
+
+async def test_concurrent_requests_sharing_a_prefix_get_their_tokens_alone(start_server):
+    plain = await start_server(gen_prefix_cache=False)
+    cached = await start_server()
+    alone = [tokens_of(await greedy(plain, SHARED + q)) for q in QUESTIONS]
+    crowd = await asyncio.gather(*(greedy(cached, SHARED + q) for q in QUESTIONS))
+    assert [tokens_of(r) for r in crowd] == alone
+    assert sum(r.usage.cached_tokens >= len(SHARED) for r in crowd) >= len(QUESTIONS) - 1  # all but the first
+
+
+async def test_kept_rows_give_way_to_live_requests(start_server):
+    plain = await start_server(gen_prefix_cache=False, gen_max_batch=3)
+    cached = await start_server(gen_max_batch=3)
+    for q in QUESTIONS[:3]:  # three finished rows kept: every row of the cache
+        await greedy(cached, [q[0], *SHARED, *q])
+    others = [[q[2], *reversed(SHARED), *q] for q in QUESTIONS]  # no shared prefix with what is kept
+    alone = [tokens_of(await greedy(plain, p)) for p in others]
+    crowd = await asyncio.gather(*(greedy(cached, p) for p in others))
+    assert [tokens_of(r) for r in crowd] == alone
+    again = await greedy(cached, [QUESTIONS[3][0], *SHARED, *QUESTIONS[3]])  # a kept row may have been dropped
+    assert tokens_of(again) == tokens_of(await greedy(plain, [QUESTIONS[3][0], *SHARED, *QUESTIONS[3]]))
+
+
+async def test_http_usage_reports_cached_tokens(start_server):
+    cached = await start_server()
+    client = openai.AsyncOpenAI(base_url=cached.http_url + "/v1", api_key="unused", max_retries=0)
+    first = await client.completions.create(model="tiny-gpt", prompt=SHARED + QUESTIONS[0], max_tokens=8)
+    second = await client.completions.create(model="tiny-gpt", prompt=SHARED + QUESTIONS[1], max_tokens=8)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens >= len(SHARED)
+    grpc_reply = await greedy(cached, SHARED + QUESTIONS[1], n=8)
+    assert second.choices[0].text == grpc_reply.text
+
+
+async def test_speculation_keeps_greedy_tokens_and_accepts_quoted_drafts(start_server):
+    plain = await start_server(gen_speculate=False, gen_prefix_cache=False)
+    fast = await start_server(gen_speculate=True, gen_prefix_cache=False)
+    accepted = {**MODEL, "outcome": "accepted"}
+    before = metric("ts_speculative_tokens_total", accepted)
+    for prompt in (QUOTE, SHARED, [5, 6, 7]):
+        a, b = await greedy(plain, prompt, n=60), await greedy(fast, prompt, n=60)
+        assert tokens_of(a) == tokens_of(b) and a.text == b.text
+    assert metric("ts_speculative_tokens_total", accepted) > before
+    seeded = dict(temperature=0.9, top_p=0.9, seed=3)  # sampled rows never speculate: same draws
+    a, b = await greedy(plain, QUOTE, n=40, **seeded), await greedy(fast, QUOTE, n=40, **seeded)
+    assert tokens_of(a) == tokens_of(b)
+
+
+async def test_per_request_switch_overrides_the_server(start_server):
+    fast = await start_server(gen_speculate=True)
+    drafted = {**MODEL, "outcome": "accepted"}, {**MODEL, "outcome": "rejected"}
+    before = sum(metric("ts_speculative_tokens_total", labels) for labels in drafted)
+    request = pb.GenerateRequest(prompt_token_ids=QUOTE, max_new_tokens=40, speculative=False)
+    off = await fast.generation.Generate(request)
+    assert sum(metric("ts_speculative_tokens_total", labels) for labels in drafted) == before
+    async with httpx.AsyncClient(base_url=fast.http_url) as http:
+        body = {"model": "tiny-gpt", "prompt": QUOTE, "max_tokens": 40, "speculative": True}
+        reply = (await http.post("/v1/completions", json=body)).json()
+        bad = await http.post("/v1/completions", json={**body, "speculative": "yes"})
+    assert reply["choices"][0]["text"] == off.text
+    assert sum(metric("ts_speculative_tokens_total", labels) for labels in drafted) > before
+    assert bad.status_code == 400 and "speculative" in bad.text
+
+
+def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
+    tokens = np.asarray([1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 1, 2, 3])
+    assert draft(tokens, 2) == [4, 5]  # "1 2 3" last seen before at 5, followed by 4 5
+    assert draft(np.asarray([1, 2, 3, 4, 8, 4]), 3) == [8, 4]  # only "4" recurs
+    assert draft(np.asarray([1, 2, 3]), 4) == []
