@@ -257,8 +257,8 @@ class Scheduler:
             if seq.params.prompt_logprobs is not None:
                 seq.score_prompt(every[i])
         self._observe(t0, newcomers, len(newcomers) * max(len(s.cache_ids) for s in newcomers), prefill=True)
-        computed = sum(len(s.prompt_ids) - s.cached_tokens for s in newcomers if not s.retried)
-        self._series.input_tokens.inc(computed)
+        # Prompt tokens read, cached ones included (usage.input_tokens; the cached: prefix metrics).
+        self._series.input_tokens.inc(sum(len(s.prompt_ids) for s in newcomers if not s.retried))
         sampled = [i for i, s in enumerate(newcomers) if not s.params.score_only]
         out = self._sample(
             [newcomers[i] for i in sampled], logits if len(sampled) == len(newcomers) else logits[sampled]

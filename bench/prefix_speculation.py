@@ -1,0 +1,165 @@
+"""Prefix caching's time to first token and prompt-lookup speculation's tokens/s, side by side.
+
+Starts two `python -m service` over `--models` (bench.common.ServiceProcess), alike but for the
+feature under test, and alternates calls between them (gRPC, one stream, token-id prompts):
+
+- `ttft`: per round a fresh shared prompt (a held-out story's first `--shared` tokens) is sent once
+  with one question to both servers, then with another `--question`-token question: that second
+  call's time to its first token (client wall, one new token; and the server's own
+  time_to_first_token_ms) on the server with the prefix cache (`cached`) and without (`uncached`).
+- `speculate`: `--new-tokens` greedy tokens at one stream on a server with `--gen-speculate` and one
+  without, for a prompt that quotes its context (a story, then its first sentence again) and for
+  free generation ("Once upon a time"); tokens/s by client wall and by server CPU (/proc).
+Both check that the two servers return the same tokens. Prints JSON with the CPU and load.
+
+    python -m bench.prefix_speculation --models models --model tinystories-gpt --variant optimized ttft
+    python -m bench.prefix_speculation --models models --model tinystories-gpt --variant optimized speculate
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from tokenizers import Tokenizer
+
+from bench.common import ServiceProcess, conditions, emit
+from bench.generate_stream_cpu import _cpu
+from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
+
+STORY = (
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she "
+    "saw a big tree with a swing. She ran to the swing and sat on it. Her mom pushed her high into the sky. "
+    "Lily laughed and laughed. Then a small bird came and sat on the tree. The bird sang a happy song. Lily "
+    'listened to the bird and smiled. She said, "Thank you, bird, for the song!" The bird flew away and Lily '
+    "went home with her mom. They ate dinner and Lily went to bed. She dreamed of the bird and the swing. "
+    "The next day, Tom came to play with Lily. They built a tower of blocks and a boat of paper."
+)
+
+
+async def _call(stub, ids: list[int], model: str, new_tokens: int, **fields) -> tuple[float, pb.GenerateResponse]:
+    request = pb.GenerateRequest(prompt_token_ids=ids, model=model, max_new_tokens=new_tokens, **fields)
+    start = time.perf_counter()
+    reply = await stub.Generate(request)
+    return time.perf_counter() - start, reply
+
+
+async def ttft(stubs: dict, ids: list[int], args) -> dict:
+    """Rounds of (warm call, measured call) on both servers, alternated; medians in ms."""
+    wall: dict[str, list[float]] = {k: [] for k in stubs}
+    server: dict[str, list[float]] = {k: [] for k in stubs}
+    same = True
+    for r in range(args.rounds):
+        shared = ids[r : r + args.shared]  # a fresh shared prompt each round
+        first, second = ids[-args.question - r - 1 :][: args.question], ids[r + args.shared :][: args.question]
+        order = list(stubs) if r % 2 == 0 else list(reversed(stubs))
+        tokens = {}
+        for name in order:
+            await _call(stubs[name], shared + first, args.model, 8)
+        for name in order:
+            elapsed, reply = await _call(stubs[name], shared + second, args.model, 1)
+            wall[name].append(elapsed * 1e3)
+            server[name].append(reply.timings.time_to_first_token_ms)
+            tokens[name] = list(reply.token_ids)
+            if name == "cached" and reply.usage.cached_tokens < args.shared - 1:
+                raise RuntimeError(f"round {r}: only {reply.usage.cached_tokens} tokens were cached")
+        same = same and len({tuple(t) for t in tokens.values()}) == 1
+    out = {
+        k: {"client_ms": round(statistics.median(wall[k]), 2), "server_ttft_ms": round(statistics.median(server[k]), 2)}
+        for k in stubs
+    }
+    out["ratio_client"] = round(out["cached"]["client_ms"] / out["uncached"]["client_ms"], 3)
+    out["ratio_server"] = round(out["cached"]["server_ttft_ms"] / out["uncached"]["server_ttft_ms"], 3)
+    return {**out, "same_tokens": same}
+
+
+async def speculate(stubs: dict, pids: dict, prompts: dict, args) -> dict:
+    """Per workload, tokens/s by wall and by server CPU on both servers, alternated; medians."""
+    out = {}
+    for workload, ids in prompts.items():
+        rate: dict[str, list[float]] = {k: [] for k in stubs}
+        cpu_rate: dict[str, list[float]] = {k: [] for k in stubs}
+        tokens = {}
+        for r in range(args.rounds):
+            for name in list(stubs) if r % 2 == 0 else list(reversed(stubs)):
+                before = _cpu(pids[name])[0]
+                elapsed, reply = await _call(stubs[name], ids, args.model, args.new_tokens)
+                spent = _cpu(pids[name])[0] - before
+                n = len(reply.token_ids)
+                rate[name].append(n / elapsed)
+                cpu_rate[name].append(n / spent if spent > 0 else float("nan"))
+                tokens[name] = list(reply.token_ids)
+        out[workload] = {
+            k: {
+                "tokens": len(tokens[k]),
+                "tok_s": round(statistics.median(rate[k]), 1),
+                "tok_per_cpu_s": round(statistics.median(cpu_rate[k]), 1),
+            }
+            for k in stubs
+        }
+        out[workload]["speedup"] = round(out[workload]["speculative"]["tok_s"] / out[workload]["plain"]["tok_s"], 2)
+        out[workload]["same_tokens"] = tokens["speculative"] == tokens["plain"]
+    return out
+
+
+async def main(args) -> None:
+    tokenizer = Tokenizer.from_file(str(Path(args.models) / args.model / "tokenizer.json"))
+    ids = tokenizer.encode(STORY).ids
+    base = ["--variant", args.variant, "--intra-op-threads", "1"]
+    root = Path(tempfile.mkdtemp(prefix="prefix-bench-"))  # the one model, not every model of --models
+    (root / args.model).symlink_to((Path(args.models) / args.model).resolve(), target_is_directory=True)
+    if args.what == "ttft":
+        flags = {"cached": ["--gen-prefix-cache"], "uncached": ["--no-gen-prefix-cache"]}
+    else:
+        flags = {"speculative": ["--gen-speculate", "--no-gen-prefix-cache"], "plain": ["--no-gen-prefix-cache"]}
+    servers = {k: ServiceProcess(root, base + f) for k, f in flags.items()}
+    try:
+        channels = {k: grpc.aio.insecure_channel(s.address) for k, s in servers.items()}
+        stubs = {k: pb_grpc.GenerationServiceStub(c) for k, c in channels.items()}
+        for stub in stubs.values():
+            await _call(stub, ids[:16], args.model, 8)
+        if args.what == "ttft":
+            result = await ttft(stubs, ids, args)
+        else:
+            quote = ids[:100] + ids[:12]  # a story, then its start again: the continuation quotes it
+            free = tokenizer.encode("Once upon a time").ids
+            result = await speculate(
+                stubs, {k: s.proc.pid for k, s in servers.items()}, {"quote": quote, "free": free}, args
+            )
+        for c in channels.values():
+            await c.close()
+    finally:
+        for s in servers.values():
+            s.stop()
+    emit(
+        {
+            "what": args.what,
+            "model": args.model,
+            "variant": args.variant,
+            "shared_tokens": args.shared,
+            "question_tokens": args.question,
+            "new_tokens": args.new_tokens,
+            "rounds": args.rounds,
+            "result": result,
+            "conditions": conditions(),
+        }
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("ttft", "speculate"))
+    parser.add_argument("--models", default="models")
+    parser.add_argument("--model", default="tinystories-gpt")
+    parser.add_argument("--variant", default="optimized")
+    parser.add_argument("--shared", type=int, default=100, help="shared prompt tokens (ttft)")
+    parser.add_argument("--question", type=int, default=20, help="question tokens after it (ttft)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per call (speculate)")
+    parser.add_argument("--rounds", type=int, default=10)
+    asyncio.run(main(parser.parse_args()))
