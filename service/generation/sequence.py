@@ -43,6 +43,7 @@ class Sequence:
     counted_out: bool = False  # the in-flight gauge was decremented for it (event loop)
     retried: bool = False  # it was re-prefilled once after a failed step (scheduler)
     cached_tokens: int = 0  # prompt tokens its prefill took from the prefix cache (prefix.py)
+    drafts: tuple[int, int, int] = (0, 0, 0)  # speculation (speculate.py): passes, tokens kept, steps paused
 
     def __post_init__(self) -> None:
         self._penalised = self.params.repetition_penalty not in (0.0, 1.0)

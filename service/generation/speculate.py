@@ -15,7 +15,9 @@ frequency penalty, no logit_bias, no grammar, no logprobs asked), with speculati
 (request `speculative`, else the server's `gen_speculate`), and only while it runs alone: the
 graph's attention takes a multi-token pass over a past for one row at a time, so a batch of rows
 would need a pass each where a plain step takes one for all. Sampled rows never speculate (their
-draws, seeds and batch invariance stay those of plain decoding). docs/design/generation.md.
+draws, seeds and batch invariance stay those of plain decoding). A row whose drafts keep being
+rejected pauses speculating for a while (`WINDOW`, `MIN_KEPT`, `PAUSE`): a pass costs more than a
+step, so drafts that do not agree make decoding slower. docs/design/generation.md.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from service.generation.cache import SlotCache
 from service.generation.sequence import Sequence
 
 DRAFT_TOKENS = 4  # k: draft tokens verified per pass
+# A pass of k + 1 tokens costs more than a step (1.65 steps at k = 4 on tinystories-gpt, CPU time):
+# a row whose last WINDOW passes kept fewer than MIN_KEPT draft tokens each pauses for PAUSE steps.
+WINDOW, MIN_KEPT, PAUSE = 4, 1.0, 16
 NGRAMS = (3, 2, 1)  # suffix lengths looked up, longest first
 PROBE_TOKENS = 64  # pass_drift's sequence: a prefix, then the rest in one pass and one token at a time
 DRIFT_LIMIT = 1e-3  # largest logit difference between passes that serves both features (fp32: ~1e-5)
@@ -84,6 +89,10 @@ class Speculator:
         draft, or None when it does not speculate this step (then a plain step runs)."""
         if seq.cancelled or not self.allowed or not eligible(seq, self.default):
             return None
+        passes, kept, paused = seq.drafts
+        if paused:
+            seq.drafts = (passes, kept, paused - 1)
+            return None
         start = int(self.cache.lengths[0])
         room = min(self.cache.max_length - start - 1, seq.params.max_new_tokens - len(seq.generated) - 1)
         proposal = draft(np.asarray(seq.cache_ids), min(DRAFT_TOKENS, room)) if room > 0 else []
@@ -97,4 +106,9 @@ class Speculator:
         self.cache.lengths[0] = start + 1 + agreed  # the last token and the agreed draft; the rest rewound
         self._accepted.inc(agreed)
         self._rejected.inc(len(proposal) - agreed)
+        passes, kept = passes + 1, kept + agreed
+        if passes < WINDOW:
+            seq.drafts = (passes, kept, 0)
+        else:  # a new window, paused first where this one did not pay
+            seq.drafts = (0, 0, PAUSE if kept < MIN_KEPT * passes else 0)
         return picked[: agreed + 1]
