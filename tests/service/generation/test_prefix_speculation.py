@@ -114,3 +114,18 @@ def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
     assert draft(tokens, 2) == [4, 5]  # "1 2 3" last seen before at 5, followed by 4 5
     assert draft(np.asarray([1, 2, 3, 4, 8, 4]), 3) == [8, 4]  # only "4" recurs
     assert draft(np.asarray([1, 2, 3]), 4) == []
+
+
+async def test_a_graph_whose_passes_disagree_gets_neither_feature(start_server, monkeypatch):
+    """check_passes at load: with a limit below this graph's drift (about 1e-6 here; the row-wise int8
+    tinystories-gpt drifts by 0.1) both features are off, whatever the settings and the request say."""
+    monkeypatch.setattr("service.generation.model.DRIFT_LIMIT", 0.0)
+    strict = await start_server(gen_speculate=True)
+    info = await strict.models.GetModel(pb.GetModelRequest(name="tiny-gpt"))
+    assert info.manifest["serving.prefix_speculation"].startswith("off: logits differ by")
+    drafted = {**MODEL, "outcome": "accepted"}, {**MODEL, "outcome": "rejected"}
+    before = sum(metric("ts_speculative_tokens_total", labels) for labels in drafted)
+    await greedy(strict, SHARED + QUESTIONS[0])
+    again = await greedy(strict, SHARED + QUESTIONS[1], speculative=True)
+    assert again.usage.cached_tokens == 0
+    assert sum(metric("ts_speculative_tokens_total", labels) for labels in drafted) == before
