@@ -11,6 +11,14 @@ feature under test, and alternates calls between them (gRPC, one stream, token-i
   without, for a prompt that quotes its context (a story, then its first sentence again) and for
   free generation ("Once upon a time"); tokens/s by client wall and by server CPU (/proc, over
   `--calls` calls a reading).
+- `engine`: the same two prefills in this process by CPU time (`time.process_time`, one
+  onnxruntime thread: a loaded machine slows the wall clock, not this): the whole prompt
+  (`SlotCache.prefill`) against the shared prompt's row copied and the question continued
+  (`fork` + `extend`), alternated, with the largest logit difference between the two.
+- `build`: a model directory for prompts past tinystories-gpt's 128 tokens: tinystories-gpt's shape
+  and tokenizer (4 layers, 256 wide, 4,096 tokens) with random weights and `--context` positions,
+  exported (fp32 and optimized, through the parity gate) to `--out`/long-gpt; `ttft` and `engine`
+  then take `--model long-gpt --shared 1000` (the shared prompt is the story's tokens repeated).
 Both check that the two servers return the same tokens. Prints JSON with the CPU and load.
 
     python -m bench.prefix_speculation --models models --model tinystories-gpt --variant optimized ttft
@@ -80,6 +88,62 @@ async def ttft(stubs: dict, ids: list[int], args) -> dict:
     return {**out, "same_tokens": same}
 
 
+def build(args) -> None:
+    """The long-context random-weight decoder of `build` (module doc); imports torch, so only here."""
+    import torch
+
+    from export.build import build_model_dir
+    from export.models.decoder import DecoderConfig, GPTDecoder
+
+    torch.manual_seed(0)
+    tokenizer = Tokenizer.from_file(str(Path(args.models) / args.model / "tokenizer.json"))
+    config = DecoderConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=8, d_ff=1024, max_positions=args.context)
+    build_model_dir(
+        "generation",
+        GPTDecoder(config).eval(),
+        tokenizer,
+        Path(args.out) / "long-gpt",
+        name="long-gpt",
+        special_tokens={"bos": 0, "eos": 0, "pad": 0},
+        max_input_tokens=args.context - 64,
+        max_output_tokens=64,
+        variants=("optimized",),
+    )
+
+
+def engine(ids: list[int], args) -> dict:
+    """CPU ms of a whole prefill vs a cached prefix's row copy + the question's pass, alternated."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from service.engine.graphio import GraphIO
+    from service.generation.cache import SlotCache
+    from service.manifest import load_model_dir
+
+    model_dir = load_model_dir(Path(args.models) / args.model, verify_hashes=False)
+    m = model_dir.manifest
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(model_dir.file(m.graph("decoder", args.variant).file)), options)
+    cache = SlotCache(session, GraphIO.inspect(session, m.architecture), 3, int(m.architecture["max_positions"]))
+    shared, question = ids[: args.shared], ids[args.shared : args.shared + args.question]
+    times: dict[str, list[float]] = {"uncached": [], "cached": []}
+    drift = 0.0
+    for _ in range(args.rounds * 5):
+        cache.reset()
+        cache.prefill([shared])  # row 0: the shared prompt, as a kept row holds it
+        start = time.process_time()
+        whole = cache.prefill([shared + question])[0]  # row 1
+        times["uncached"].append(time.process_time() - start)
+        start = time.process_time()
+        row = cache.fork(0, len(shared))  # row 2
+        cached = cache.extend(row, question)[-1]
+        times["cached"].append(time.process_time() - start)
+        drift = max(drift, float(np.abs(whole - cached).max()))
+    out = {k: {"cpu_ms": round(statistics.median(v) * 1e3, 3)} for k, v in times.items()}
+    return {**out, "ratio": round(out["cached"]["cpu_ms"] / out["uncached"]["cpu_ms"], 3), "max_logit_diff": drift}
+
+
 async def speculate(stubs: dict, pids: dict, prompts: dict, args) -> dict:
     """Per workload, tokens/s by wall and by server CPU on both servers, alternated; medians."""
     out = {}
@@ -112,7 +176,24 @@ async def speculate(stubs: dict, pids: dict, prompts: dict, args) -> dict:
 
 async def main(args) -> None:
     tokenizer = Tokenizer.from_file(str(Path(args.models) / args.model / "tokenizer.json"))
+    if args.what == "build":  # tinystories-gpt's tokenizer (--model), a new model in --out
+        build(args)
+        return
     ids = tokenizer.encode(STORY).ids
+    ids = ids * (1 + (args.shared + args.question + args.rounds) // len(ids))  # long shared prompts: repeated
+    if args.what == "engine":
+        emit(
+            {
+                "what": "engine",
+                "model": args.model,
+                "variant": args.variant,
+                "shared_tokens": args.shared,
+                "question_tokens": args.question,
+                "result": engine(ids, args),
+                "conditions": conditions(),
+            }
+        )
+        return
     base = ["--variant", args.variant, "--intra-op-threads", "1"]
     root = Path(tempfile.mkdtemp(prefix="prefix-bench-"))  # the one model, not every model of --models
     (root / args.model).symlink_to((Path(args.models) / args.model).resolve(), target_is_directory=True)
@@ -156,7 +237,11 @@ async def main(args) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("ttft", "speculate"))
+    parser.add_argument("what", choices=("ttft", "engine", "speculate", "build"))
+    parser.add_argument("--context", type=int, default=1280, help="positions of the built model (build)")
+    parser.add_argument(
+        "--out", default=str(Path(tempfile.gettempdir()) / "prefix-bench"), help="build: where long-gpt goes"
+    )
     parser.add_argument("--models", default="models")
     parser.add_argument("--model", default="tinystories-gpt")
     parser.add_argument("--variant", default="optimized")
