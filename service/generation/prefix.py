@@ -14,7 +14,8 @@ rows, the kept rows in their way move up or, short of free rows, the least recen
 dropped (`make_room`), so a kept row never keeps a request from a row. With CUDA graphs on, no
 finished row is kept (a captured step pads its rows with free buffer rows and writes their first
 slot). A request that scores its prompt (prompt_logprobs) is always prefilled whole: it needs every
-position's logits. The continued pass computes the same numbers as a whole prefill on the shipped
+position's logits; so is one asking its tokens' logprobs: a pass over a past rounds the last bits of
+a logit differently (~1e-7) from a whole prefill, and a request's scores stay the same on a repeat. The continued pass computes the same numbers as a whole prefill on the shipped
 models (max |diff| 0.0 on tinystories-gpt); greedy equality is tested through a server.
 docs/design/generation.md ("Prefix caching").
 """
@@ -103,7 +104,7 @@ class PrefixCache:
         for seq in seqs:
             ids = np.asarray(seq.cache_ids)
             plan = Plan()
-            if self.enabled and seq.params.prompt_logprobs is None:
+            if self.enabled and seq.params.prompt_logprobs is None and seq.params.logprobs is None:
                 limit = len(ids) - 1  # one token at least is computed: its logits choose the next
                 for r, tokens in rows:
                     if (n := min(common(ids, tokens), limit)) > plan.cached:

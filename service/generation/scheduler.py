@@ -6,7 +6,9 @@ drops the rows that finished, were cancelled or failed (their rows in `cache.Slo
 Compute runs in the runtime's executor, a turn's steps back to back in one call; the loop only
 moves chunks to each request's outbox. docs/design/generation-scheduling.md and
 docs/design/generation.md describe the turn, the hand-offs and the failure rules (a row's own
-failure fails that row; a failed graph step re-queues its rows once).
+failure fails that row; a failed graph step re-queues its rows once). Newcomers whose prompt starts
+with cached tokens continue a copy of that row (prefix.py); a greedy row running alone may take
+several tokens a step from a verified prompt-lookup draft (speculate.py).
 """
 
 from __future__ import annotations
@@ -321,7 +323,7 @@ class Scheduler:
         live = [i for i, s in enumerate(seqs) if not s.cancelled]
         out: Delivery = [(s, None) for s in seqs if s.cancelled]
         tokens = choose_tokens(logits if len(live) == len(seqs) else logits[live], [seqs[i].sampling for i in live])
-        scores = self._token_scores(seqs, logits, live, tokens)
+        scores = scoring.row_scores([s.params.logprobs for s in seqs], logits, live, tokens)
         now = time.perf_counter()
         first: list[float] = []  # rows' first tokens
         since: dict[float, int] = {}  # previous token time -> rows (one step's rows share it)
@@ -364,22 +366,6 @@ class Scheduler:
             observe_many(self._series.itl, (now - seq.last_token_at) / len(out), len(out))
         seq.last_token_at = now
         return out
-
-    @staticmethod
-    def _token_scores(seqs: list[Sequence], logits: np.ndarray, live: list[int], tokens: list) -> dict:
-        """Compute thread: row -> its chosen token's raw log-probability and top alternatives, for the
-        rows that asked (params.logprobs), in one pass over their logits."""
-        rows = [  # (row, token, alternatives asked)
-            (i, t, n) for i, t in zip(live, tokens) if (n := seqs[i].params.logprobs) is not None and isinstance(t, int)
-        ]
-        if not rows:
-            return {}
-        top = max(n for _, _, n in rows)
-        got = scoring.score(logits[[i for i, _, _ in rows]], [t for _, t, _ in rows], top)
-        return {
-            i: scoring.TokenLogprobs([t], got.logprobs[j : j + 1], [got.top_ids[j][:n]], [got.top_logprobs[j][:n]])
-            for j, (i, t, n) in enumerate(rows)
-        }
 
     def _row_failed(self, seq: Sequence, exc: Exception) -> ServiceError:
         """Ends one row whose own work raised; returns the error its call gets."""
