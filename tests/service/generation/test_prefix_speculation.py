@@ -112,7 +112,7 @@ async def test_per_request_switch_overrides_the_server(start_server):
 def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
     tokens = np.asarray([1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 1, 2, 3])
     assert draft(tokens, 2) == [4, 5]  # "1 2 3" last seen before at 5, followed by 4 5
-    assert draft(np.asarray([1, 2, 3, 4, 8, 4]), 3) == [8, 4]  # only "4" recurs
+    assert draft(np.asarray([1, 2, 3, 4, 8, 4]), 3) == []  # only "4" recurs: no 3-token suffix seen before
     assert draft(np.asarray([1, 2, 3]), 4) == []
 
 
