@@ -60,6 +60,8 @@ def pass_drift(cache: SlotCache) -> float:
     is in (the row-wise int8 graph here: up to 0.07) would make both features change greedy tokens."""
     ids = np.random.default_rng(0).integers(1, cache.io.vocab_size, min(PROBE_TOKENS, cache.max_length)).tolist()
     half = len(ids) // 2
+    if half < 2:  # a context of under 4 positions has no pass of several tokens to compare
+        return 0.0
     cache.prefill([ids[:half]])
     stepped = [cache.step([t])[0].copy() for t in ids[half:-1]]  # (V,) each: after ids[half..-2]
     cache.reset()
