@@ -8,10 +8,18 @@ import asyncio
 
 import httpx2 as httpx
 import numpy as np
+import onnxruntime as ort
 import openai
 
 from client import generate_request
+from service import tokenizing
+from service.engine.graphio import GraphIO
+from service.generation.cache import SlotCache
+from service.generation.decoding import SamplingParams
+from service.generation.prefix import PrefixCache
+from service.generation.sequence import Sequence
 from service.generation.speculate import draft
+from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb
 from tests.fixtures.server import metric
 
@@ -129,3 +137,50 @@ async def test_a_graph_whose_passes_disagree_gets_neither_feature(start_server, 
     again = await greedy(strict, SHARED + QUESTIONS[1], speculative=True)
     assert again.usage.cached_tokens == 0
     assert sum(metric("ts_speculative_tokens_total", labels) for labels in drafted) == before
+
+
+def test_random_arrivals_and_departures_keep_every_prefill_exact(tiny_models_root):
+    """PrefixCache over a real tiny-gpt cache of 6 rows: rows leave (kept), newcomers arrive sharing
+    stems with live rows, kept rows and each other; kept rows move, are dropped and are copied.
+    Each newcomer's logits equal a whole prefill of its prompt on a cache of its own."""
+    model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
+    manifest = model_dir.manifest
+    session = ort.InferenceSession(str(model_dir.file(manifest.graph("decoder", "fp32").file)))
+    io = GraphIO.inspect(session, manifest.architecture)
+    tokenizer = tokenizing.load(model_dir.file(manifest.tokenizer["file"]))
+    cache, alone = SlotCache(session, io, 6, 160), SlotCache(session, io, 1, 160)
+    prefix = PrefixCache("tiny-gpt", cache, enabled=True)
+    rng = np.random.default_rng(0)
+    stems = [rng.integers(1, 250, 24).tolist() for _ in range(3)]
+    running: list[Sequence] = []
+    earlier: list[list[int]] = []
+    hits = moved = 0
+    for _ in range(60):
+        leaving = set(rng.permutation(len(running))[: int(rng.integers(len(running) + 1))].tolist())
+        for row in leaving:
+            prefix.retain(row, running[row].cache_ids[: cache.lengths[row]])
+        order = cache.keep([i for i in range(len(running)) if i not in leaving])
+        running = [running[i] for i in order]
+        room = cache.capacity - len(running)
+        if not room:
+            continue
+        rows_before = {id(k): r for r, k in prefix.kept.items()}
+        starts = [  # a stem's start, or an earlier prompt whole (a conversation's next turn)
+            earlier[int(rng.integers(len(earlier)))] if earlier and rng.random() < 0.4 else stems[int(rng.integers(3))]
+            for _ in range(int(rng.integers(1, min(room, 3) + 1)))
+        ]
+        prompts = [
+            s[: int(rng.integers(9, 60))] + rng.integers(1, 250, int(rng.integers(1, 6))).tolist() for s in starts
+        ]
+        earlier += prompts
+        seqs = [Sequence(p, SamplingParams(max_new_tokens=4), frozenset(), tokenizer) for p in prompts]
+        ordered, last, _ = prefix.prefill(seqs, running)
+        moved += any(rows_before.get(id(k), r) != r for r, k in prefix.kept.items())  # a kept row moved up
+        for seq, logits in zip(ordered, last, strict=True):
+            alone.reset()
+            whole = alone.prefill([seq.cache_ids])[0]
+            assert np.argmax(logits) == np.argmax(whole)
+            np.testing.assert_allclose(logits, whole, atol=1e-4)
+            hits += seq.cached_tokens > 0
+        running += ordered
+    assert hits > 10 and moved > 0
