@@ -184,3 +184,19 @@ def test_random_arrivals_and_departures_keep_every_prefill_exact(tiny_models_roo
             hits += seq.cached_tokens > 0
         running += ordered
     assert hits > 10 and moved > 0
+
+
+async def test_chats_sharing_a_system_prompt_report_it_cached_at_both_doors(start_server, chat_models_root):
+    plain = await start_server(chat_models_root, gen_prefix_cache=False)
+    cached = await start_server(chat_models_root)
+    system = {"role": "system", "content": "You are a careful assistant who answers in one short sentence. " * 3}
+    turns = [[system, {"role": "user", "content": q}] for q in ("Hi there", "What is a cat?", "Name a colour")]
+    for messages in turns[:2]:
+        request = pb.ChatRequest(model="qwen3", max_new_tokens=8)
+        request.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages)
+        a, b = await plain.generation.Chat(request), await cached.generation.Chat(request)
+        assert a.choices[0].token_ids == b.choices[0].token_ids and a.usage.cached_tokens == 0
+    assert b.usage.cached_tokens > 20  # the rendered system prompt, from the first chat's kept row
+    sdk = openai.AsyncOpenAI(base_url=cached.http_url + "/v1", api_key="unused", max_retries=0)
+    reply = await sdk.chat.completions.create(model="qwen3", messages=turns[2], max_tokens=8)
+    assert reply.usage.prompt_tokens_details.cached_tokens > 20
