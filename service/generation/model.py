@@ -28,7 +28,7 @@ from service.generation.handle import GenerationHandle
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
 from service.generation.sequence import Sequence
-from service.generation.speculate import DRIFT_LIMIT, pass_drift
+from service.generation.speculate import DRIFT_LIMIT, pass_drifts
 from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info
@@ -141,17 +141,20 @@ class GenerationModel:
 
     def check_passes(self) -> None:
         """At load, on the empty cache: prefix caching and speculation keep greedy tokens only where a
-        token's logits do not depend on the pass it is computed in (speculate.pass_drift); else both
-        are turned off for this model, and ModelInfo says why."""
-        drift = pass_drift(self.scheduler.cache)
+        token's logits do not depend on the kind of pass it is computed in (speculate.pass_drifts);
+        each is turned off for this model where they do, and ModelInfo says why."""
+        from_prefix, from_steps = pass_drifts(self.scheduler.cache)
         prefix, spec = self.scheduler.prefix, self.scheduler.speculator
-        if drift > DRIFT_LIMIT:
-            prefix.enabled = spec.allowed = False
-            self.features = f"off: logits differ by {drift:.3g} between one pass and steps (limit {DRIFT_LIMIT:g})"
-            log.info("generation model %s (%s): prefix cache, speculation %s", self.name, self.variant, self.features)
-        else:
-            speculation = "on" if spec.default else "per request"
-            self.features = f"prefix cache {'on' if prefix.enabled else 'off'}, speculation {speculation}"
+        cached = "on" if prefix.enabled else "off (gen_prefix_cache)"
+        if prefix.enabled and from_prefix > DRIFT_LIMIT:
+            prefix.enabled = False
+            cached = f"off (a continued pass differs from a whole prefill by {from_prefix:.3g}; limit {DRIFT_LIMIT:g})"
+        speculation = "on" if spec.default else "per request"
+        if from_steps > DRIFT_LIMIT:
+            spec.allowed = False
+            speculation = f"off (a pass differs from decode steps by {from_steps:.3g}; limit {DRIFT_LIMIT:g})"
+        self.features = f"prefix cache {cached}; speculation {speculation}"
+        log.info("generation model %s (%s): %s", self.name, self.variant, self.features)
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
         """Queues one generation, the prompt tokenized in the calling thread (warm-up, tests; the

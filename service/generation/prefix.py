@@ -14,10 +14,10 @@ rows, the kept rows in their way move up or, short of free rows, the least recen
 dropped (`make_room`), so a kept row never keeps a request from a row. With CUDA graphs on, no
 finished row is kept (a captured step pads its rows with free buffer rows and writes their first
 slot). A request that scores its prompt (prompt_logprobs) is always prefilled whole: it needs every
-position's logits; so is one asking its tokens' logprobs: a pass over a past rounds the last bits of
-a logit differently (~1e-7) from a whole prefill, and a request's scores stay the same on a repeat.
-The continued pass computes the same greedy tokens as a whole prefill on the shipped models
-(tinystories-gpt: max |diff| 0.0 for a 20-token continuation); tested through a server.
+position's logits. At least the last 2 prompt tokens are computed: a pass of one token takes the
+decode kernels, whose last bits differ (~1e-6) from a whole prefill's; a pass of 2 or more gives
+the whole prefill's logits bit for bit (max |diff| 0.0 on tinystories-gpt's fp32, optimized, fp16
+and int8 graphs and the test models), so greedy tokens and logprobs are those without the cache.
 docs/design/generation.md ("Prefix caching").
 """
 
@@ -105,8 +105,8 @@ class PrefixCache:
         for seq in seqs:
             ids = np.asarray(seq.cache_ids)
             plan = Plan()
-            if self.enabled and seq.params.prompt_logprobs is None and seq.params.logprobs is None:
-                limit = len(ids) - 1  # one token at least is computed: its logits choose the next
+            if self.enabled and seq.params.prompt_logprobs is None:
+                limit = len(ids) - 2  # a pass of 2 tokens at least: the prompt kernels, as a whole prefill's
                 for r, tokens in rows:
                     if (n := min(common(ids, tokens), limit)) > plan.cached:
                         plan = Plan(n, row=r)

@@ -10,6 +10,7 @@ import httpx2 as httpx
 import numpy as np
 import onnxruntime as ort
 import openai
+import pytest
 
 from client import generate_request
 from service import tokenizing
@@ -124,18 +125,23 @@ def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
     assert draft(np.asarray([1, 2, 3]), 4) == []
 
 
-async def test_a_graph_whose_passes_disagree_gets_neither_feature(start_server, monkeypatch):
-    """check_passes at load: with a limit below this graph's drift (about 1e-6 here; the row-wise int8
-    tinystories-gpt drifts by 0.1) both features are off, whatever the settings and the request say."""
-    monkeypatch.setattr("service.generation.model.DRIFT_LIMIT", 0.0)
+@pytest.mark.parametrize(("limit", "cache_on"), [(0.0, True), (-1.0, False)], ids=["steps-differ", "both-differ"])
+async def test_a_graph_whose_passes_disagree_turns_the_features_off(start_server, monkeypatch, limit, cache_on):
+    """check_passes at load: a limit under this graph's drift between a pass and decode steps (about
+    1e-6 here; the row-wise int8 tinystories-gpt's is 0.1) turns speculation off; one under its drift
+    between a continued and a whole prefill (0.0 here, as on every graph measured) the prefix cache
+    too, whatever the settings and the request say."""
+    monkeypatch.setattr("service.generation.model.DRIFT_LIMIT", limit)
     strict = await start_server(gen_speculate=True)
     info = await strict.models.GetModel(pb.GetModelRequest(name="tiny-gpt"))
-    assert info.manifest["serving.prefix_speculation"].startswith("off: logits differ by")
+    features = info.manifest["serving.prefix_speculation"]
+    assert features.startswith("prefix cache on;" if cache_on else "prefix cache off (a continued pass differs")
+    assert "speculation off (a pass differs from decode steps by" in features
     drafted = {**MODEL, "outcome": "accepted"}, {**MODEL, "outcome": "rejected"}
     before = sum(metric("ts_speculative_tokens_total", labels) for labels in drafted)
     await greedy(strict, SHARED + QUESTIONS[0])
     again = await greedy(strict, SHARED + QUESTIONS[1], speculative=True)
-    assert again.usage.cached_tokens == 0
+    assert (again.usage.cached_tokens >= len(SHARED)) == cache_on
     assert sum(metric("ts_speculative_tokens_total", labels) for labels in drafted) == before
 
 
