@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from tokenizers import Tokenizer
@@ -79,7 +80,7 @@ async def ttft(stubs: dict, ids: list[int], args) -> dict:
             if name == "cached" and reply.usage.cached_tokens < args.shared - 1:
                 raise RuntimeError(f"round {r}: only {reply.usage.cached_tokens} tokens were cached")
         same = same and len({tuple(t) for t in tokens.values()}) == 1
-    out = {
+    out: dict[str, Any] = {
         k: {"client_ms": round(statistics.median(wall[k]), 2), "server_ttft_ms": round(statistics.median(server[k]), 2)}
         for k in stubs
     }
@@ -146,7 +147,7 @@ def engine(ids: list[int], args) -> dict:
 
 async def speculate(stubs: dict, pids: dict, prompts: dict, args) -> dict:
     """Per workload, tokens/s by wall and by server CPU on both servers, alternated; medians."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for workload, ids in prompts.items():
         rate: dict[str, list[float]] = {k: [] for k in stubs}
         cpu_rate: dict[str, list[float]] = {k: [] for k in stubs}
