@@ -159,6 +159,16 @@ class Settings:
         "than gen_max_batch where short, no start where one row at the context does not "
         "fit; 0 = auto: half the free memory (CUDA device, else MemAvailable) / workers",
     )
+    gen_prefix_cache: bool = _f(
+        True,
+        "a prompt starting with tokens already in a generation model's KV cache (a live row, or a "
+        "finished one kept in free rows) prefills only the rest; off: every prompt is prefilled whole",
+    )
+    gen_speculate: bool = _f(
+        False,
+        "speculative decoding by prompt lookup for greedy requests running alone, unless a request "
+        "says otherwise (`speculative`); docs/design/generation.md",
+    )
     translate_max_batch: int = _f(32, "most inputs (x beams) decoded together by one translation model")
     translate_max_beam: int = _f(8, "largest beam_size accepted")
     translate_default_max_length: int = _f(0, "max target tokens when a request leaves it 0; 0 = model's")
