@@ -64,6 +64,9 @@ async def run_clients(address: str, sentences: list[str], clients: int, model: s
         queue.put_nowait(item)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.EmbeddingServiceStub(channel)
+        # One call first: until the server's HTTP/2 SETTINGS arrive the channel does not know the
+        # server's stream limit (--grpc-max-streams), and streams opened past it are refused.
+        await stub.Embed(embed_request(sentences[:1], model=model), timeout=60)
 
         async def client() -> None:
             while not queue.empty():

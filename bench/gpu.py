@@ -260,7 +260,10 @@ def server_flags(args, size: dict, variant: str) -> list[str]:
         "--translate-max-batch",
         str(size["per_call"] * size["translate_in_flight"]),
     ]
-    return flags + (["--strict-provider"] if args.device == "cuda" else []) + args.server_flag
+    # fp32 ("optimized"): the decoder's attention runs on the CPU (onnxruntime's CUDA GroupQueryAttention
+    # takes fp16/bf16 only), which --strict-provider refuses; that server checks the unbound path's tokens.
+    strict = args.device == "cuda" and variant != "optimized"
+    return flags + (["--strict-provider"] if strict else []) + args.server_flag
 
 
 def service_runs(args, size: dict, files: dict, tmp: Path) -> dict:
@@ -275,14 +278,26 @@ def service_runs(args, size: dict, files: dict, tmp: Path) -> dict:
         run_phases(workloads(server).phases(), out)
         return out
 
+    def graph_streams(server: ServiceProcess) -> dict:
+        out: dict = {}
+        w = workloads(server)
+        run_phases({f"generate_{n}_streams": partial(w.streams, n) for n in size["streams"]}, out)
+        return out
+
     return {
         "service": lambda: serve(args, size, "auto", every_workload),
         "service_fp32": lambda: serve(args, size, "optimized", lambda server: workloads(server).alone()),
+        # the default variant's decode steps replaying CUDA graphs (setting cuda_graph), CUDA only
+        **(
+            {"service_cuda_graph": lambda: serve(args, size, "auto", graph_streams, ("--cuda-graph",))}
+            if args.device == "cuda"
+            else {}
+        ),
     }
 
 
-def serve(args, size: dict, variant: str, body) -> dict:
-    server = ServiceProcess(args.models, server_flags(args, size, variant))
+def serve(args, size: dict, variant: str, body, extra: tuple[str, ...] = ()) -> dict:
+    server = ServiceProcess(args.models, server_flags(args, size, variant) + list(extra))
     try:
         return body(server)
     finally:
@@ -306,6 +321,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of the translation side")
     p.add_argument("--out", type=Path, default=GPU_REPORT, help="report path without suffix (.md and .json)")
     p.add_argument("--server-flag", action="append", default=[], help="extra `python -m service` flag")
+    p.add_argument("--budget-s", type=float, help="seconds per measurement (default: 10, or 0.5 with --small)")
     args = p.parse_args(argv)
     if args.device == "cpu" and args.out.resolve() == GPU_REPORT.resolve():
         p.error("--device cpu writes no GPU report: give --out elsewhere (e.g. /tmp/gpu-smoke)")
@@ -318,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and (reason := missing_gpu()):
         sys.stdout.write(f"bench.gpu: no GPU to measure here ({reason}); nothing measured, no report written.\n")
         return 0
-    size = SIZES["small" if args.small else "full"]
+    size = dict(SIZES["small" if args.small else "full"])
+    if args.budget_s is not None:
+        size["budget_s"] = args.budget_s
     started = time.perf_counter()
     report: dict[str, Any] = {
         "environment": environment(args.device),

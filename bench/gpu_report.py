@@ -39,11 +39,12 @@ def _agreement(got: list[list[int]], ref: list[list[int]], eos: int) -> dict:
 
 
 def _get(tree: dict, *keys):
+    """tree[k1][k2]...; None where a key is missing or a phase on the way (or the last) failed."""
     for key in keys:
         if not isinstance(tree, dict) or key not in tree or "error" in tree:
             return None
         tree = tree[key]
-    return tree
+    return None if isinstance(tree, dict) and "error" in tree else tree
 
 
 def correctness(report: dict, checkpoints: Path) -> dict:
@@ -162,11 +163,12 @@ def markdown(report: dict) -> str:
         "| streams | tokens/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms | server CPU ms/token |",
         "|---|---|---|---|---|",
     ]
-    for n in report["sizes"]["streams"]:
-        g = _get(report, "service", f"generate_{n}_streams") or {}
+    for n, server in ((n, s) for s in ("service", "service_cuda_graph") for n in report["sizes"]["streams"]):
+        g = _get(report, server, f"generate_{n}_streams") or {}
         if g:
             lines.append(
-                f"| {n} | {g['tokens_per_s']} | {g['ttft_ms']['p50']} / {g['ttft_ms']['p99']} | "
+                f"| {n}{' (CUDA graphs)' if server != 'service' else ''} | {g['tokens_per_s']} | "
+                f"{g['ttft_ms']['p50']} / {g['ttft_ms']['p99']} | "
                 f"{g['inter_token_ms']['p50']} / {g['inter_token_ms']['p99']} | {g['server_cpu_ms_per_token']} |"
             )
     errors = [f"- {where}: {e}" for where, e in _errors(report)]

@@ -37,8 +37,10 @@ def generate_request(
     n: int = 0,
     logprobs: int | None = None,
     echo: bool = False,
+    speculative: bool | None = None,
 ) -> pb.GenerateRequest:
-    """prompt: a text, or token ids taken as they are (prompt_token_ids)."""
+    """prompt: a text, or token ids taken as they are (prompt_token_ids); speculative: prompt-lookup
+    speculation for this request (None: the server's setting)."""
     request = pb.GenerateRequest(
         model=model,
         max_new_tokens=max_new_tokens,
@@ -59,6 +61,8 @@ def generate_request(
         request.seed = seed
     if logprobs is not None:
         request.logprobs = logprobs
+    if speculative is not None:
+        request.speculative = speculative
     return request
 
 

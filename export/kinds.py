@@ -86,7 +86,7 @@ def _prompts(tokenizer: Tokenizer, limit: int, count: int = 4) -> list[list[int]
 
 class Embedding:
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
-        self.architecture, self.files, self.decoder_io = "bert-encoder", dict(ENCODER_FILES), False
+        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg = model.config
         if request.max_input_tokens not in (None, cfg.max_length):
             raise ValueError(f"an embedding model takes its config's max_length ({cfg.max_length}) inputs")
@@ -109,7 +109,9 @@ class Embedding:
         model, pad = self.model, self.pad
         figures = parity.encoder_parity(model, paths["encoder"], self.batches, pad, variant)
         if not exact(variant):
-            figures.update(parity.encoder_quality(model, paths["encoder"], self.sample, self.sample_name, pad))
+            figures.update(
+                parity.encoder_quality(model, paths["encoder"], self.sample, self.sample_name, pad, variant=variant)
+            )
         if variant == "fp16" and self.device == "cuda":
             figures["cuda"] = gpu_gate.encoder_figures(model, paths["encoder"], self.batches, pad)
         figures["packed"] = packed.embedding_parity(model, paths["packed"], self.batches, pad, variant)
@@ -125,7 +127,7 @@ class FillMask:
     truncated input could lose its [MASK]); the quality sample is texts, every MASK_EVERY-th token masked."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
-        self.architecture, self.files, self.decoder_io = "bert-mlm", dict(ENCODER_FILES), False
+        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, limit, special = model.config, request.max_input_tokens, request.special_tokens
         if limit is None:
             raise ValueError("a fill-mask model needs max_input_tokens (its tokenizer does not truncate)")
@@ -149,7 +151,7 @@ class FillMask:
         model, pad, sample, description = self.model, self.pad, self.sample, self.description
         figures = fm.fill_mask_parity(model, paths["encoder"], self.batches, pad, variant)
         if not exact(variant):
-            figures.update(fm.fill_mask_quality(model, paths["encoder"], sample, description, pad))
+            figures.update(fm.fill_mask_quality(model, paths["encoder"], sample, description, pad, variant))
         figures["packed"] = packed.fill_mask_parity(model, paths["packed"], self.batches, pad, variant)
         if not exact(variant):
             judged = packed.fill_mask_quality(model, paths["packed"], sample, description, pad, variant)
@@ -189,7 +191,7 @@ class Generation:
         model, graph = self.model, paths["decoder"]
         figures = parity.decoder_parity(model, graph, self.prompts, variant, reference=self.reference)
         if not exact(variant):
-            figures.update(parity.decoder_quality(model, graph, self.sample, self.sample_name))
+            figures.update(parity.decoder_quality(model, graph, self.sample, self.sample_name, variant))
         if variant == "fp16" and self.device == "cuda":
             figures["cuda"] = gpu_gate.decoder_figures(model, graph, self.prompts, self.reference)
         return figures
@@ -237,17 +239,19 @@ class Translation:
         encoder, decoder = paths["encoder"], paths["decoder"]
         figures = parity.translator_parity(model, encoder, decoder, sources, variant, reference=ref)
         if not exact(variant):
-            figures.update(parity.translator_quality(model, encoder, decoder, self.sample[1], self.sample[0]))
+            figures.update(
+                parity.translator_quality(model, encoder, decoder, self.sample[1], self.sample[0], variant=variant)
+            )
         if variant == "fp16" and self.device == "cuda":
             figures["cuda"] = gpu_gate.translator_figures(model, encoder, decoder, sources, ref)
         # the packed encoder's own verdict: the service serves it only where it holds, and a
         # packed graph below its quality never keeps the variant's padded graphs from serving
         figures["packed"] = packed.translator_parity(model, paths["packed"], decoder, sources, variant, reference=ref)
         if not exact(variant):
-            alone = figures["packed"]["alone_max_abs_diff"]
+            alone, peak = figures["packed"]["alone_max_abs_diff"], figures["packed"]["cross_kv_peak"]
             figures["packed"].update(
                 packed.translator_quality(
-                    model, paths["packed"], decoder, self.sample[1], self.sample[0], variant, alone
+                    model, paths["packed"], decoder, self.sample[1], self.sample[0], variant, alone, peak
                 )
             )
         return figures
@@ -260,7 +264,7 @@ class Classification:
     extra.activation tell the service how to read the logits (export/onnx/classifier.py)."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
-        self.architecture, self.files, self.decoder_io = "bert-classifier", dict(ENCODER_FILES), False
+        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, head = model.config, model.head_config
         tokenizer.no_padding()
         tokenizer.enable_truncation(cfg.max_length)

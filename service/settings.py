@@ -59,7 +59,7 @@ class Settings:
     grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     max_message_bytes: int = _f(16 * 1024 * 1024, "largest gRPC message (or HTTP body) accepted or sent, in bytes")
     grpc_max_streams: int = _f(
-        100,
+        1024,
         "gRPC calls open at once on one connection (HTTP/2 streams, answers not yet taken by the "
         "client included); more are refused with REFUSED_STREAM until one ends",
     )
@@ -163,6 +163,16 @@ class Settings:
         "bytes this process's generation models may allocate for KV caches: fewer rows "
         "than gen_max_batch where short, no start where one row at the context does not "
         "fit; 0 = auto: half the free memory (CUDA device, else MemAvailable) / workers",
+    )
+    gen_prefix_cache: bool = _f(
+        True,
+        "a prompt starting with tokens already in a generation model's KV cache (a live row, or a "
+        "finished one kept in free rows) prefills only the rest; off: every prompt is prefilled whole",
+    )
+    gen_speculate: bool = _f(
+        False,
+        "speculative decoding by prompt lookup for greedy requests running alone, unless a request "
+        "says otherwise (`speculative`); docs/design/generation.md",
     )
     translate_max_batch: int = _f(32, "most inputs (x beams) decoded together by one translation model")
     translate_max_beam: int = _f(8, "largest beam_size accepted")

@@ -3,7 +3,7 @@
 `convert(path, out)` reads the folder (export/convert/folder.py), finds its converter in
 `ARCHITECTURES` by config.json's `architectures[0]` (a sentence-transformers `modules.json`
 makes an encoder an embedding model), maps its weights onto the project's own modules (one
-module per family: bert.py, classifier.py, gpt2.py, llama.py, marian.py), checks the result against
+module per family: bert.py, classifier.py, modernbert.py, gpt2.py, llama.py, marian.py), checks the result against
 transformers' own forward and tokenizer (reference.py), then builds the model directory like
 any other (export/build.py: ONNX export, parity gate, variants); an embedder's instruction prompts
 (config_sentence_transformers.json) go into the manifest (prompts.py). Anything unsupported raises
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from export.convert import bert, classifier, gpt2, llama, marian, prompts
+from export.convert import bert, classifier, gpt2, llama, marian, modernbert, prompts
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 
@@ -36,6 +36,9 @@ ARCHITECTURES: dict[str, tuple[ModuleType, str, tuple[str, ...]]] = {
     "BertForSequenceClassification": (classifier, "classification", ("classification",)),
     "RobertaForSequenceClassification": (classifier, "classification", ("classification",)),
     "XLMRobertaForSequenceClassification": (classifier, "classification", ("classification",)),
+    "ModernBertModel": (modernbert, "embedding", ("embedding",)),
+    "ModernBertForMaskedLM": (modernbert, "fill-mask", ("fill-mask", "embedding")),
+    "ModernBertForSequenceClassification": (modernbert, "classification", ("classification",)),
     "GPT2LMHeadModel": (gpt2, "generation", ("generation",)),
     "LlamaForCausalLM": (llama, "generation", ("generation",)),
     "MistralForCausalLM": (llama, "generation", ("generation",)),

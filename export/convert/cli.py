@@ -18,8 +18,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="python -m export convert",
-        description="Convert a local Hugging Face folder (BERT, RoBERTa, XLM-R, GPT-2, Llama, Mistral, Qwen2, "
-        "Marian) into a model directory, through the parity gate. Never downloads.",
+        description="Convert a local Hugging Face folder (BERT, RoBERTa, XLM-R, ModernBERT, GPT-2, Llama, Mistral, "
+        "Qwen2, Marian) into a model directory, through the parity gate. Never downloads.",
     )
     p.add_argument("command", choices=["convert"], help=argparse.SUPPRESS)
     p.add_argument("path", type=Path, help="the folder: config.json, weights, tokenizer files")

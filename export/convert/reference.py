@@ -21,7 +21,7 @@ from export.convert.errors import Converted
 from export.convert.folder import HFFolder
 from export.gate import parity
 from export.models.decoder import GPTDecoder
-from export.models.encoder import SentenceEncoder
+from export.models.families import Encoder
 from export.models.seq2seq import Translator
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,9 @@ def _embedding(folder: HFFolder, c: Converted) -> dict:
     hf = AutoModel.from_pretrained(str(folder.path), local_files_only=True).eval()
     ids, mask = _batch(c.tokenizer, TEXTS, c.max_input_tokens, c.special_tokens.get("pad", 0))
     with torch.no_grad():
-        pooling = _ours(c, SentenceEncoder).config.pooling
+        if not isinstance(c.model, Encoder):
+            raise TypeError(f"an embedding conversion gave {type(c.model).__name__}, not an encoder")
+        pooling = c.model.config.pooling
         ref = _pool(hf(input_ids=ids, attention_mask=mask).last_hidden_state, mask, pooling)
         got = c.model(ids, mask)
     cos = torch.nn.functional.cosine_similarity(ref.double(), got.double(), dim=-1)

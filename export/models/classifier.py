@@ -47,13 +47,23 @@ class ClassificationHead(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
+    architecture_type = "bert-classifier"  # the manifest's architecture type
+
     def __init__(self, cfg: EncoderConfig, head: HeadConfig):
         super().__init__()
         self.config, self.head_config = cfg, head
         self.encoder = SentenceEncoder(cfg)
         self.head = ClassificationHead(cfg.d_model, head.num_labels)
 
+    def classify(self, tokens, attention_mask):
+        """Token states (B, T, C) of right-padded rows -> logits (B, L): the first token's."""
+        return self.head(tokens[:, 0])
+
+    def classify_packed(self, tokens, segment_ids, first_index):
+        """Token states (R, L, C) of packed rows, each input's first flat index (B,) -> logits (B, L)."""
+        return self.head(tokens.reshape(-1, tokens.shape[-1])[first_index])
+
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         """-> (B, L) logits."""
         tokens = self.encoder.token_embeddings(input_ids, attention_mask, token_type_ids)  # (B, T, C)
-        return self.head(tokens[:, 0])
+        return self.classify(tokens, attention_mask)

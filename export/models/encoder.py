@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from export.models.layers import FeedForward, MultiHeadAttention, padding_mask
+from export.models.layers import FeedForward, MultiHeadAttention, padding_mask, pool_tokens, segment_mask
 
 
 @dataclass
@@ -73,6 +73,8 @@ class EncoderBlock(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
+    architecture_type = "bert-encoder"  # the manifest's architecture type
+
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.config = cfg
@@ -88,14 +90,28 @@ class SentenceEncoder(nn.Module):
             x = block(x, mask)
         return x
 
+    def padded_hidden(self, input_ids, attention_mask, token_type_ids=None):
+        """`token_embeddings` as the graphs compute it: the additive padding mask written
+        `(1 - mask) * min` (Hugging Face BERT's form, equal to `padding_mask`), the pattern
+        onnxruntime's optimizer recognises to fuse Attention and EmbedLayerNormalization."""
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        x = self.embeddings(input_ids, types)  # (B, T, C)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
+        for block in self.blocks:
+            x = block(x, mask)
+        return x
+
+    def packed_hidden(self, input_ids, position_ids, segment_ids, token_type_ids=None):
+        """Packed rows (R, L) (export/onnx/packed.py) -> token states (R, L, C), attention within each segment."""
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        x = self.embeddings(input_ids, types, position_ids)  # (R, L, C)
+        mask = segment_mask(segment_ids, x.dtype)  # (R, 1, L, L)
+        for block in self.blocks:
+            x = block(x, mask)
+        return x
+
     def pool(self, tokens, attention_mask):
-        if self.config.pooling == "cls":
-            return tokens[:, 0]  # (B, C)
-        weights = attention_mask.to(tokens.dtype)[:, :, None]  # (B, T, 1)
-        if self.config.pooling == "max":  # padded positions never win (sentence-transformers' max pooling)
-            return tokens.masked_fill(weights == 0, torch.finfo(tokens.dtype).min).max(dim=1).values  # (B, C)
-        summed = (tokens * weights).sum(dim=1)  # (B, C)
-        return summed / weights.sum(dim=1).clamp(min=1e-9)
+        return pool_tokens(tokens, attention_mask, self.config.pooling)  # (B, C)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         """-> (B, C) pooled sentence embeddings, not normalised."""

@@ -27,6 +27,30 @@ def padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+def same_segment(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(R, L) segment ids of packed rows (export/onnx/packed.py) -> bool (R, 1, L, L): both tokens of
+    the same input (segment 0, a row's padded tail, sees nothing)."""
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)  # (R, L, L)
+    return same[:, None]
+
+
+def segment_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(R, L) segment ids -> additive (R, 1, L, L): 0 where both tokens belong to the same input."""
+    return (1.0 - same_segment(segment_ids).to(dtype)) * torch.finfo(dtype).min  # (R, 1, L, L)
+
+
+def pool_tokens(tokens: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Token states (B, T, C) -> (B, C): "mean" over the attention mask, "cls" (the first token), or
+    "max" over the real tokens (sentence-transformers' Pooling modes; padding never wins a max)."""
+    if mode == "cls":
+        return tokens[:, 0]  # (B, C)
+    weights = attention_mask.to(tokens.dtype)[:, :, None]  # (B, T, 1)
+    if mode == "max":
+        return tokens.masked_fill(weights == 0, torch.finfo(tokens.dtype).min).max(dim=1).values  # (B, C)
+    summed = (tokens * weights).sum(dim=1)  # (B, C)
+    return summed / weights.sum(dim=1).clamp(min=1e-9)
+
+
 def causal_mask(attention_mask: torch.Tensor, query_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Causal + padding mask for T new queries appended after P cached keys.
 

@@ -41,6 +41,8 @@ class MLMHead(nn.Module):
 class MaskedLM(nn.Module):
     """Encoder + MLM head (+ a two-way SOP classifier on [CLS], used only when trained with --sop)."""
 
+    architecture_type = "bert-mlm"  # the manifest's architecture type
+
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.config = cfg

@@ -25,7 +25,7 @@ from torch import nn
 from export.gate import parity, rounding
 from export.modeldir import GraphFile
 from export.models.decoder import GPTDecoder
-from export.models.encoder import SentenceEncoder
+from export.models.families import Encoder
 from export.models.layers import MultiHeadAttention
 from export.models.seq2seq import Translator
 from export.onnx import graphs as ox
@@ -33,7 +33,7 @@ from service.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
 
-Model = SentenceEncoder | GPTDecoder | Translator  # the kinds with an attention graph
+Model = Encoder | GPTDecoder | Translator  # the kinds with an attention graph
 FILE = "attention.onnx"
 
 
@@ -52,7 +52,7 @@ def recorded(groups: Sequence[Sequence[MultiHeadAttention]], run: Callable[[], o
 
 
 class EncoderAttentionGraph(nn.Module):
-    def __init__(self, model: SentenceEncoder):
+    def __init__(self, model: Encoder):
         super().__init__()
         self.model = model
 
@@ -103,7 +103,7 @@ def attention_specs(model: Model) -> tuple[list[TensorSpec], list[TensorSpec]]:
         TensorSpec("input_ids", "int64", ["batch", "sequence"]),
         TensorSpec("attention_mask", "int64", ["batch", "sequence"]),
     ]
-    if isinstance(model, SentenceEncoder):
+    if isinstance(model, Encoder):
         return ids, _maps("self_attention", model.config.n_layers, model.config.n_heads, "sequence", "sequence")
     if isinstance(model, GPTDecoder):
         return ids, _maps("causal_attention", model.config.n_layers, model.config.n_heads, "sequence", "sequence")
@@ -119,7 +119,7 @@ def attention_specs(model: Model) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 def _graph(model: Model) -> nn.Module:
-    if isinstance(model, SentenceEncoder):
+    if isinstance(model, Encoder):
         return EncoderAttentionGraph(model)
     if isinstance(model, GPTDecoder):
         return DecoderAttentionGraph(model)

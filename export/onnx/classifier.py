@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from export.gate import parity
-from export.models.classifier import SequenceClassifier
+from export.models.families import Classifier
 from export.onnx import graphs as ox
-from export.onnx.packed import GATE_ROW_TOKENS, segment_mask
+from export.onnx.packed import GATE_ROW_TOKENS
 from service.engine.packing import alignment, pack
 from service.manifest import TensorSpec
 
@@ -61,7 +61,7 @@ def activate(logits: np.ndarray, activation: str) -> np.ndarray:
     return logits
 
 
-def _runs(model: SequenceClassifier, graph: Path, role: str, pad_id: int, variant: str) -> list[Callable]:
+def _runs(model: Classifier, graph: Path, role: str, pad_id: int, variant: str) -> list[Callable]:
     """batch -> (B, L) logits through the graph: padded, or packed in rows of each GATE_ROW_TOKENS."""
     sess, types = parity.session(graph), model.head_config.token_types
     if role == "encoder":
@@ -74,7 +74,7 @@ def _runs(model: SequenceClassifier, graph: Path, role: str, pad_id: int, varian
 
 
 def classifier_parity(
-    model: SequenceClassifier, graph: Path, batches, pad_id: int, variant: str = "fp32", role: str = "encoder"
+    model: Classifier, graph: Path, batches, pad_id: int, variant: str = "fp32", role: str = "encoder"
 ) -> dict:
     """ONNX logits and scores vs PyTorch's on every gate batch; each row also alone (batch invariance)."""
     head = model.head_config
@@ -107,7 +107,7 @@ def classifier_parity(
     return figures
 
 
-def both(model: SequenceClassifier, paths: dict[str, Path], batches, pad_id: int, variant: str = "fp32") -> dict:
+def both(model: Classifier, paths: dict[str, Path], batches, pad_id: int, variant: str = "fp32") -> dict:
     """The padded graph's figures, with the packed graph's under "packed" (quality_ok: both hold)."""
     figures = classifier_parity(model, paths["encoder"], batches, pad_id, variant)
     figures["packed"] = classifier_parity(model, paths["packed"], batches, pad_id, variant, "packed")
@@ -117,30 +117,25 @@ def both(model: SequenceClassifier, paths: dict[str, Path], batches, pad_id: int
 
 
 class ClassifierGraph(nn.Module):
-    """What the `encoder` graph computes: SequenceClassifier.forward with the padding mask written
-    `(1 - mask) * min`, the form onnxruntime's optimizer fuses (graphs.EncoderGraph)."""
+    """What the `encoder` graph computes: the classifier's forward through its encoder's
+    `padded_hidden` (for BERT, the mask in the form onnxruntime's optimizer fuses, graphs.EncoderGraph)."""
 
-    def __init__(self, model: SequenceClassifier):
+    def __init__(self, model: Classifier):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
-        enc = self.model.encoder
-        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
-        x = enc.embeddings(input_ids, types)  # (B, T, C)
-        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
-        for block in enc.blocks:
-            x = block(x, mask)
-        return self.model.head(x[:, 0])  # (B, L)
+        x = self.model.encoder.padded_hidden(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+        return self.model.classify(x, attention_mask)  # (B, L)
 
 
-def classifier_specs(model: SequenceClassifier) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def classifier_specs(model: Classifier) -> tuple[list[TensorSpec], list[TensorSpec]]:
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.head_config.token_types else [])
     inputs = [TensorSpec(n, "int64", ["batch", "sequence"]) for n in names]
     return inputs, [TensorSpec("logits", "float32", ["batch", model.head_config.num_labels])]
 
 
-def export_classifier(model: SequenceClassifier, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_classifier(model: Classifier, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs, outputs = classifier_specs(model)
     ids = ox._example_ids(model.config.vocab_size, ox._B, ox._T)
     args = (ids, torch.ones_like(ids)) + ((torch.zeros_like(ids),) if model.head_config.token_types else ())
@@ -151,22 +146,16 @@ def export_classifier(model: SequenceClassifier, path: Path) -> tuple[list[Tenso
 class PackedClassifierGraph(nn.Module):
     """(input_ids, position_ids, segment_ids[, token_type_ids]) (R, L) and first_index (B,) -> logits (B, L)."""
 
-    def __init__(self, model: SequenceClassifier):
+    def __init__(self, model: Classifier):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, position_ids, segment_ids, first_index, token_type_ids=None):
-        enc = self.model.encoder
-        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
-        x = enc.embeddings(input_ids, types, position_ids)  # (R, L, C)
-        mask = segment_mask(segment_ids, x.dtype)  # (R, 1, L, L)
-        for block in enc.blocks:
-            x = block(x, mask)
-        first = x.reshape(-1, x.shape[-1])[first_index]  # (B, C)
-        return self.model.head(first)  # (B, labels)
+        x = self.model.encoder.packed_hidden(input_ids, position_ids, segment_ids, token_type_ids)  # (R, L, C)
+        return self.model.classify_packed(x, segment_ids, first_index)  # (B, labels)
 
 
-def packed_specs(model: SequenceClassifier) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def packed_specs(model: Classifier) -> tuple[list[TensorSpec], list[TensorSpec]]:
     names = ["input_ids", "position_ids", "segment_ids"]
     inputs = [TensorSpec(n, "int64", ["rows", "length"]) for n in names]
     inputs.append(TensorSpec("first_index", "int64", ["batch"]))
@@ -175,7 +164,7 @@ def packed_specs(model: SequenceClassifier) -> tuple[list[TensorSpec], list[Tens
     return inputs, [TensorSpec("logits", "float32", ["batch", model.head_config.num_labels])]
 
 
-def export_packed_classifier(model: SequenceClassifier, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_packed_classifier(model: Classifier, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Traced on two rows of distinct segments and lengths (no axis frozen to an example size)."""
     inputs, outputs = packed_specs(model)
     example = pack([list(range(3, 8)), list(range(3, 6)), list(range(3, 10))], 9, model.config.pad_token_id)

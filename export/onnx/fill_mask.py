@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from export.gate import parity
-from export.models.mlm import MaskedLM
+from export.models.families import MLM
 from export.onnx import graphs as ox
 from service.manifest import TensorSpec
 
@@ -33,23 +33,20 @@ MASK_EVERY = 7  # quality sample: every 7th real token masked
 
 
 class FillMaskGraph(nn.Module):
-    """(input_ids, attention_mask) -> logits (B, T, V); the mask written `(1 - mask) * min`, the
-    form onnxruntime's optimizer fuses (see export/onnx/graphs.py EncoderGraph)."""
+    """(input_ids, attention_mask) -> logits (B, T, V): the encoder's `padded_hidden` (the form
+    onnxruntime's optimizer fuses, export/onnx/graphs.py EncoderGraph), then the head."""
 
-    def __init__(self, model: MaskedLM):
+    def __init__(self, model: MLM):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask):
         enc = self.model.encoder
-        x = enc.embeddings(input_ids, torch.zeros_like(input_ids))  # (B, T, C)
-        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
-        for block in enc.blocks:
-            x = block(x, mask)
+        x = enc.padded_hidden(input_ids, attention_mask)  # (B, T, C)
         return self.model.head(x, enc.embeddings.word.weight)  # (B, T, V)
 
 
-def fill_mask_specs(model: MaskedLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def fill_mask_specs(model: MLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs = [
         TensorSpec("input_ids", "int64", ["batch", "sequence"]),
         TensorSpec("attention_mask", "int64", ["batch", "sequence"]),
@@ -57,14 +54,14 @@ def fill_mask_specs(model: MaskedLM) -> tuple[list[TensorSpec], list[TensorSpec]
     return inputs, [TensorSpec("logits", "float32", ["batch", "sequence", model.config.vocab_size])]
 
 
-def export_fill_mask(model: MaskedLM, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_fill_mask(model: MLM, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs, outputs = fill_mask_specs(model)
     ids = ox._example_ids(model.config.vocab_size, ox._B, ox._T)
     ox._export(FillMaskGraph(model), (ids, torch.ones_like(ids)), path, inputs, outputs)
     return inputs, outputs
 
 
-def _logits(model: MaskedLM, sess, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _logits(model: MLM, sess, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """-> (PyTorch logits, ONNX logits), both (B, T, V) float32."""
     with torch.no_grad():
         ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
@@ -73,7 +70,7 @@ def _logits(model: MaskedLM, sess, ids: np.ndarray, mask: np.ndarray) -> tuple[n
 
 
 def fill_mask_parity(
-    model: MaskedLM, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int, variant: str = "fp32"
+    model: MLM, graph: Path, batches: Sequence[Sequence[Sequence[int]]], pad_id: int, variant: str = "fp32"
 ) -> dict:
     """ONNX vs PyTorch logits at every real position of right-padded batches (module doc)."""
     sess = parity.session(graph)
@@ -111,7 +108,9 @@ def masked_sample(tokenizer: Tokenizer, texts: Sequence[str], mask_id: int, limi
     return rows
 
 
-def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int) -> dict:
+def fill_mask_quality(
+    model: MLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str = "int8"
+) -> dict:
     """Reduced-precision variant vs PyTorch at the sample's masked positions (parity.quality_figures)."""
     sess = parity.session(graph)
     rows, alone = [], []
@@ -123,4 +122,4 @@ def fill_mask_quality(model: MaskedLM, graph: Path, sample: list[tuple], descrip
     ids, mask = parity.pad_batch(head, pad_id, left=False)
     batched = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
     batch_diff = max(float(np.abs(batched[i, : len(x)] - alone[i]).max()) for i, x in enumerate(head))
-    return parity.quality_figures(rows, description, batch_diff)
+    return parity.quality_figures(rows, description, batch_diff, variant)

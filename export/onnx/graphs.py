@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
-from export.models.encoder import SentenceEncoder
+from export.models.families import Encoder
 from export.models.seq2seq import Translator
 from service.manifest import TensorSpec
 
@@ -52,20 +52,16 @@ def kv_names(prefix: str, n_layers: int) -> list[str]:
 class EncoderGraph(nn.Module):
     """(input_ids, attention_mask) -> sentence_embedding (B, C), pooled, not normalised.
 
-    Same computation as `SentenceEncoder.forward`, but the additive padding mask is written
-    `(1 - mask) * min` (Hugging Face BERT's form, equal to `layers.padding_mask`): that is the
-    pattern onnxruntime's optimizer recognises to fuse Attention and EmbedLayerNormalization.
+    The model's `padded_hidden` (for BERT, the padding mask in the form onnxruntime's optimizer
+    fuses), then its pooling.
     """
 
-    def __init__(self, model: SentenceEncoder):
+    def __init__(self, model: Encoder):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask):
-        x = self.model.embeddings(input_ids, torch.zeros_like(input_ids))  # (B, T, C)
-        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min  # (B, 1, 1, T)
-        for block in self.model.blocks:
-            x = block(x, mask)
+        x = self.model.padded_hidden(input_ids, attention_mask)  # (B, T, C)
         return self.model.pool(x, attention_mask)  # (B, C)
 
 
@@ -188,7 +184,7 @@ def _kv(names: list[str], heads: int, head_dim: int, length_axis: str, dtype: st
     return [TensorSpec(n, dtype, ["batch", heads, length_axis, head_dim]) for n in names]
 
 
-def encoder_specs(model: SentenceEncoder) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def encoder_specs(model: Encoder) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs = [_ids("input_ids", "batch", "sequence"), _ids("attention_mask", "batch", "sequence")]
     return inputs, [TensorSpec("sentence_embedding", "float32", ["batch", model.config.d_model])]
 
@@ -253,7 +249,7 @@ def _example_kv(batch: int, heads: int, length: int, head_dim: int, count: int) 
     return [torch.randn(batch, heads, length, head_dim) for _ in range(count)]
 
 
-def export_encoder(model: SentenceEncoder, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def export_encoder(model: Encoder, path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs, outputs = encoder_specs(model)
     ids = _example_ids(model.config.vocab_size, _B, _T)
     _export(EncoderGraph(model), (ids, torch.ones_like(ids)), path, inputs, outputs)

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from export.gate import parity
-from export.models.encoder import SentenceEncoder
-from export.models.mlm import MaskedLM
+from export.models.families import MLM, Encoder
+from export.models.layers import segment_mask
 from export.models.seq2seq import Translator
 from export.onnx import graphs as ox
 from service.engine.packing import Packed, alignment, pack, pool
@@ -29,41 +29,27 @@ from service.manifest import TensorSpec
 from service.translation import encoder as translation_encoder
 
 FILE = "packed.onnx"
-Model = SentenceEncoder | MaskedLM | Translator  # the kinds with a packed encoder graph
+Model = Encoder | MLM | Translator  # the kinds with a packed encoder graph
 GATE_ROW_TOKENS = (64, 0)  # rows of 64 tokens (several inputs each), and of the longest input (0)
 
 
-def segment_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(R, L) segment ids -> additive (R, 1, L, L): 0 where both tokens belong to the same input."""
-    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)  # (R, L, L)
-    return (1.0 - same[:, None].to(dtype)) * torch.finfo(dtype).min  # (R, 1, L, L)
-
-
-def _encode(encoder: SentenceEncoder, input_ids, position_ids, segment_ids) -> torch.Tensor:
-    x = encoder.embeddings(input_ids, torch.zeros_like(input_ids), position_ids)  # (R, L, C)
-    mask = segment_mask(segment_ids, x.dtype)
-    for block in encoder.blocks:
-        x = block(x, mask)
-    return x  # (R, L, C)
-
-
 class PackedEncoderGraph(nn.Module):
-    def __init__(self, model: SentenceEncoder):
+    def __init__(self, model: Encoder):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, position_ids, segment_ids):
-        return _encode(self.model, input_ids, position_ids, segment_ids)
+        return self.model.packed_hidden(input_ids, position_ids, segment_ids)  # (R, L, C)
 
 
 class PackedMaskedLMGraph(nn.Module):
-    def __init__(self, model: MaskedLM):
+    def __init__(self, model: MLM):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, position_ids, segment_ids, gather_positions):
         enc = self.model.encoder
-        x = _encode(enc, input_ids, position_ids, segment_ids)
+        x = enc.packed_hidden(input_ids, position_ids, segment_ids)  # (R, L, C)
         picked = x.reshape(-1, x.shape[-1])[gather_positions]  # (M, C)
         return self.model.head(picked, enc.embeddings.word.weight)  # (M, V)
 
@@ -98,7 +84,7 @@ def specs(model: Model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     if isinstance(model, Translator):
         inputs.append(TensorSpec("unpack_index", "int64", ["batch", "source_sequence"]))
         return inputs, ox.translator_specs(model)["encoder"][1]
-    if isinstance(model, MaskedLM):
+    if isinstance(model, MLM):
         inputs.append(TensorSpec("gather_positions", "int64", ["positions"]))
         return inputs, [TensorSpec("logits", "float32", ["positions", model.config.vocab_size])]
     return inputs, [TensorSpec("token_embeddings", "float32", ["rows", "length", model.config.d_model])]
@@ -109,7 +95,7 @@ def export_packed(model: Model, path: Path) -> tuple[list[TensorSpec], list[Tens
     inputs, outputs = specs(model)
     example = pack([list(range(3, 8)), list(range(3, 6)), list(range(3, 10))], 9, model.config.pad_token_id)
     args = [torch.from_numpy(a) for a in (example.input_ids, example.position_ids, example.segment_ids)]
-    if isinstance(model, MaskedLM):
+    if isinstance(model, MLM):
         args.append(torch.tensor([0, 4, 10], dtype=torch.int64))
         ox._export(PackedMaskedLMGraph(model), tuple(args), path, inputs, outputs)
     elif isinstance(model, Translator):
@@ -136,13 +122,13 @@ def embed(
     return pool(hidden, packed, pooling)
 
 
-def _reference(model: SentenceEncoder, seqs, pad_id: int) -> np.ndarray:
+def _reference(model: Encoder, seqs, pad_id: int) -> np.ndarray:
     ids, mask = parity.pad_batch(seqs, pad_id, left=False)
     with torch.no_grad():
         return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
 
 
-def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+def embedding_parity(model: Encoder, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
     """Packed embeddings vs PyTorch (cosine per input) and alone vs among others (module doc)."""
     sess, pooling = parity.session(graph), model.config.pooling
     cos, alone_diff, n = [], 0.0, 0
@@ -172,7 +158,7 @@ def embedding_parity(model: SentenceEncoder, graph: Path, batches, pad_id: int, 
 
 
 def embedding_quality(
-    model: SentenceEncoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str, chunk: int = 32
+    model: Encoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str, chunk: int = 32
 ) -> dict:
     """A reduced-precision packed graph on the quality sample, as parity.encoder_quality judges padded ones."""
     sess, pooling, align = parity.session(graph), model.config.pooling, alignment(variant)
@@ -184,7 +170,8 @@ def embedding_quality(
         ]
     )
     alone = np.concatenate([embed(sess, [s], pad_id, pooling, GATE_ROW_TOKENS[0], align) for s in sample[:chunk]])
-    cos, limits = parity._cos(ref, got), parity.EMBEDDING_QUALITY_LIMITS
+    limit = parity.batch_limit(variant, float(np.abs(got).max()))
+    cos, limits = parity._cos(ref, got), {**parity.EMBEDDING_QUALITY_LIMITS, "batch_max_abs_diff": limit}
     diff = float(np.abs(alone - got[: len(alone)]).max())
     figures: dict[str, Any] = {
         "sample": sample_name,
@@ -225,7 +212,7 @@ def mask_logits(
     return np.split(np.asarray(logits, np.float32), np.cumsum([len(p) for p in positions])[:-1])
 
 
-def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+def fill_mask_parity(model: MLM, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
     """Packed logits at every real position vs PyTorch's padded forward, and alone vs among others."""
     sess = parity.session(graph)
     diff, alone_diff, same, total = 0.0, 0.0, 0, 0
@@ -264,7 +251,7 @@ def fill_mask_parity(model: MaskedLM, graph: Path, batches, pad_id: int, variant
 
 
 def fill_mask_quality(
-    model: MaskedLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str
+    model: MLM, graph: Path, sample: list[tuple], description: str, pad_id: int, variant: str
 ) -> dict:
     """A reduced-precision packed graph at the sample's masked positions (parity.quality_figures)."""
     sess, align = parity.session(graph), alignment(variant)
@@ -278,7 +265,7 @@ def fill_mask_quality(
     head = seqs[: parity.BATCH_ROWS]
     alone = [mask_logits(sess, [s], [p], pad_id, GATE_ROW_TOKENS[0], align)[0] for s, (_, p, _) in zip(head, sample)]
     diff = max(float(np.abs(a - g).max()) for a, g in zip(alone, got))
-    return parity.quality_figures(rows, description, diff)
+    return parity.quality_figures(rows, description, diff, variant)
 
 
 # ---- translation (the translator's encoder) ------------------------------------------------------
@@ -316,9 +303,10 @@ def translator_parity(
         ref = [t.numpy() for kv in model.encode(torch.from_numpy(src), torch.from_numpy(src_mask)) for t in kv]
     sess, align = parity.session(graph), translation_encoder.alignment(variant)
     valid = src_mask.astype(bool)[:, None, :, None]  # (B, 1, S, 1)
-    diff, alone_diff = 0.0, 0.0
+    diff, alone_diff, peak = 0.0, 0.0, 0.0
     for row_tokens in GATE_ROW_TOKENS:
         cross, mask = translator_cross(sess, sources, cfg.pad_token_id, row_tokens, align)
+        peak = max(peak, *(float(np.abs(c.astype(np.float32)).max()) for c in cross))
         if not np.array_equal(mask, src_mask):
             parity._fail(f"{variant} packed translator encoder: source mask differs from the padded one", 1.0, 0.0)
         diff = max(
@@ -340,6 +328,7 @@ def translator_parity(
     figures: dict[str, Any] = {
         "cross_kv_max_abs_diff": diff,
         "alone_max_abs_diff": alone_diff,
+        "cross_kv_peak": peak,
         "inputs": len(sources),
         "row_tokens": list(GATE_ROW_TOKENS),
     }
@@ -362,7 +351,14 @@ def translator_parity(
 
 
 def translator_quality(
-    model: Translator, graph: Path, decoder_graph: Path, pairs, sample: str, variant: str, alone_max_abs_diff: float
+    model: Translator,
+    graph: Path,
+    decoder_graph: Path,
+    pairs,
+    sample: str,
+    variant: str,
+    alone_max_abs_diff: float,
+    cross_kv_peak: float,
 ) -> dict:
     """A reduced-precision packed encoder with its decoder graph, teacher-forced on the sample as
     parity.translator_quality judges the padded ones; `quality_ok` also needs each source's cross
@@ -376,6 +372,8 @@ def translator_quality(
         pairs,
         sample,
         encode=lambda rows: translator_cross(sess, rows, pad, GATE_ROW_TOKENS[0], align),
+        variant=variant,
     )
-    figures["quality_ok"] = figures["quality_ok"] and alone_max_abs_diff <= parity.LOGITS_MAX_ABS
+    alone_ok = alone_max_abs_diff <= parity.batch_limit(variant, cross_kv_peak)
+    figures["quality_ok"] = figures["quality_ok"] and alone_ok
     return figures

@@ -9,7 +9,11 @@ with host inputs: docs/design/gpu.md.
 
 The scheduler asks: `prefill(prompts)` (last-position logits (n, V), rows appended), `step(tokens)`
 (one token per row, logits (B, V)), `keep(rows)` (drops the others, says where the kept went),
-`reset()` (empties the cache after a failed step).
+`reset()` (empties the cache after a failed step). Prefix caching and speculative decoding
+(prefix.py, speculate.py) add `fork(src, length)` (a new row holding another row's first tokens),
+`extend(row, tokens)` (one row continued by several tokens in one pass: the graph's attention
+takes a multi-token pass over a past for one row at a time), `copy_rows` and `lengths` itself:
+a row's length set back rewinds it, the keys beyond it are ignored by `seqlens_k`.
 """
 
 from __future__ import annotations
@@ -221,6 +225,39 @@ class SlotCache:
         self.lengths[self.rows : self.rows + n] = lengths
         self.rows += n
         return logits if every_position else logits[np.arange(n), lengths - 1]  # (n, V)
+
+    def extend(self, row: int, tokens: list[int]) -> np.ndarray:
+        """Continues buffer row `row` by these tokens from its length, in one pass (batch 1: the
+        graph's attention takes several new tokens over a past for one row only). -> logits (T, V);
+        the row's length grows by T."""
+        start, n = int(self.lengths[row]), len(tokens)
+        if start + n > self.max_length:
+            raise RuntimeError(f"a row would pass the model's context of {self.max_length} tokens")
+        ids = np.asarray([tokens], np.int64)  # (1, T)
+        positions = np.arange(start, start + n, dtype=np.int64)[None]  # (1, T)
+        logits = self._run_prefill(ids, positions, np.asarray([start + n], np.int64), row)  # (1, T, V)
+        self.lengths[row] = start + n
+        return logits[0]
+
+    def fork(self, src: int, length: int) -> int:
+        """A new active row (appended) holding the first `length` tokens of buffer row src. -> its row."""
+        row = self.rows
+        if row >= self.capacity:
+            raise RuntimeError(f"KV cache holds {self.capacity} rows; all are active")
+        self.copy_rows([(row, src)])
+        self.lengths[row] = length
+        self.rows += 1
+        return row
+
+    def copy_rows(self, moves: list[tuple[int, int]]) -> None:
+        """(dst, src) whole-row copies; no row is both a source and a destination."""
+        self._buffers()
+        if self._copier is not None:
+            self._copier.move(moves)
+            return
+        for buf in self._host_buffers():
+            for dst, src in moves:
+                buf[dst] = buf[src]
 
     def step(self, tokens: list[int]) -> np.ndarray:
         """One new token per active row (in row order) -> logits (B, V), valid until the next step."""

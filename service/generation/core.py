@@ -124,6 +124,7 @@ def join_chunks(chunks: list[Chunk]) -> Chunk:
         last.timings,
         scoring.joined([c.logprobs for c in chunks]),
         scoring.joined([c.prompt_logprobs for c in chunks]),
+        last.cached_tokens,
     )
 
 

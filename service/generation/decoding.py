@@ -53,6 +53,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     min_p: float = 0.0  # 0: off
     constraint: Any = field(default=None, compare=False)  # structured output: constraint.Compiled, or None
+    speculative: bool | None = None  # prompt-lookup speculation (speculate.py); None: the server's gen_speculate
 
     @property
     def greedy(self) -> bool:

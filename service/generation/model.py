@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from service import tokenizing
@@ -28,16 +29,33 @@ from service.generation.handle import GenerationHandle
 from service.generation.kvbudget import KVBudget, kv_bytes
 from service.generation.scheduler import Scheduler
 from service.generation.sequence import Sequence
+from service.generation.speculate import DRIFT_LIMIT, pass_drifts
 from service.generation.tokens import tokenizer_info
 from service.manifest import Manifest, ModelDir, eos_token_ids
 from service.registry import model_info
-from service.runtime import CUDA, Runtime
+from service.runtime import CUDA, ProviderError, Runtime
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 PREFILL_TOKENS_PER_STEP = 512  # prompt tokens (padding counted) prefilled per scheduler turn
 WARMUP_TOKENS = 2
+
+
+def attention_off_device(provider: str, io: GraphIO) -> str | None:
+    """Why this decoder's attention cannot run on its session's device, or None.
+
+    onnxruntime registers its CUDA GroupQueryAttention kernel for float16 and bfloat16 only
+    (contrib_ops/cuda/bert/group_query_attention.cc), so a float32 decoder's attention runs on the
+    CPU provider. IO binding then copies the bound device inputs to the host once, when bound: every
+    step read stale values (seqlens_k garbage, "out of range", on an H200 with onnxruntime 1.31.1).
+    Such a decoder is served unbound (docs/design/gpu.md)."""
+    if provider == CUDA and np.dtype(io.kv_dtype) == np.float32:
+        return (
+            "onnxruntime's CUDA GroupQueryAttention takes float16 and bfloat16 only, "
+            "so this float32 decoder's attention runs on the CPU"
+        )
+    return None
 
 
 class GenerationModel:
@@ -74,6 +92,7 @@ class GenerationModel:
         self.chat_template: ChatTemplate | None = None  # load() reads it (service/generation/chat.py uses it)
         self.tool_parser = settings.tool_parsers().get(self.name)  # None: picked from the template (tools.py)
         self.constraints = Constraints(tokenizer, self.io.vocab_size, self.eos_ids)  # structured output
+        self.features = "not checked"  # prefix caching and speculation (check_passes)
         if not self.io.buffer_kv:
             raise ValueError(
                 f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-1 model "
@@ -86,11 +105,16 @@ class GenerationModel:
                 self.context,
                 self.model_context,
             )
+        if cpu_attention := attention_off_device(self.provider, self.io):
+            why = f"model {self.name!r}: {cpu_attention}"
+            if settings.strict_provider:
+                raise ProviderError(f"{why}; refusing to load it (strict_provider is set): serve its fp16 variant")
+            log.warning("%s: its steps run unbound (session.run; inputs and KV copied each step), serve fp16", why)
         self.budget = KVBudget.of(runtime, self.provider == CUDA)
         self.rows = self.budget.plan_rows(self.name, self.io, settings.gen_max_batch, self.context)
         self.kv_bytes = kv_bytes(self.io, self.rows, self.context)
-        if io_binding is None:  # bound in place; io_binding=False runs plain session.run (comparison only)
-            io_binding = True
+        if io_binding is None:  # bound in place; io_binding=False runs plain session.run
+            io_binding = not cpu_attention
         device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.scheduler = Scheduler(
             self.name,
@@ -104,6 +128,8 @@ class GenerationModel:
             device=device,
             context=self.context,
             gate=runtime.gate,
+            prefix_cache=settings.gen_prefix_cache,
+            speculate=settings.gen_speculate,
         )
 
     @classmethod
@@ -116,6 +142,7 @@ class GenerationModel:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         model = cls(m, session, tokenizer, settings, runtime, variant)
+        model.check_passes()
         model.chat_template = chat_template.for_model(model_dir, settings.chat_templates(), tokenizer)
         graph_session, why = runtime.create_graph_session(path)  # decode steps only; prefill stays plain
         if graph_session is not None:
@@ -133,6 +160,23 @@ class GenerationModel:
             model.scheduler.cache.device is not None,
         )
         return model
+
+    def check_passes(self) -> None:
+        """At load, on the empty cache: prefix caching and speculation keep greedy tokens only where a
+        token's logits do not depend on the kind of pass it is computed in (speculate.pass_drifts);
+        each is turned off for this model where they do, and ModelInfo says why."""
+        from_prefix, from_steps = pass_drifts(self.scheduler.cache)
+        prefix, spec = self.scheduler.prefix, self.scheduler.speculator
+        cached = "on" if prefix.enabled else "off (gen_prefix_cache)"
+        if prefix.enabled and from_prefix > DRIFT_LIMIT:
+            prefix.enabled = False
+            cached = f"off (a continued pass differs from a whole prefill by {from_prefix:.3g}; limit {DRIFT_LIMIT:g})"
+        speculation = "on" if spec.default else "per request"
+        if from_steps > DRIFT_LIMIT:
+            spec.allowed = False
+            speculation = f"off (a pass differs from decode steps by {from_steps:.3g}; limit {DRIFT_LIMIT:g})"
+        self.features = f"prefix cache {cached}; speculation {speculation}"
+        log.info("generation model %s (%s): %s", self.name, self.variant, self.features)
 
     def submit(self, prompt: str, params: SamplingParams) -> GenerationHandle:
         """Queues one generation, the prompt tokenized in the calling thread (warm-up, tests; the
@@ -264,6 +308,7 @@ class GenerationModel:
                 "serving.context": str(self.context),
                 "serving.kv_rows": str(self.rows),
                 "serving.kv_cache_bytes": str(self.kv_bytes),
+                "serving.prefix_speculation": self.features,
             }
         )
         return info

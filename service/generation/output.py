@@ -36,6 +36,7 @@ class Chunk:
     timings: Timings | None = None
     logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked (params.logprobs)
     prompt_logprobs: TokenLogprobs | None = None  # the prompt's, on the first chunk (params.prompt_logprobs)
+    cached_tokens: int = 0  # of input_tokens, those taken from the prefix cache (prefix.py), not computed
 
     def ending(self) -> tuple[str, Timings]:
         """The last chunk's finish reason and timings (set together when the row finishes)."""

@@ -6,7 +6,9 @@ drops the rows that finished, were cancelled or failed (their rows in `cache.Slo
 Compute runs in the runtime's executor, a turn's steps back to back in one call; the loop only
 moves chunks to each request's outbox. docs/design/generation-scheduling.md and
 docs/design/generation.md describe the turn, the hand-offs and the failure rules (a row's own
-failure fails that row; a failed graph step re-queues its rows once).
+failure fails that row; a failed graph step re-queues its rows once). Newcomers whose prompt starts
+with cached tokens continue a copy of that row (prefix.py); a greedy row running alone may take
+several tokens a step from a verified prompt-lookup draft (speculate.py).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from service.generation import scoring
 from service.generation.cache import SlotCache
 from service.generation.handle import GenerationHandle
 from service.generation.output import Chunk
+from service.generation.prefix import PrefixCache
 from service.generation.sampler import choose_tokens
 from service.generation.sequence import Sequence
+from service.generation.speculate import Speculator
 from service.generation.stepseries import Series, observe_many
 
 log = logging.getLogger(__name__)
@@ -51,10 +55,14 @@ class Scheduler:
         device: str | None,
         context: int,
         gate: Gate | None = None,
+        prefix_cache: bool = True,
+        speculate: bool = False,
     ):
         self.name, self._session, self._io, self._runtime = name, session, io, runtime
         self.max_batch, self.prefill_tokens, self.pad_id = max_batch, prefill_tokens, pad_id
         self.cache = SlotCache(session, io, capacity=max_batch, max_length=context, device=device)
+        self.prefix = PrefixCache(name, self.cache, prefix_cache)
+        self.speculator = Speculator(name, self.cache, speculate)
         self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
         self.waiting: deque[Sequence] = deque()
         self.admission = Admission(
@@ -244,15 +252,15 @@ class Scheduler:
         score only, cancelled, failed) leave it at once. Rows that asked for their prompt's scores
         get them from the same prefill's logits of every position (scoring.py)."""
         t0 = time.perf_counter()
-        prompts = [s.cache_ids for s in newcomers]
-        scored = [i for i, s in enumerate(newcomers) if s.params.prompt_logprobs is not None]
-        logits = self.cache.prefill(prompts, every_position=bool(scored))  # (n, V), or (n, T, V) if scored
-        if scored:
-            for i in scored:
-                newcomers[i].score_prompt(logits[i])
-            logits = logits[np.arange(len(prompts)), [len(p) - 1 for p in prompts]]  # (n, V)
-        self._observe(t0, newcomers, len(prompts) * max(map(len, prompts)), prefill=True)
-        self._series.input_tokens.inc(sum(len(s.prompt_ids) for s in newcomers if not s.retried))  # computed
+        # Newcomers in row order (whole prefills first, then those continuing a cached prefix);
+        # every: the whole prefills' logits of every position, when one of them scores its prompt.
+        newcomers, logits, every = self.prefix.prefill(newcomers, self.running)
+        for i, seq in enumerate(newcomers):
+            if seq.params.prompt_logprobs is not None:
+                seq.score_prompt(every[i])
+        self._observe(t0, newcomers, len(newcomers) * max(len(s.cache_ids) for s in newcomers), prefill=True)
+        # Prompt tokens read, cached ones included (usage.input_tokens; the cached: prefix metrics).
+        self._series.input_tokens.inc(sum(len(s.prompt_ids) for s in newcomers if not s.retried))
         sampled = [i for i, s in enumerate(newcomers) if not s.params.score_only]
         out = self._sample(
             [newcomers[i] for i in sampled], logits if len(sampled) == len(newcomers) else logits[sampled]
@@ -280,6 +288,10 @@ class Scheduler:
             return out
         t0 = time.perf_counter()
         try:
+            if len(self.running) == 1 and (tokens := self.speculator.step(self.running[0])) is not None:
+                self._observe(t0, self.running, self.cache.tokens, prefill=False)
+                out += self._accept_many(self.running[0], tokens)
+                return out + [(s, None) for s in self._keep(lambda s: not s.done)]
             logits = self.cache.step([s.generated[-1] for s in self.running])  # (B, V)
             self._observe(t0, self.running, self.cache.tokens, prefill=False)
             out += self._sample(self.running, logits)
@@ -295,8 +307,11 @@ class Scheduler:
         verdicts = [bool(pred(s)) for s in self.running]
         if all(verdicts):
             return []
-        order = self.cache.keep([i for i, ok in enumerate(verdicts) if ok])  # the cache's new row order
         gone = [s for s, ok in zip(self.running, verdicts) if not ok]
+        for row, ok in enumerate(verdicts):  # their tokens' keys stay for later prompts, where rows are free
+            if not ok:
+                self.prefix.retain(row, self.running[row].cache_ids[: self.cache.lengths[row]])
+        order = self.cache.keep([i for i, ok in enumerate(verdicts) if ok])  # the cache's new row order
         self.running = [self.running[i] for i in order]
         for seq in gone:
             seq.left = True
@@ -308,7 +323,7 @@ class Scheduler:
         live = [i for i, s in enumerate(seqs) if not s.cancelled]
         out: Delivery = [(s, None) for s in seqs if s.cancelled]
         tokens = choose_tokens(logits if len(live) == len(seqs) else logits[live], [seqs[i].sampling for i in live])
-        scores = self._token_scores(seqs, logits, live, tokens)
+        scores = scoring.row_scores([s.params.logprobs for s in seqs], logits, live, tokens)
         now = time.perf_counter()
         first: list[float] = []  # rows' first tokens
         since: dict[float, int] = {}  # previous token time -> rows (one step's rows share it)
@@ -334,21 +349,23 @@ class Scheduler:
             observe_many(self._series.itl, now - last, count)
         return out
 
-    @staticmethod
-    def _token_scores(seqs: list[Sequence], logits: np.ndarray, live: list[int], tokens: list) -> dict:
-        """Compute thread: row -> its chosen token's raw log-probability and top alternatives, for the
-        rows that asked (params.logprobs), in one pass over their logits."""
-        rows = [  # (row, token, alternatives asked)
-            (i, t, n) for i, t in zip(live, tokens) if (n := seqs[i].params.logprobs) is not None and isinstance(t, int)
-        ]
-        if not rows:
-            return {}
-        top = max(n for _, _, n in rows)
-        got = scoring.score(logits[[i for i, _, _ in rows]], [t for _, t, _ in rows], top)
-        return {
-            i: scoring.TokenLogprobs([t], got.logprobs[j : j + 1], [got.top_ids[j][:n]], [got.top_logprobs[j][:n]])
-            for j, (i, t, n) in enumerate(rows)
-        }
+    def _accept_many(self, seq: Sequence, tokens: list[int]) -> Delivery:
+        """Compute thread: a speculated step's tokens (speculate.py) through the row's output one by
+        one, as plain steps would, until it finishes or its own work raises."""
+        out: Delivery = []
+        for token in tokens:
+            try:
+                out.append((seq, seq.accept(token)))
+            except Exception as exc:
+                out.append((seq, self._row_failed(seq, exc)))
+                break
+            if seq.done:
+                break
+        now = time.perf_counter()
+        if seq.last_token_at is not None:  # the tokens of one pass share its time since the last token
+            observe_many(self._series.itl, (now - seq.last_token_at) / len(out), len(out))
+        seq.last_token_at = now
+        return out
 
     def _row_failed(self, seq: Sequence, exc: Exception) -> ServiceError:
         """Ends one row whose own work raised; returns the error its call gets."""

@@ -95,3 +95,16 @@ def joined(parts: list[TokenLogprobs | None]) -> TokenLogprobs | None:
     for p in present:
         out.extend(p)
     return out
+
+
+def row_scores(asked: list[int | None], logits: np.ndarray, live: list[int], tokens: list) -> dict[int, TokenLogprobs]:
+    """A decode step's rows (each row's `logprobs` asked, or None) -> row: its chosen token's raw
+    log-probability and top alternatives, for the live rows that asked, in one pass over their logits."""
+    rows = [(i, t, n) for i, t in zip(live, tokens) if (n := asked[i]) is not None and isinstance(t, int)]
+    if not rows:
+        return {}
+    got = score(logits[[i for i, _, _ in rows]], [t for _, t, _ in rows], max(n for _, _, n in rows))
+    return {
+        i: TokenLogprobs([t], got.logprobs[j : j + 1], [got.top_ids[j][:n]], [got.top_logprobs[j][:n]])
+        for j, (i, t, n) in enumerate(rows)
+    }

@@ -42,6 +42,8 @@ class Sequence:
     left: bool = False  # its cache row is freed (set by the compute thread)
     counted_out: bool = False  # the in-flight gauge was decremented for it (event loop)
     retried: bool = False  # it was re-prefilled once after a failed step (scheduler)
+    cached_tokens: int = 0  # prompt tokens its prefill took from the prefix cache (prefix.py)
+    drafts: tuple[int, int, int] = (0, 0, 0)  # speculation (speculate.py): passes, tokens kept, steps paused
 
     def __post_init__(self) -> None:
         self._penalised = self.params.repetition_penalty not in (0.0, 1.0)
@@ -108,4 +110,5 @@ class Sequence:
         self.timings.total_ms = (time.perf_counter() - self.arrived) * 1e3
         chunk.finish_reason = self.output.finished
         chunk.input_tokens, chunk.output_tokens = len(self.prompt_ids), len(self.generated)
+        chunk.cached_tokens = min(self.cached_tokens, len(self.prompt_ids))
         chunk.timings = self.timings

@@ -105,7 +105,8 @@ def chat_response(choices: list[Chunk], chat: Chat, choice: tools.ToolChoice) ->
                 finish_reason=FINISH_REASONS[reason],
             )
         )
-    out.usage.CopyFrom(usage(choices[0].input_tokens, sum(c.output_tokens for c in choices)))
+    first = choices[0]
+    out.usage.CopyFrom(usage(first.input_tokens, sum(c.output_tokens for c in choices), first.cached_tokens))
     return out
 
 
@@ -132,5 +133,5 @@ def chat_chunk(chunk: Chunk, splitter: reasoning.Splitter, model: str) -> pb.Cha
     if chunk.finish_reason is not None:
         reason, _ = chunk.ending()
         msg.finish_reason = FINISH_REASONS[reason]
-        msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
+        msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens, chunk.cached_tokens))
     return msg

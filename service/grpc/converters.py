@@ -13,8 +13,8 @@ from service.proto import inference_pb2 as pb
 from service.timings import Timings
 
 
-def usage(input_tokens: int, output_tokens: int = 0) -> pb.Usage:
-    return pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+def usage(input_tokens: int, output_tokens: int = 0, cached_tokens: int = 0) -> pb.Usage:
+    return pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens)
 
 
 def timings(t: Timings) -> pb.Timings:
@@ -55,4 +55,5 @@ def sampling_params(request: pb.GenerateRequest | pb.ChatRequest) -> SamplingPar
         frequency_penalty=float(request.frequency_penalty),
         min_p=float(request.min_p),
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in request.logit_bias.items())),
+        speculative=request.speculative if request.HasField("speculative") else None,
     )

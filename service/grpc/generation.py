@@ -80,7 +80,7 @@ def generate_chunk(chunk: Chunk, model: str) -> pb.GenerateChunk:
     if chunk.finish_reason is not None:
         reason, times = chunk.ending()
         msg.finish_reason = FINISH_REASONS[reason]
-        msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens))
+        msg.usage.CopyFrom(usage(chunk.input_tokens, chunk.output_tokens, chunk.cached_tokens))
         msg.timings.CopyFrom(timings(times))
     return msg
 
@@ -94,7 +94,7 @@ def generate_response(choices: list[Chunk], model: str) -> pb.GenerateResponse:
         text=first.text,
         token_ids=first.token_ids,
         finish_reason=FINISH_REASONS[reason],
-        usage=usage(first.input_tokens, sum(c.output_tokens for c in choices)),
+        usage=usage(first.input_tokens, sum(c.output_tokens for c in choices), first.cached_tokens),
         timings=timings(times),
         model=model,
         logprobs=token_logprobs(first.logprobs),

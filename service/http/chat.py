@@ -150,7 +150,8 @@ class Completion:
             lp = logprobs_object(chunk.logprobs, request.logprobs)
             choices.append({"index": j, "message": message, "logprobs": lp, "finish_reason": reason})
         out = self._envelope("chat.completion", choices)
-        out["usage"] = usage(chunks[0].input_tokens, sum(c.output_tokens for c in chunks))
+        first = chunks[0]
+        out["usage"] = usage(first.input_tokens, sum(c.output_tokens for c in chunks), first.cached_tokens)
         return out
 
     def first(self, include_usage: bool) -> dict:
@@ -198,7 +199,8 @@ class Completion:
         return out
 
     def usage_event(self, last: Chunk) -> dict:
-        return {**self._envelope("chat.completion.chunk", []), "usage": usage(last.input_tokens, last.output_tokens)}
+        counts = usage(last.input_tokens, last.output_tokens, last.cached_tokens)
+        return {**self._envelope("chat.completion.chunk", []), "usage": counts}
 
 
 def _message(thought: str | None, said: str, chat: Chat, choice: tools.ToolChoice) -> tuple[dict, bool]:

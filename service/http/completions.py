@@ -123,9 +123,10 @@ async def answer(request: Request, call: HttpCall, query: CompletionRequest, gen
 
 def response(request: CompletionRequest, completion: Completion, results: list[list[Chunk]]) -> dict:
     """The completion response: results, each prompt's choices (the core's collect())."""
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices, prompt_tokens, completion_tokens, cached = [], 0, 0, 0
     for i, chunks in enumerate(results):
         prompt_tokens += chunks[0].input_tokens
+        cached += chunks[0].cached_tokens
         for j, chunk in enumerate(chunks):
             completion_tokens += chunk.output_tokens
             lp, reason = logprobs(chunk.logprobs), FINISH[chunk.ending()[0]]
@@ -136,7 +137,7 @@ def response(request: CompletionRequest, completion: Completion, results: list[l
         "created": completion.created,
         "model": completion.model,
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached),
     }
 
 
@@ -162,11 +163,13 @@ def logprobs(scores: TokenLogprobs | None) -> dict | None:
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; cached_tokens: prompt tokens taken from the prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -181,5 +184,5 @@ def event(completion: Completion, chunk: Chunk) -> dict:
         "choices": [{"index": 0, "text": chunk.text, "logprobs": logprobs(chunk.logprobs), "finish_reason": reason}],
     }
     if reason is not None:
-        out["usage"] = usage(chunk.input_tokens, chunk.output_tokens)
+        out["usage"] = usage(chunk.input_tokens, chunk.output_tokens, chunk.cached_tokens)
     return out

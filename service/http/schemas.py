@@ -70,11 +70,12 @@ class Field:
     maximum: float = UINT32
 
 
-PENALTIES = (  # presence_penalty, frequency_penalty, min_p and logit_bias: SamplingParams fields
+PENALTIES = (  # presence_penalty, frequency_penalty, min_p, logit_bias, speculative: SamplingParams fields
     Field("presence_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
     Field("frequency_penalty", float, 0.0, minimum=-FLOAT32, maximum=FLOAT32),
     Field("min_p", float, 0.0, minimum=0, maximum=FLOAT32),
     Field("logit_bias", dict, ()),
+    Field("speculative", bool, None),  # an extension: prompt-lookup speculation (None: the server's)
 )
 
 

@@ -44,6 +44,23 @@ def test_identical_logits_pass_and_scrambled_logits_fail():
     assert not moving["quality_ok"] and moving["quality"]["batch_max_abs_diff"] == 0.35
 
 
+def test_fp16_rows_may_move_by_a_float16_rounding_between_batches_and_no_more():
+    """Another batch shape sums in another order, each order rounded to float16: an fp16 row one ulp
+    apart at its largest logit is the same row; int8 and exact variants keep the absolute 1e-4, and a
+    row that reads its neighbours (0.35) fails for every variant."""
+    rng = np.random.default_rng(1)
+    rows = [(rng.normal(scale=4.0, size=(20, 50)) + 9.0, rng.integers(0, 50, 20)) for _ in range(3)]
+    peak = max(float(np.abs(x).max()) for x, _ in rows)
+    ulp = float(np.spacing(np.float16(peak)))
+    assert parity.batch_limit("fp16", peak) == 2 * ulp and parity.batch_limit("int8", peak) == parity.LOGITS_MAX_ABS
+
+    def judged(variant: str, moved: float) -> bool:
+        return parity.quality_figures(((x, x.copy(), t) for x, t in rows), "moved", moved, variant)["quality_ok"]
+
+    assert judged("fp16", ulp) and judged("fp16", 2 * ulp) and not judged("fp16", 3 * ulp)
+    assert not judged("int8", ulp) and not judged("fp16", 0.35)
+
+
 @pytest.fixture(scope="module")
 def generator_dir(tmp_path_factory):
     if not (GENERATOR / "model.safetensors").is_file():

@@ -117,6 +117,17 @@ async def test_calls_past_the_stream_bound_of_a_connection_are_refused(start_ser
     assert (raw.ended, raw.refused) == (10, 40)
 
 
+async def test_a_client_with_hundreds_of_calls_in_flight_on_one_channel_is_served(start_server, embed_models_root):
+    """A batch client keeps 300 calls in flight on one channel: every call is answered. grpc's own
+    client does not hold calls back at the server's stream bound: with a bound of 100, 100 calls in
+    flight were refused (UNAVAILABLE, REFUSED_STREAM), so the default bound sits far above that."""
+    running = await start_server(embed_models_root)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        stub = EmbeddingServiceStub(channel)
+        answers = await asyncio.gather(*(stub.Embed(pb.EmbedRequest(inputs=[f"text {i}"])) for i in range(300)))
+    assert len(answers) == 300 and all(len(a.embeddings) == 1 for a in answers)
+
+
 async def test_memory_goes_back_after_refused_large_grpc_requests(embed_models_root):
     """A process of its own (this one's RSS counts every test). Before: +30 MB resident per refused
     15 MB Embed, kept (the last call's traceback held its request; glibc kept the rest)."""

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from export.gate import parity
+from export.models import layers
 from export.onnx import packed
 from export.tiny import build_tiny
 from service.engine.packing import pack, pool
@@ -103,11 +103,10 @@ async def test_a_directory_without_a_packed_graph_serves_padded(embed_models_roo
 
 
 def test_the_gate_refuses_a_packed_graph_that_attends_across_inputs(monkeypatch, tmp_path):
-    def leaky(segment_ids, dtype):  # every real token sees every real token of its row
-        same = (segment_ids[:, None, :] > 0)[:, :, None, :].expand(-1, 1, segment_ids.shape[1], -1)
-        return (1.0 - same.to(dtype)) * torch.finfo(dtype).min
+    def leaky(segment_ids):  # every real token sees every real token of its row
+        return (segment_ids[:, None, :] > 0)[:, :, None, :].expand(-1, 1, segment_ids.shape[1], -1)
 
-    monkeypatch.setattr(packed, "segment_mask", leaky)
+    monkeypatch.setattr(layers, "same_segment", leaky)
     with pytest.raises(parity.ParityError, match="packed"):
         build_tiny("embedding", tmp_path / "leaky")
     assert not (tmp_path / "leaky").exists()

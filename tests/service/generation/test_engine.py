@@ -19,7 +19,7 @@ from service.errors import Unavailable
 from service.generation.decoding import SamplingParams
 from service.generation.model import GenerationModel
 from service.manifest import load_model_dir
-from service.runtime import Runtime
+from service.runtime import ProviderError, Runtime
 from service.settings import Settings
 from service.translation.engine import Seq2SeqBatch
 from service.translation.model import TranslateOptions, TranslationModel
@@ -276,20 +276,29 @@ async def test_ready_returns_queued_chunks_in_order_then_the_queued_error(runtim
 
 @pytest.mark.gpu
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="needs onnxruntime-gpu + CUDA")
-async def test_cuda_io_binding_matches_cpu(tiny_models_root):
-    """On a GPU the KV cache stays on the device (IO binding); greedy tokens equal the CPU numpy path."""
+async def test_cuda_fp32_decoder_is_served_unbound(tiny_models_root):
+    """onnxruntime's CUDA GroupQueryAttention takes fp16 and bf16 only: on a GPU a float32 decoder
+    is refused under strict_provider, and otherwise served unbound (session.run each step); the fp32
+    translator (its attention on CUDA) beam-searches as the CPU does. The unbound tokens are checked
+    against PyTorch on the trained generator (tests/export/test_gpu_checkpoints.py): on these random
+    weights CUDA's fp32 GEMMs flip near-ties (one of four prompts at its 17th token on an H200)."""
     outputs = {}
     for device in ("cpu", "cuda"):
-        rt = Runtime(
-            Settings.from_env(env={}, models=str(tiny_models_root), variant="fp32", device=device, strict_provider=True)
-        )
+        settings = Settings.from_env(env={}, models=str(tiny_models_root), variant="fp32", device=device)
+        rt = Runtime(settings)
         model = await load(GenerationModel, rt, tiny_models_root, "tiny-gpt")
-        assert (model.scheduler.cache.device == "cuda") == (device == "cuda")
+        assert model.scheduler.cache.device == ("cpu" if device == "cpu" else None)
         outputs[device] = await asyncio.gather(*(generate(model, p, max_new_tokens=20) for p in PROMPTS))
+        assert all(0 < len(tokens) <= 20 for tokens in outputs[device])
         translator = await load(TranslationModel, rt, tiny_models_root, "tiny-translate")
         outputs[device + "-beam"] = (await translator.translate(SOURCES, TranslateOptions(beam_size=3))).translations
         await model.stop()
         await translator.stop()
         rt.close()
-    assert outputs["cpu"] == outputs["cuda"]
     assert [t.text for t in outputs["cpu-beam"]] == [t.text for t in outputs["cuda-beam"]]
+    strict = Runtime(
+        Settings.from_env(env={}, models=str(tiny_models_root), variant="fp32", device="cuda", strict_provider=True)
+    )
+    with pytest.raises(ProviderError, match="GroupQueryAttention takes float16 and bfloat16 only"):
+        await load(GenerationModel, strict, tiny_models_root, "tiny-gpt")
+    strict.close()

@@ -93,6 +93,7 @@ async def test_a_failed_graph_step_is_retried_and_the_row_that_breaks_it_fails_a
     their tokens so far and end with the tokens they get alone; the poison row fails by itself."""
     alone = [await generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
     sched, cache = model.scheduler, model.scheduler.cache
+    sched.prefix.enabled = False  # every re-prefill goes through cache.prefill, counted below
     poison = submit_sequence(model, "Tom", max_new_tokens=30)
     real_prefill, real_step = cache.prefill, cache.step
     calls = {"prefill": 0, "step": 0}

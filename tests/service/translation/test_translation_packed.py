@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from tokenizers import Tokenizer
 
 from export.gate import parity
+from export.models import layers
 from export.onnx import packed
 from export.tiny import MAX_INPUT_TOKENS, build_tiny
 from service.engine.packing import pack
@@ -138,11 +138,10 @@ def test_the_manifest_records_the_packed_gate(translate_root):
 
 
 def test_the_gate_refuses_a_packed_encoder_that_attends_across_sources(monkeypatch, tmp_path):
-    def leaky(segment_ids, dtype):  # every real token sees every real token of its row
-        same = (segment_ids[:, None, :] > 0)[:, :, None, :].expand(-1, 1, segment_ids.shape[1], -1)
-        return (1.0 - same.to(dtype)) * torch.finfo(dtype).min
+    def leaky(segment_ids):  # every real token sees every real token of its row
+        return (segment_ids[:, None, :] > 0)[:, :, None, :].expand(-1, 1, segment_ids.shape[1], -1)
 
-    monkeypatch.setattr(packed, "segment_mask", leaky)
+    monkeypatch.setattr(layers, "same_segment", leaky)
     with pytest.raises(parity.ParityError, match="packed translator"):
         build_tiny("translation", tmp_path / "leaky")
     assert not (tmp_path / "leaky").exists()
