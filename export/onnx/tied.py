@@ -3,7 +3,9 @@
 `x @ wte.weight.T` exports as a MatMul on the table's transpose, which constant folding stores as
 a second initializer beside the embedding's Gather table (+147 MiB for GPT-2, +113 MiB for a
 SmolLM-135M). `share_tied_table` rewrites that MatMul as `Gemm(transB=1)` on the Gather's table
-between two Reshapes, and drops the transposed copy. Reduced-precision variants quantise the
+between a Flatten and a Reshape, and drops the transposed copy. (A Flatten, not a Reshape: the
+transformer optimizer's gpt2 post-pass turns Reshape -> Gemm -> Reshape into a MatMul that ignores
+transB.) Reduced-precision variants quantise the
 projection's weight on their own (`untied_matmul` gives the quantisers back a plain MatMul): their
 head is then a compact copy, not a second fp32 table.
 """
@@ -41,14 +43,9 @@ def share_tied_table(model: onnx.ModelProto) -> bool:
         if table is None:
             continue
         x, out, p = node.input[0], node.output[0], "/tied_head/"
-        graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array([-1, w.shape[0]], np.int64), p + "rows"),
-                numpy_helper.from_array(np.array([w.shape[1]], np.int64), p + "vocab"),
-            ]
-        )
+        graph.initializer.extend([numpy_helper.from_array(np.array([w.shape[1]], np.int64), p + "vocab")])
         nodes = [
-            helper.make_node("Reshape", [x, p + "rows"], [p + "x2d"], name=p + "Flatten"),  # (B*T, C)
+            helper.make_node("Flatten", [x], [p + "x2d"], name=p + "Flatten", axis=-1),  # (B*T, C)
             helper.make_node("Gemm", [p + "x2d", table], [p + "logits2d"], name=_GEMM, transB=1),  # (B*T, V)
             helper.make_node("Shape", [x], [p + "lead"], name=p + "Shape", start=0, end=-1),  # [B, T]
             helper.make_node("Concat", [p + "lead", p + "vocab"], [p + "shape"], name=p + "Concat", axis=0),
