@@ -50,7 +50,7 @@ def test_int4_generator_is_judged_on_its_heldout_stories(trained_generator_dir):
     figures = m.graph("decoder", "int4").parity
     q, cfg = figures["quality"], m.architecture
     assert "held-out stories" in q["sample"] and q["tokens"] >= 4096
-    assert figures["int4"]["bits"] == 4 and figures["int4"]["accuracy_level"] == 4
+    assert figures["int4"]["bits"] == 4 and figures["int4"]["head_bits"] == 8 and figures["int4"]["accuracy_level"] == 4
     graph = onnx.load(str(trained_generator_dir / m.graph("decoder", "int4").file)).graph
     constants = {i.name for i in graph.initializer}
     assert not [n for n in graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in constants]
