@@ -84,6 +84,10 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 extra["int8_method"] = "rowwise"
                 ox.make_int8(base[role] if kind.decoder_io else fp32[role], dst)
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
+        if figures.get("quality_ok") is False:  # kept for whoever asks by name; never served by `auto`
+            log.warning(
+                "%s: below the quality gate's limits, `auto` will not serve it: %s", variant, figures["quality"]
+            )
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
         if variant == "optimized":
             base = paths

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 BITS = 4
 HEAD_BITS = 8
-BLOCK_SIZE = 16
+BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4  # int8 compute: onnxruntime's integer kernels (0: fp32 compute)
 
 
