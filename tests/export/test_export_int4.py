@@ -112,5 +112,5 @@ def test_a_random_weight_decoders_failed_gate_is_said(tiny_models_root, caplog):
     class Backend:
         name, kind, provider, variant, manifest = m.name, m.kind, "CPUExecutionProvider", "optimized", m
 
-    summary = model_info(Backend(), 0)["manifest"]  # type: ignore[arg-type]
+    summary = model_info(Backend(), 0)["manifest"]
     assert summary["gate.int8"].startswith("decoder: quality gate failed (perplexity ratio")
