@@ -347,8 +347,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=8, help="concurrent streams; transformers' batch size")
     p.add_argument("--sentences", type=int, default=300)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads = torch threads")
-    p.add_argument("--variants", default="optimized,int8", help="built by the conversion")
-    p.add_argument("--serve", default="optimized,int8", help="variants the service is measured on (where built)")
+    p.add_argument("--variants", default="optimized,int8,int4", help="built by the conversion")
+    p.add_argument("--serve", default="optimized,int8,int4", help="variants the service is measured on (where built)")
     p.add_argument(
         "--work",
         type=Path,

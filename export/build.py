@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from export.gate import parity
+from export.gate import parity, speed
 from export.kinds import KINDS, Kind, Request
 from export.modeldir import TOKENIZER_FILE, GraphFile, publish, staging_dir, write_manifest
 from export.onnx import graphs as ox
@@ -30,7 +30,8 @@ from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
 
-VARIANT_ORDER = ("optimized", "fp16", "int8")
+VARIANT_ORDER = ("optimized", "fp16", "int8", "int4")
+CPU_VARIANTS = ("fp32", "optimized", "int8", "int4")  # timed for `auto` on the CPU (fp16 is the GPU's)
 
 
 def _parity_figures(figures: dict, attention: dict) -> dict:
@@ -59,11 +60,16 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
     decoder's int8; an encoder's int8 starts from fp32, whose attention projections are plain
     MatMuls (the optimized graph folds them into one fused Attention node that the row-wise
     quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, graphs.make_int8).
+    int4 (block-wise weight-only `MatMulNBits`, graphs.make_int4) is built for generation models
+    only (`kind.decoder_only`) and from the optimized graph too; other kinds skip it.
     kind.decoder_io (generation, translation): fp16 graphs take and return float16 tensors; an
     encoder keeps float32 inputs and outputs in fp16.
     """
     graphs, base = [], dict(fp32)
     for variant in [v for v in VARIANT_ORDER if v in variants]:
+        if variant == "int4" and not kind.decoder_only:
+            log.info("int4: built for generation models only; skipped for this model")
+            continue
         paths = {role: staging / f"{role}.{variant}.onnx" for role in fp32}
         started = time.perf_counter()
         extra: dict[str, Any] = {}
@@ -72,10 +78,16 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 extra[f"{role}_fused_ops"] = ox.make_optimized(base[role], dst, *kind.optimize[role])
             elif variant == "fp16":
                 ox.make_fp16(base[role], dst, keep_io_types=not kind.decoder_io)
+            elif variant == "int4":
+                extra["int4"] = ox.make_int4(base[role], dst)
             else:
                 extra["int8_method"] = "rowwise"
                 ox.make_int8(base[role] if kind.decoder_io else fp32[role], dst)
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
+        if figures.get("quality_ok") is False:  # kept for whoever asks by name; never served by `auto`
+            log.warning(
+                "%s: below the quality gate's limits, `auto` will not serve it: %s", variant, figures["quality"]
+            )
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
         if variant == "optimized":
             base = paths
@@ -93,7 +105,11 @@ def _graphs(kind: Kind, staging: Path, variants) -> tuple[list[GraphFile], dict]
     graphs += _derive_variants(variants, fp32, staging, kind)
     module, batches = kind.attention
     attention_graphs, attention = attention_graph(module, staging, batches)
-    return graphs + attention_graphs, _parity_figures(figures, attention)
+    model_figures = _parity_figures(figures, attention)
+    if kind.decoder_only:  # a generation model: its CPU variants timed for `auto` (export/gate/speed.py)
+        timed = {g.variant: g.path for g in graphs if g.variant in CPU_VARIANTS}
+        model_figures["speed"] = speed.decode_steps(timed)
+    return graphs + attention_graphs, model_figures
 
 
 def build_model_dir(

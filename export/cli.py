@@ -25,7 +25,7 @@ from export.train.heldout import HELDOUT_FILE, write_heldout
 
 log = logging.getLogger(__name__)
 
-DEFAULT_VARIANTS = "optimized,fp16,int8"
+DEFAULT_VARIANTS = "optimized,fp16,int8,int4"
 SHIPPED = ("all-minilm-l6-v2", "tinystories-gpt", "tatoeba-en-fr", "mlm-encoder")  # marked default for their kind
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 

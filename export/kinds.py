@@ -62,6 +62,7 @@ class Kind(Protocol):
     files: dict[str, str]  # role -> fp32 graph file
     optimize: dict[str, tuple[str, int, int]]  # role -> make_optimized's (model type, heads, d_model)
     decoder_io: bool  # fp16 graphs take and return float16 (decoders' KV); encoders keep float32 I/O
+    decoder_only: bool  # one decoder graph (generation): int4 is built and the CPU variants timed
 
     @property
     def attention(self) -> tuple[AttentionModel, list]: ...  # the module and the batches of the attention graph
@@ -86,6 +87,7 @@ def _prompts(tokenizer: Tokenizer, limit: int, count: int = 4) -> list[list[int]
 
 class Embedding:
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.decoder_only = False
         self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg = model.config
         if request.max_input_tokens not in (None, cfg.max_length):
@@ -127,6 +129,7 @@ class FillMask:
     truncated input could lose its [MASK]); the quality sample is texts, every MASK_EVERY-th token masked."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.decoder_only = False
         self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, limit, special = model.config, request.max_input_tokens, request.special_tokens
         if limit is None:
@@ -165,6 +168,7 @@ class Generation:
     sequences judged teacher-forced; PyTorch's greedy reference is computed once for every variant."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.decoder_only = True
         self.architecture, self.files, self.decoder_io = "gpt-decoder", {"decoder": "decoder.onnx"}, True
         cfg, self.model, self.device = model.config, model, request.device
         tokenizer.no_padding()
@@ -202,6 +206,7 @@ class Translation:
     PyTorch greedy translations; the packed encoder gets its own verdict (below)."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.decoder_only = False
         self.architecture, self.decoder_io = "seq2seq", True
         self.files = {"encoder": "encoder.onnx", "decoder": "decoder.onnx", "packed": packed.FILE}
         cfg, self.model, self.device, self.quality_sample = model.config, model, request.device, request.quality_sample
@@ -264,6 +269,7 @@ class Classification:
     extra.activation tell the service how to read the logits (export/onnx/classifier.py)."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.decoder_only = False
         self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, head = model.config, model.head_config
         tokenizer.no_padding()

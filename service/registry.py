@@ -21,7 +21,7 @@ from service.admission import Gate
 from service.errors import InvalidArgument, NotFound, quote
 from service.kinds import KINDS
 from service.manifest import Manifest, ModelDir, ModelDirError, discover, load_model_dir
-from service.runtime import ProviderError, Runtime
+from service.runtime import QUANTISED, ProviderError, Runtime, gate_verdict
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,12 @@ def model_info(backend: Backend, vocab_size: int) -> dict[str, Any]:
         **{f"version.{k}": str(v) for k, v in m.versions.items()},
         **{f"parity.{k}": str(v) for k, v in m.parity.items() if not isinstance(v, (dict, list))},
         **{f"sha256.{g.role}.{g.variant}": g.sha256 for g in m.graphs},
+        **{f"gate.{v}": gate_verdict(m, v) for v in QUANTISED if v in {g.variant for g in m.graphs}},
     }
+    speed = m.parity.get("speed")
+    if speed:  # the export's decode-step timings that `auto` chose by (export/gate/speed.py)
+        summary["speed.cpu"] = str(speed.get("cpu", {}).get("name", "unknown"))
+        summary.update({f"speed.step_us.{v}": str(us) for v, us in speed.get("step_us", {}).items()})
     if m.pooling:
         summary["pooling"] = m.pooling
     return {

@@ -38,6 +38,31 @@ CUDA_OPTIONS = {"device_id": "0", "arena_extend_strategy": "kSameAsRequested", "
 # 512; GPU.md), not measured through the service; the CPU's are the ones measured on 2 cores.
 EMBED_BATCH_LIMITS = {CPU: (2048, 32), CUDA: (16384, 256)}
 T = TypeVar("T")
+QUANTISED = ("int8", "int4")  # judged by the quality gate; served by auto only where it passed
+CPU_ORDER = ("int8", "int4", "optimized", "fp32")  # auto on the CPU without export timings
+
+
+def quality_ok(manifest: Manifest, variant: str, unmeasured: bool = False) -> bool:
+    """Every graph of the variant passed the quality gate (unmeasured: what to assume without figures)."""
+    graphs = [g for g in manifest.graphs if g.variant == variant]
+    return bool(graphs) and all(g.parity.get("quality_ok", unmeasured) for g in graphs)
+
+
+def gate_verdict(manifest: Manifest, variant: str) -> str:
+    """What the quality gate said of the variant's graphs, in a line (logs and ListModels)."""
+    parts = []
+    for g in (g for g in manifest.graphs if g.variant == variant):
+        ok, q = g.parity.get("quality_ok"), g.parity.get("quality") or {}
+        line = f"{g.role}: quality gate {'not run' if ok is None else 'passed' if ok else 'failed'}"
+        if "perplexity_ratio" in q:  # a decoder's figures (an encoder's: cosines, in the manifest)
+            limits = q["limits"]
+            line += (
+                f" (perplexity ratio {q['perplexity_ratio']:g}, limit {limits['perplexity_ratio_max']:g}; "
+                f"top-1 agreement {q['top1_agreement']:g}, limit {limits['top1_agreement_min']:g}; "
+                f"batch difference {q['batch_max_abs_diff']:g}; on {q['sample']})"
+            )
+        parts.append(line)
+    return "; ".join(parts)
 
 
 class ProviderError(RuntimeError):
@@ -130,10 +155,12 @@ class Runtime:
         """The graph variant to serve for role: the settings' choice, or auto.
 
         auto on CUDA: fp16 (unless the gate judged its quality below the limits), else optimized,
-        else fp32. auto on CPU: int8 when the gate measured it on held-out text and found it within
-        its quality limits, each row independent of its batch (`quality_ok`, export/gate/parity.py:
-        perplexity and top-1 predictions for decoders, cosines and similarity ranking for
-        encoders), else optimized (fused), else fp32.
+        else fp32. auto on CPU: among optimized, fp32 and the quantised variants (int8, int4) that
+        the gate measured on held-out text and found within its quality limits, each row independent
+        of its batch (`quality_ok`, export/gate/parity.py), the fastest by the decode steps the
+        export timed on its machine (`parity.speed`, export/gate/speed.py); without those timings
+        int8, then int4, then optimized, then fp32. A quantised variant the gate refused is logged
+        with its figures, never left out silently.
         """
         have = manifest.variants(role)
         wanted = self.settings.variant
@@ -144,17 +171,27 @@ class Runtime:
                     f"graph comes only as {', '.join(have)}"
                 )
             return wanted
-
-        def judged(variant: str, unmeasured: bool) -> bool:
-            """Every graph of the variant passed the quality gate (unmeasured: what to assume without figures)."""
-            graphs = [g for g in manifest.graphs if g.variant == variant]
-            return bool(graphs) and all(g.parity.get("quality_ok", unmeasured) for g in graphs)
-
         if self.requested_provider == CUDA:
-            order = [v for v in ("fp16", "optimized", "fp32") if v != "fp16" or judged(v, unmeasured=True)]
-        else:
-            order = [v for v in ("int8", "optimized", "fp32") if v != "int8" or judged(v, unmeasured=False)]
-        return next(v for v in order if v in have)
+            order = [
+                v for v in ("fp16", "optimized", "fp32") if v != "fp16" or quality_ok(manifest, v, unmeasured=True)
+            ]
+            return next(v for v in order if v in have)
+        admitted = [v for v in CPU_ORDER if v in have and (v not in QUANTISED or quality_ok(manifest, v))]
+        for v in (v for v in QUANTISED if v in have and v not in admitted):
+            log.warning("model %s: %s not served: %s", manifest.name, v, gate_verdict(manifest, v))
+        timed = manifest.parity.get("speed", {}).get("step_us", {})
+        if not all(v in timed for v in admitted):
+            return admitted[0]
+        chosen = min(admitted, key=lambda v: timed[v])
+        cpu = manifest.parity["speed"].get("cpu", {}).get("name", "unknown")
+        log.info(
+            "model %s: auto serves %s, the fastest the gate admitted (decode step us on %s at export: %s)",
+            manifest.name,
+            chosen,
+            cpu,
+            ", ".join(f"{v} {timed[v]:g}" for v in admitted),
+        )
+        return chosen
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs fn(*args) in the compute executor and awaits its result."""

@@ -20,7 +20,7 @@ from typing import Any
 
 ENV_PREFIX = "TS_"
 DEVICES = ("auto", "cpu", "cuda")
-VARIANT_CHOICES = ("auto", "fp32", "optimized", "fp16", "int8")
+VARIANT_CHOICES = ("auto", "fp32", "optimized", "fp16", "int8", "int4")
 TOOL_PARSERS = ("hermes", "llama3_json", "mistral")  # tool-call formats (service/generation/tools.py)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -102,8 +102,9 @@ class Settings:
     strict_provider: bool = _f(False, "refuse to start when the requested provider is not the one in use")
     variant: str = _f(
         "auto",
-        "graph variant: auto (CUDA: fp16, else optimized; CPU: int8 where the export gate "
-        "found its held-out quality within its limits, else optimized; else fp32) or one name",
+        "graph variant: auto (CUDA: fp16, else optimized; CPU: the fastest, by the export's "
+        "decode-step timings, of optimized, fp32 and the int8 / int4 the export gate found within "
+        "its quality limits) or one name",
         choices=VARIANT_CHOICES,
     )
     intra_op_threads: int = _f(1, "onnxruntime intra-op threads per session")

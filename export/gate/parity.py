@@ -3,7 +3,7 @@
 Run at every export; a miss raises `ParityError` and no model directory is written. Exact variants
 (fp32, optimized) must match PyTorch: embeddings by cosine, logits by max abs difference at prefill
 and at decode steps, greedy tokens of a batched onnxruntime KV-cache loop equal to the PyTorch
-reference (`VARIANT_LIMITS`). Reduced-precision variants (fp16, int8) are judged on the model's
+reference (`VARIANT_LIMITS`). Reduced-precision variants (fp16, int8, int4) are judged on the model's
 quality over a text sample instead (`QUALITY_LIMITS`, `EMBEDDING_QUALITY_LIMITS`): `quality_ok`
 decides whether `variant=auto` may serve them. The figures go into the manifest; the checks and
 their thresholds are described in docs/design/export.md.
@@ -32,6 +32,7 @@ VARIANT_LIMITS = {
     "optimized": (ENCODER_MIN_COS, LOGITS_MAX_ABS, True),
     "fp16": (0.999, None, False),
     "int8": (0.95, None, False),
+    "int4": (0.95, None, False),
 }
 
 # A reduced-precision variant keeps the model's quality when, teacher-forced on the sample, its

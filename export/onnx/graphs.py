@@ -8,7 +8,7 @@ is com.microsoft `GroupQueryAttention` over a fixed-length KV buffer that the ca
 past and present, so no step copies the cache; the translator's decoder keeps attention-mask
 inputs and a growing past (beam search reorders rows). Why and how: docs/design/generation.md.
 Decoders are traced with distinct batch / new / past lengths so no dynamic axis is frozen.
-Variants (optimized, fp16, int8) come from the fp32 graph through the `make_*` functions at the
+Variants (optimized, fp16, int8, int4) come from the fp32 graph through the `make_*` functions at the
 bottom; `graph_io` reads back what a graph file declares.
 """
 
@@ -27,6 +27,7 @@ from torch import nn
 from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
 from export.models.families import Encoder
 from export.models.seq2seq import Translator
+from export.onnx.tied import share_tied_table
 from service.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,17 @@ def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], lis
     past = _example_kv(_B, cfg.kv_heads, _S + _P + _T, cfg.head_size, 2 * cfg.n_layers)
     _export(DecoderGraph(model), (ids, positions, seqlens, total, *past), path, inputs, outputs)
     _declare_output_shapes(path, outputs)  # the custom op's outputs carry no shape of their own
+    _share_tied(path)
     return inputs, outputs
+
+
+def _share_tied(path: Path) -> None:
+    """The tied embedding table stored once (export/onnx/tied.py), where the head is tied."""
+    model = onnx.load(str(path))
+    if share_tied_table(model):
+        onnx.save(model, str(path))
+        onnx.checker.check_model(str(path))
+        log.info("%s: the tied head reads the embedding table (%.1f MB)", path.name, path.stat().st_size / 1e6)
 
 
 def _declare_output_shapes(path: Path, outputs: list[TensorSpec]) -> None:
@@ -300,6 +311,7 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
     past = _example_kv(_B, heads, _P, hd, 2 * n)
     args = (tgt, mask, positions, torch.ones_like(src), *cross, *past)
     _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"])
+    _share_tied(decoder_path)
     return specs
 
 
@@ -346,6 +358,14 @@ def make_int8(src: Path, dst: Path) -> None:
     from export.onnx.quantize import quantize_rowwise
 
     quantize_rowwise(src, dst)
+
+
+def make_int4(src: Path, dst: Path) -> dict:
+    """4-bit block-wise weights for the CPU (export/onnx/nbits.py): onnxruntime's `MatMulNBits`
+    with int8 compute; -> its settings (bits, block size, accuracy level, MatMuls rewritten)."""
+    from export.onnx.nbits import quantize_nbits
+
+    return quantize_nbits(src, dst)
 
 
 _ONNX_DTYPES = {

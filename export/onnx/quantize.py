@@ -17,13 +17,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.onnx.tied import untied_matmul
+
 WEIGHT_BITS = 7
 _ZERO_POINT = 128
 
 
 def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> int:
     """src (fp32 ONNX) -> dst with row-wise int8 MatMuls; returns how many MatMuls were rewritten."""
-    model = onnx.load(str(src))
+    model = untied_matmul(onnx.load(str(src)))  # the tied head's own int8 copy, not the fp32 table
     graph = model.graph
     weights = {i.name: i for i in graph.initializer if len(i.dims) == 2 and i.data_type == TensorProto.FLOAT}
     qmax = 2 ** (weight_bits - 1) - 1

@@ -96,10 +96,10 @@ def _metric_names() -> set[str]:
     """Every sample name the service can export (prometheus_client's registry after import)."""
     from prometheus_client import REGISTRY
 
-    import service.auth
+    import service.auth  # each import registers its metrics
     import service.generation.metrics
-    import service.split.load
-    import service.metrics  # noqa: F401
+    import service.metrics
+    import service.split.load  # noqa: F401
 
     names = set()
     for family in REGISTRY.collect():

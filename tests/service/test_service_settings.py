@@ -98,7 +98,7 @@ def test_cuda_falls_back_to_cpu_and_says_so(tiny_models_root):
 
 
 def test_variant_choice(tiny_models_root):
-    manifest = load_model_dir(tiny_models_root / "tiny-embed").manifest
+    manifest = _untimed(load_model_dir(tiny_models_root / "tiny-embed").manifest)
     cpu = Runtime(Settings.from_env(env={}, device="cpu"))
     try:
         # an encoder's int8 is served on its own only when the gate judged its quality within the limits
@@ -127,8 +127,46 @@ def _with_quality(manifest, variant: str, ok: bool | None):
     return dataclasses.replace(manifest, graphs=graphs)
 
 
-def test_auto_serves_int8_on_cpu_only_when_the_gate_judged_its_quality(tiny_models_root):
+def _untimed(manifest):
+    """The manifest without the export's decode-step timings (auto's order without them)."""
+    return dataclasses.replace(manifest, parity={k: v for k, v in manifest.parity.items() if k != "speed"})
+
+
+def _timed(manifest, step_us: dict[str, float]):
+    """The manifest with these decode-step timings recorded at export (export/gate/speed.py)."""
+    speed = {**manifest.parity.get("speed", {}), "cpu": {"name": "a test CPU"}, "step_us": step_us}
+    return dataclasses.replace(manifest, parity={**manifest.parity, "speed": speed})
+
+
+def _with_variant(manifest, variant: str):
+    """The manifest with a decoder graph of `variant` (its optimized graph's entry, renamed)."""
+    graph = dataclasses.replace(manifest.graph("decoder", "optimized"), variant=variant, file=f"decoder.{variant}.onnx")
+    return dataclasses.replace(manifest, graphs=[*(g for g in manifest.graphs if g.variant != variant), graph])
+
+
+def test_auto_serves_the_fastest_variant_the_gate_admitted_by_the_exports_timings(tiny_models_root, caplog):
     gpt = load_model_dir(tiny_models_root / "tiny-gpt").manifest
+    assert set(gpt.parity["speed"]["step_us"]) == {"fp32", "optimized", "int8"}  # what the export built, timed
+    assert gpt.parity["speed"]["cpu"]["name"]
+    both = _with_quality(_with_quality(_with_variant(_with_variant(gpt, "int8"), "int4"), "int8", True), "int4", True)
+    cpu = Runtime(Settings.from_env(env={}, device="cpu"))
+    try:
+        times = {"fp32": 900.0, "optimized": 800.0, "int8": 500.0, "int4": 300.0}
+        assert cpu.choose_variant(_timed(both, times), "decoder") == "int4"
+        assert cpu.choose_variant(_timed(both, {**times, "int4": 600.0}), "decoder") == "int8"
+        assert cpu.choose_variant(_timed(both, {**times, "fp32": 100.0}), "decoder") == "fp32"
+        with caplog.at_level("WARNING", logger="service.runtime"):  # faster, but refused by the gate: said so
+            assert cpu.choose_variant(_timed(_with_quality(both, "int4", False), times), "decoder") == "int8"
+        assert "int4 not served: decoder: quality gate failed" in caplog.text
+        partial = {k: v for k, v in times.items() if k != "optimized"}  # a variant without a timing: the order
+        assert cpu.choose_variant(_timed(both, partial), "decoder") == "int8"
+        assert cpu.choose_variant(_untimed(both), "decoder") == "int8"
+    finally:
+        cpu.close()
+
+
+def test_auto_serves_int8_on_cpu_only_when_the_gate_judged_its_quality(tiny_models_root):
+    gpt = _untimed(load_model_dir(tiny_models_root / "tiny-gpt").manifest)
     int8 = dataclasses.replace(gpt.graph("decoder", "optimized"), variant="int8", file="decoder.int8.onnx")
     gpt = dataclasses.replace(gpt, graphs=[*gpt.graphs, int8])
     cpu = Runtime(Settings.from_env(env={}, device="cpu"))

@@ -1,0 +1,85 @@
+"""Decode-step timings of a decoder's variants on the exporting machine, for `variant=auto`.
+
+After the gate, every built variant of a generation model is timed side by side in one process:
+a decode step (one new token per row after `PAST` cached positions) at 1 row and at 8 rows, one
+intra-op thread, the variants alternated over `ROUNDS` rounds and the median kept, so load on a
+shared machine falls on all of them alike. The manifest records the figures with the CPU's name
+and flags (`parity.speed`); the service's `auto` serves the fastest variant the quality gate
+admitted (service/runtime.py), so no CPU's figure is written into code. `step_us` is a 1-row
+step plus an 8-row step: a lone stream and a busy server weigh alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.gate.parity import session
+
+log = logging.getLogger(__name__)
+
+ROWS = (1, 8)
+PAST = 64
+STEPS = 8  # timed steps per round, after one untimed step
+ROUNDS = 5
+_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
+
+
+def cpu() -> dict:
+    """The CPU's model name and its flags that decide which integer kernels run (from /proc/cpuinfo)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"name": "unknown", "flags": []}
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"name": fields.get("model name", "unknown"), "flags": [f for f in _FLAGS if f in flags]}
+
+
+def _feeds(sess, rows: int) -> dict[str, np.ndarray]:
+    """A decode step's inputs: one token per row after PAST positions, KV buffers of the graph's kind."""
+    inputs = sess.get_inputs()
+    kv = inputs[-1]  # (batch, kv heads, max_sequence, head size)
+    dtype = np.float16 if kv.type == "tensor(float16)" else np.float32
+    slots = max(2 * PAST, 128)
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.ones((rows, 1), np.int64),
+        "position_ids": np.full((rows, 1), PAST, np.int64),
+        "seqlens_k": np.full((rows,), PAST, np.int32),
+        "total_sequence_length": np.asarray(PAST + 1, np.int32),
+    }
+    feeds.update({i.name: np.zeros((rows, kv.shape[1], slots, kv.shape[3]), dtype) for i in inputs[4:]})
+    return feeds
+
+
+def decode_steps(graphs: dict[str, Path]) -> dict:
+    """variant -> its decoder graph -> {"cpu", "threads", "past", "rows", "decode_step_us": {variant:
+    {rows: us}}, "step_us": {variant: us}} (the module doc says what is timed)."""
+    sessions = {v: session(p) for v, p in graphs.items()}
+    feeds = {(v, r): _feeds(s, r) for v, s in sessions.items() for r in ROWS}
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in feeds}
+    for _ in range(ROUNDS):
+        for (variant, rows), feed in feeds.items():
+            sess = sessions[variant]
+            sess.run(["logits"], feed)
+            started = time.perf_counter()
+            for _ in range(STEPS):
+                sess.run(["logits"], feed)
+            times[variant, rows].append((time.perf_counter() - started) / STEPS * 1e6)
+    us = {v: {str(r): round(statistics.median(times[v, r]), 1) for r in ROWS} for v in sessions}
+    figures: dict[str, Any] = {
+        "cpu": cpu(),
+        "threads": 1,
+        "past": PAST,
+        "rows": list(ROWS),
+        "decode_step_us": us,
+        "step_us": {v: round(sum(by_rows.values()), 1) for v, by_rows in us.items()},
+    }
+    log.info("decode steps on %s: %s", figures["cpu"]["name"], figures["step_us"])
+    return figures
