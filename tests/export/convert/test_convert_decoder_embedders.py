@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 from export.convert import ConversionError, Options, convert
 from export.gate.parity import pad_batch
 from service.proto import inference_pb2 as pb
+from service.proto import inference_pb2_grpc as pb_grpc
 from tests.export.convert.test_convert_decoders import byte_bpe, copy_with_config, llama_bpe, llama_sizes, widen
 from tests.export.convert.test_convert_encoders import sentence_transformers_folder
 from tests.export.convert.test_convert_prompts import cosines, vectors
@@ -174,6 +175,18 @@ def test_the_graph_pools_the_last_real_token_on_either_padding_side(models_root)
     alone = np.concatenate([embed(session, [s], left=False) for s in seqs])
     for left in (True, False):
         assert np.abs(embed(session, seqs, left) - alone).max() <= 1e-5, left
+
+
+async def test_attention_inspection_gives_causal_maps(models_root, start_server):
+    server = await start_server(models_root)
+    stub = pb_grpc.InspectionServiceStub(server.channel)
+    response = await stub.Attention(pb.AttentionRequest(model="qwen3-embed", text=TEXTS[0]))
+    assert response.kind == "embedding" and response.source_tokens[-1] == "<|endoftext|>"
+    assert {m.kind for m in response.maps} == {pb.CAUSAL} and len(response.maps) == 2 * 4
+    for m in response.maps:
+        weights = np.array(m.weights, dtype=np.float32).reshape(m.rows, m.cols)
+        assert (weights[np.triu_indices(m.rows, k=1)] == 0).all()
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
 
 
 @pytest.mark.parametrize(
