@@ -4,8 +4,8 @@ the embedding kind and served, checked against `SentenceTransformer.encode` on t
 Both folders are built here, offline (tiny random weights, tokenizers trained in code):
 - qwen3-embed, the Qwen3-Embedding shape: weights saved from `Qwen3Model` (no `model.` prefix, no
   LM head) under a config naming `Qwen3ForCausalLM`; a byte-level BPE whose post-processor appends
-  <|endoftext|> (the pooled token) and pads on the left; Pooling `pooling_mode_lasttoken` +
-  Normalize; Qwen3-Embedding's instruction prompts (`query`, no default).
+  <|endoftext|> (the pooled token), loaded as `Qwen2Tokenizer` and padding on the left; Pooling
+  `pooling_mode_lasttoken` + Normalize; Qwen3-Embedding's instruction prompts (`query`, no default).
 - llama-embed: weights saved from `LlamaForCausalLM` (its LM head dropped), a Llama BPE adding <s>
   before and </s> after each input, right padding, a default prompt.
 Served vectors (gRPC Embed, packed and padded; the OpenAI door) reach cosine >= 0.99999 with
@@ -70,6 +70,8 @@ def qwen3_embedder(folder: Path) -> None:
         tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>", padding_side="left"
     )
     tok.save_pretrained(folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())  # loaded as Qwen3-Embedding's is
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "tokenizer_class": "Qwen2Tokenizer"}))
     sizes = llama_sizes(len(tok), num_key_value_heads=2, head_dim=16)
     random_norms(widen(Qwen3Model(Qwen3Config(**sizes, eos_token_id=0)))).save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
