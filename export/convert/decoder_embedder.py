@@ -55,7 +55,7 @@ def load(folder: HFFolder, options) -> Converted:
     special = causal_lm.special_tokens(folder, hf_tokenizer, int(folder.config["vocab_size"]))
     cfg = read_config(folder, options, special, pipeline)
     model = DecoderEmbedder(cfg)
-    state = causal_lm.renamed(folder, body_weights(folder), llama._RENAMES, llama._UNUSED)
+    state = causal_lm.renamed(folder, body_weights(folder), llama.RENAMES, llama.UNUSED)
     missing, unexpected = model.decoder.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ConversionError(

@@ -47,7 +47,7 @@ BASE_MODELS = {  # the body without the LM head (what embedders save) -> its fam
     "Qwen2Model": "Qwen2ForCausalLM",
     "Qwen3Model": "Qwen3ForCausalLM",
 }
-_RENAMES = [  # (transformers name, export/models/decoder.py name)
+RENAMES = [  # (transformers name, export/models/decoder.py name)
     (r"^model\.embed_tokens\.", "wte."),
     (r"^model\.norm\.", "ln_f."),
     (r"^model\.layers\.(\d+)\.input_layernorm\.", r"blocks.\1.ln_attn."),
@@ -62,7 +62,7 @@ _RENAMES = [  # (transformers name, export/models/decoder.py name)
     (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", r"blocks.\1.ffn.fc_out."),
     (r"^lm_head\.", "lm_head."),
 ]
-_UNUSED = r"\.rotary_emb\.inv_freq$"  # older checkpoints saved the frequencies; ours are recomputed
+UNUSED = r"\.rotary_emb\.inv_freq$"  # older checkpoints saved the frequencies; ours are recomputed
 
 
 def rope(folder: HFFolder) -> tuple[float, dict | None]:
@@ -105,12 +105,11 @@ def window(folder: HFFolder) -> int | None:
 
 def position_limit(folder: HFFolder) -> tuple[int, str]:
     """-> (the most positions the model takes, the config field that says so): a sliding window caps it."""
-    limit, field = (
-        int(folder.config.get("max_position_embeddings", family(folder).max_positions)),
-        "max_position_embeddings",
-    )
+    limit = int(folder.config.get("max_position_embeddings", family(folder).max_positions))
     size = window(folder)
-    return (size, "sliding_window") if size is not None and size < limit else (limit, field)
+    if size is not None and size < limit:
+        return size, "sliding_window"
+    return limit, "max_position_embeddings"
 
 
 def config_fields(folder: HFFolder, special: dict) -> dict:
@@ -166,7 +165,7 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
     state = folder.state_dict()
     if cfg.tied_head:
         state.pop("lm_head.weight", None)  # the embedding, when saved twice
-    model = causal_lm.decoder(folder, cfg, causal_lm.renamed(folder, state, _RENAMES, _UNUSED))
+    model = causal_lm.decoder(folder, cfg, causal_lm.renamed(folder, state, RENAMES, UNUSED))
     return causal_lm.converted(
         folder,
         model,
