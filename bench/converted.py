@@ -1,7 +1,8 @@
 """Converted checkpoints at the sizes users serve, side by side with their source libraries.
 
 Random-weight folders built here (bench/converted_folders.py: GPT-2 small, a SmolLM-135M-shaped
-Llama, a BERT-base sentence-transformers folder) go through the real `python -m export convert`.
+Llama, a BERT-base sentence-transformers folder, a 4-layer Qwen3-Embedding-shaped decoder embedder)
+go through the real `python -m export convert`.
 - generation: a real `python -m service` per variant (tokens/s of 1 and `--streams` streams, time
   to first token, server CPU per token) vs transformers' greedy `generate` with its cache, fp32;
 - embedding: the service's Embed sentences/s (16 concurrent clients) vs sentence-transformers and
@@ -10,7 +11,7 @@ Each side runs in its own process (bench/converted_workers.py) with `--threads` 
 alternate `--rounds` times and ratios are per round, median quoted. `--work DIR` keeps the folders
 and model directories for a later run (conversion takes minutes per model).
 
-    python -m bench.converted [--only gpt2,llama,bert] [--rounds 2] [--new-tokens 64] [--threads 1] [--work DIR]
+    python -m bench.converted [--only gpt2,llama,bert,qwen3e] [--rounds 2] [--new-tokens 64] [--threads 1] [--work DIR]
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from bench.converted_folders import sentences
 log = logging.getLogger("bench.converted")
 
 WORKERS = "bench.converted_workers"
-KINDS = {"gpt2": "generation", "llama": "generation", "bert": "embedding"}
-NAMES = {"gpt2": "gpt2-small", "llama": "llama-135m", "bert": "bert-base-st"}
+KINDS = {"gpt2": "generation", "llama": "generation", "bert": "embedding", "qwen3e": "embedding"}
+NAMES = {"gpt2": "gpt2-small", "llama": "llama-135m", "bert": "bert-base-st", "qwen3e": "qwen3-embedding-4l"}
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
@@ -340,7 +341,7 @@ def measure(key: str, prepared: dict, tmp: Path, args) -> dict:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.converted", description=__doc__.split("\n")[0])
-    p.add_argument("--only", default="gpt2,llama,bert", help="which of gpt2, llama, bert")
+    p.add_argument("--only", default="gpt2,llama,bert", help="which of gpt2, llama, bert, qwen3e")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds (fresh processes each)")
     p.add_argument("--repeats", type=int, default=2, help="measured generations per worker (after a warm-up)")
     p.add_argument("--new-tokens", type=int, default=64)

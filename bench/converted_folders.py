@@ -5,7 +5,11 @@ repository's text: the shapes are the real ones, the outputs are not.
 - gpt2: `GPT2Config()` defaults (GPT-2 small) with a byte-level BPE tokenizer;
 - llama: SmolLM-135M's shape (30 layers, 9 heads, 3 KV heads, tied embeddings) with a BPE tokenizer;
 - bert: `BertConfig()` defaults as a sentence-transformers folder (mean pooling, Normalize) with a
-  lower-case WordPiece tokenizer.
+  lower-case WordPiece tokenizer;
+- qwen3e: a decoder embedder in Qwen3-Embedding-0.6B's layout and widths (hidden 1024, 16 query
+  heads of 128, 8 KV heads, q/k norms, FFN 3072) with 4 of its 28 layers and a 32k vocabulary:
+  `Qwen3Model` weights, last-token pooling + Normalize, its prompts, a byte-level BPE that appends
+  <|endoftext|> and pads on the left, as Qwen3-Embedding's.
 The BPE vocabularies are filled up with plain added tokens to the models' sizes, since a random
 decoder generates any id and an id without text would hold its stream's chunks back.
 """
@@ -157,6 +161,14 @@ def bert_folder(folder: Path) -> dict:
     torch.manual_seed(0)
     model = BertModel(BertConfig(), add_pooling_layer=False)
     model.save_pretrained(folder)
+    mean = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False}
+    sentence_transformers_files(folder, model.config.hidden_size, mean)
+    return {"params_m": round(model.num_parameters() / 1e6, 1)}
+
+
+def sentence_transformers_files(folder: Path, dim: int, pooling: dict, extra: dict | None = None) -> None:
+    """modules.json (Transformer, Pooling, Normalize), the Pooling config, max_seq_length, and
+    config_sentence_transformers.json's `extra` fields where given."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -164,22 +176,47 @@ def bert_folder(folder: Path) -> dict:
     ]
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(
-        json.dumps(
-            {
-                "word_embedding_dimension": model.config.hidden_size,
-                "pooling_mode_cls_token": False,
-                "pooling_mode_mean_tokens": True,
-                "pooling_mode_max_tokens": False,
-            },
-            indent=2,
-        )
-    )
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": dim, **pooling}))
     (folder / "2_Normalize").mkdir()
     (folder / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": ST_MAX_SEQ_LENGTH, "do_lower_case": False})
     )
+    if extra:
+        (folder / "config_sentence_transformers.json").write_text(json.dumps(extra, indent=2))
+
+
+def qwen3_embedding_folder(folder: Path) -> dict:
+    import torch
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+    vocab = 32000
+    backend = byte_bpe(folder, vocab).backend_tokenizer
+    eot = backend.token_to_id(EOT)
+    backend.post_processor = processors.TemplateProcessing(single=f"$A {EOT}", special_tokens=[(EOT, eot)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOT, pad_token=EOT, padding_side="left")
+    tokenizer.save_pretrained(folder)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        eos_token_id=eot,
+    )
+    torch.manual_seed(0)
+    model = Qwen3Model(cfg)
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}, indent=2))
+    instruction = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+    prompts = {"prompts": {"query": instruction, "document": ""}, "default_prompt_name": None}
+    sentence_transformers_files(folder, cfg.hidden_size, {"pooling_mode_lasttoken": True}, prompts)
     return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 
-BUILDERS = {"gpt2": gpt2_folder, "llama": llama_folder, "bert": bert_folder}
+BUILDERS = {"gpt2": gpt2_folder, "llama": llama_folder, "bert": bert_folder, "qwen3e": qwen3_embedding_folder}

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 from tokenizers import Tokenizer
 
 from export.gate import gpu_gate, parity
+from export.models.decoder_embedder import DecoderEmbedder
 from export.onnx import classifier as cls
+from export.onnx import decoder_embedder, packed
 from export.onnx import fill_mask as fm
 from export.onnx import graphs as ox
-from export.onnx import packed
 from export.onnx.attention import Model as AttentionModel
 
 # Varied inputs for the gate: lengths, punctuation, digits, non-ASCII, one long enough to truncate.
@@ -86,9 +87,14 @@ def _prompts(tokenizer: Tokenizer, limit: int, count: int = 4) -> list[list[int]
 
 
 class Embedding:
+    """A BERT-style `SentenceEncoder`, or a `DecoderEmbedder` (a causal decoder body, last-token
+    pooling: its graphs in export/onnx/decoder_embedder.py), gated alike."""
+
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
         self.decoder_only = False
-        self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
+        self.decoder = isinstance(model, DecoderEmbedder)
+        self.architecture = "decoder-embedder" if self.decoder else model.architecture_type
+        self.files, self.decoder_io = dict(ENCODER_FILES), False
         cfg = model.config
         if request.max_input_tokens not in (None, cfg.max_length):
             raise ValueError(f"an embedding model takes its config's max_length ({cfg.max_length}) inputs")
@@ -99,11 +105,14 @@ class Embedding:
         self.sample_name, texts = request.quality_sample or (f"{len(GATE_TEXTS)} gate texts", GATE_TEXTS)
         self.sample = [e.ids for e in tokenizer.encode_batch(list(texts))]
         self.model, self.pad, self.device = model, cfg.pad_token_id, request.device
-        self.optimize = dict.fromkeys(self.files, ("bert", cfg.n_heads, cfg.d_model))
-        self.attention = (model, self.batches)
+        self.optimize = dict.fromkeys(self.files, ("gpt2" if self.decoder else "bert", cfg.n_heads, cfg.d_model))
+        self.attention = (model.decoder if self.decoder else model, self.batches)
         self.fields = {"max_input_tokens": cfg.max_length, "pooling": cfg.pooling, "embedding_dim": cfg.d_model}
 
     def export(self, paths: dict[str, Path]) -> None:
+        if self.decoder:
+            decoder_embedder.export(self.model, paths)
+            return
         ox.export_encoder(self.model, paths["encoder"])
         packed.export_packed(self.model, paths["packed"])
 

@@ -2,8 +2,9 @@
 
 `convert(path, out)` reads the folder (export/convert/folder.py), finds its converter in
 `ARCHITECTURES` by config.json's `architectures[0]` (a sentence-transformers `modules.json`
-makes an encoder an embedding model), maps its weights onto the project's own modules (one
-module per family: bert.py, classifier.py, modernbert.py, gpt2.py, llama.py, marian.py), checks the result against
+makes an encoder or a Llama-family decoder an embedding model), maps its weights onto the
+project's own modules (one module per family: bert.py, classifier.py, modernbert.py, gpt2.py,
+llama.py with decoder_embedder.py, marian.py), checks the result against
 transformers' own forward and tokenizer (reference.py), then builds the model directory like
 any other (export/build.py: ONNX export, parity gate, variants); an embedder's instruction prompts
 (config_sentence_transformers.json) go into the manifest (prompts.py). Anything unsupported raises
@@ -40,9 +41,14 @@ ARCHITECTURES: dict[str, tuple[ModuleType, str, tuple[str, ...]]] = {
     "ModernBertForMaskedLM": (modernbert, "fill-mask", ("fill-mask", "embedding")),
     "ModernBertForSequenceClassification": (modernbert, "classification", ("classification",)),
     "GPT2LMHeadModel": (gpt2, "generation", ("generation",)),
-    "LlamaForCausalLM": (llama, "generation", ("generation",)),
-    "MistralForCausalLM": (llama, "generation", ("generation",)),
-    "Qwen2ForCausalLM": (llama, "generation", ("generation",)),
+    "LlamaForCausalLM": (llama, "generation", ("generation", "embedding")),
+    "MistralForCausalLM": (llama, "generation", ("generation", "embedding")),
+    "Qwen2ForCausalLM": (llama, "generation", ("generation", "embedding")),
+    "Qwen3ForCausalLM": (llama, "generation", ("generation", "embedding")),
+    "LlamaModel": (llama, "embedding", ("embedding",)),
+    "MistralModel": (llama, "embedding", ("embedding",)),
+    "Qwen2Model": (llama, "embedding", ("embedding",)),
+    "Qwen3Model": (llama, "embedding", ("embedding",)),
     "MarianMTModel": (marian, "translation", ("translation",)),
 }
 

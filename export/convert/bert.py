@@ -57,8 +57,9 @@ def _rename(key: str, table) -> str | None:
     return None
 
 
-def sentence_pipeline(folder: HFFolder) -> dict:
-    """modules.json's pipeline -> {"pooling", "max_length", "normalizes"} (keys absent when not said)."""
+def sentence_pipeline(folder: HFFolder, modes: dict[str, str] = POOLING_MODES) -> dict:
+    """modules.json's pipeline -> {"pooling", "max_length", "normalizes"} (keys absent when not said);
+    `modes`: the Pooling config keys the model supports -> ours (a decoder embedder's: last token)."""
     out: dict = {}
     for module in folder.modules or []:
         kind = module.get("type", "")
@@ -69,10 +70,10 @@ def sentence_pipeline(folder: HFFolder) -> dict:
         elif kind.endswith(".Pooling"):
             where = f"{module.get('path', '')}/config.json"
             pooling = folder.json(where) or {}
-            chosen = [mode for key, mode in POOLING_MODES.items() if pooling.get(key)]
-            other = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v and k not in POOLING_MODES]
+            chosen = [mode for key, mode in modes.items() if pooling.get(key)]
+            other = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v and k not in modes]
             if other or len(chosen) != 1:
-                raise refuse(folder.where(where), "pooling mode", other or chosen, list(POOLING_MODES))
+                raise refuse(folder.where(where), "pooling mode", other or chosen, list(modes))
             if not pooling.get("include_prompt", True):  # pooling that skips the prompt's tokens (INSTRUCTOR)
                 raise refuse(folder.where(where), "include_prompt", False, [True])
             out["pooling"] = chosen[0]

@@ -2,7 +2,8 @@
 
 transformers is the reference here, an export dependency only (the model directory never names
 it). At conversion: the tokenizer's ids equal the folder's AutoTokenizer's on `TEXTS`; embeddings
-reach cosine >= parity.ENCODER_MIN_COS against transformers' pooled hidden states; logits at every
+reach cosine >= parity.ENCODER_MIN_COS against transformers' pooled hidden states (a decoder
+embedder's: the last real token's); logits at every
 real position are within `LOGITS_MAX_ABS` (fill-mask, generation, translation teacher-forced);
 greedy tokens equal `generate(do_sample=False)` for GREEDY_TOKENS new tokens (generation,
 translation with num_beams=1), and where ours emits one of the end ids (`Converted.eos_token_ids`),
@@ -21,6 +22,7 @@ from export.convert.errors import Converted
 from export.convert.folder import HFFolder
 from export.gate import parity
 from export.models.decoder import GPTDecoder
+from export.models.decoder_embedder import DecoderEmbedder, last_token
 from export.models.families import Encoder
 from export.models.seq2seq import Translator
 
@@ -70,6 +72,8 @@ def _batch(tokenizer, texts, limit: int, pad_id: int):
 def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
     if pooling == "cls":
         return hidden[:, 0]
+    if pooling == "last":
+        return last_token(hidden, mask)
     weights = mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
     if pooling == "max":
         return hidden.masked_fill(weights == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
@@ -89,8 +93,8 @@ def _embedding(folder: HFFolder, c: Converted) -> dict:
     hf = AutoModel.from_pretrained(str(folder.path), local_files_only=True).eval()
     ids, mask = _batch(c.tokenizer, TEXTS, c.max_input_tokens, c.special_tokens.get("pad", 0))
     with torch.no_grad():
-        if not isinstance(c.model, Encoder):
-            raise TypeError(f"an embedding conversion gave {type(c.model).__name__}, not an encoder")
+        if not isinstance(c.model, (Encoder, DecoderEmbedder)):
+            raise TypeError(f"an embedding conversion gave {type(c.model).__name__}, not an embedder")
         pooling = c.model.config.pooling
         ref = _pool(hf(input_ids=ids, attention_mask=mask).last_hidden_state, mask, pooling)
         got = c.model(ids, mask)

@@ -1,10 +1,11 @@
-"""Decoder-only language model with a KV cache: GPT-2's block, and Llama's (which Mistral and Qwen2 share).
+"""Decoder-only language model with a KV cache: GPT-2's block, and Llama's (which Mistral, Qwen2 and Qwen3 share).
 
 References: Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2, 2019)
 for the pre-LN block, learned positions and tied embeddings; Karpathy's nanoGPT `model.py` for the
 layout; Touvron et al., "LLaMA" (2023) for the converted variant (export/convert/llama.py): RMSNorm,
 rotary positions (Su et al., "RoFormer", 2021, halves not interleaved as in Hugging Face's Llama),
-SwiGLU, grouped-query attention and an untied head. `DecoderConfig`'s defaults are GPT's.
+SwiGLU, grouped-query attention and an untied head; Qwen3 adds an RMSNorm over each head's query
+and key before rotary (`qk_norm`). `DecoderConfig`'s defaults are GPT's.
 
 Unlike nanoGPT, `forward` takes an attention mask over past + new positions and explicit position
 ids, so rows of different lengths share one batch, and returns the present KV cache. `generate` is
@@ -50,6 +51,7 @@ class DecoderConfig:
     out_bias: bool = True
     n_kv_heads: int | None = None  # < n_heads: grouped-query attention; None: n_heads
     head_dim: int | None = None  # None: d_model // n_heads
+    qk_norm: bool = False  # RMSNorm over each head's query and key before rotary (Qwen3)
     positions: str = "learned"  # POSITIONS
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": one of ROPE_TYPES, its parameters}
@@ -143,6 +145,7 @@ class DecoderBlock(nn.Module):
             n_kv_heads=cfg.n_kv_heads,
             head_dim=cfg.head_dim,
             out_bias=cfg.out_bias,
+            qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None,
         )
         self.ln_ffn = norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.norm_bias)
         self.ffn = FeedForward(

@@ -111,8 +111,10 @@ class MultiHeadAttention(nn.Module):
 
     n_kv_heads < n_heads: grouped-query attention (Ainslie et al., 2023), each key/value head
     shared by n_heads / n_kv_heads query heads; the cache holds n_kv_heads. head_dim defaults to
-    d_model / n_heads. `rotate`: None, or a callable (q, k, position_ids) -> (q, k) applied to the
-    new positions before they meet the cache (rotary positions, export/models/decoder.py).
+    d_model / n_heads. qk_norm_eps: None, or an RMSNorm over each head's query and key (weights
+    of head_dim) before positions are applied (Qwen3). `rotate`: None, or a callable
+    (q, k, position_ids) -> (q, k) applied to the new positions before they meet the cache (rotary
+    positions, export/models/decoder.py).
     `record`: None, or a list to which every forward appends its attention probabilities
     (B, nh, T, S); the attention graphs (export/onnx/attention.py) output them. The ops are the same
     either way, so the other graphs do not change.
@@ -126,6 +128,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         head_dim: int | None = None,
         out_bias: bool | None = None,
+        qk_norm_eps: float | None = None,
     ):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
@@ -137,6 +140,8 @@ class MultiHeadAttention(nn.Module):
         self.key = nn.Linear(d_model, kv_inner, bias=bias)
         self.value = nn.Linear(d_model, kv_inner, bias=bias)
         self.out = nn.Linear(inner, d_model, bias=bias if out_bias is None else out_bias)
+        self.q_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.record: list[torch.Tensor] | None = None
 
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
@@ -158,10 +163,14 @@ class MultiHeadAttention(nn.Module):
         """
         B, T, _ = x.shape
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         if memory_kv is not None:
             k, v = memory_kv  # (B, nkv, S, hs)
         else:
             k, v = self.project_kv(x)  # (B, nkv, T, hs)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
             if rotate is not None:
                 q, k = rotate(q, k, position_ids)
             if past is not None:

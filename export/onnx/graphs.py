@@ -108,12 +108,23 @@ def _rotated(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: i
     return torch.cat([q.flatten(2), k.flatten(2), v], dim=-1)  # (B, T, (nh + 2 nkv) hs)
 
 
+def _qk_normed(qkv: torch.Tensor, attn) -> torch.Tensor:
+    """Qwen3's per-head query and key RMSNorm (`MultiHeadAttention.q_norm` / `k_norm`) on packed QKV
+    (B, T, (nh + 2 nkv) hs), in (B, T, heads, hs) layout: the norm is over hs either way."""
+    hs, nh, nkv = attn.head_dim, attn.n_heads, attn.n_kv_heads
+    q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=-1)
+    q = attn.q_norm(q.unflatten(-1, (nh, hs))).flatten(2)  # (B, T, nh hs)
+    k = attn.k_norm(k.unflatten(-1, (nkv, hs))).flatten(2)  # (B, T, nkv hs)
+    return torch.cat([q, k, v], dim=-1)
+
+
 class DecoderGraph(nn.Module):
     """(input_ids, position_ids, seqlens_k, total_sequence_length, *past) -> (logits, *present):
     `GPTDecoder.forward` with its attention as GroupQueryAttention over a fixed-length KV buffer
     (module doc). Each block's query, key and value projections run as one product on the
     concatenated weights (one GEMM instead of three; one activation quantisation in int8). Rotary
-    positions are plain ops on that product, from `position_ids`, before GroupQueryAttention."""
+    positions are plain ops on that product, from `position_ids`, before GroupQueryAttention (after
+    Qwen3's per-head query / key norms, where the model has them)."""
 
     def __init__(self, model: GPTDecoder):
         super().__init__()
@@ -139,6 +150,8 @@ class DecoderGraph(nn.Module):
         for block, qkv, (past_k, past_v) in zip(m.blocks, self.qkv, _pairs(past)):
             attn, h = block.attn, block.ln_attn(x)
             packed = qkv(h)  # (B, T, (nh + 2 nkv) hs)
+            if attn.q_norm is not None:
+                packed = _qk_normed(packed, attn)
             if rotary is not None:
                 packed = _rotated(packed, *rotary, attn.n_heads, attn.n_kv_heads)
             y, k, v = _GroupQueryAttention.apply(

@@ -126,7 +126,7 @@ class PackedEncoder(EncoderEngine[Out]):
 
 class PackedEmbeddingEngine(PackedEncoder[np.ndarray]):
     """The packed graph: (input_ids, position_ids, segment_ids) (rows, length) -> token_embeddings
-    (rows, length, C), pooled here per input (`pooling`: mean, cls or max, the manifest's)."""
+    (rows, length, C), pooled here per input (`pooling`: mean, cls, max or last, the manifest's)."""
 
     def forward(self, batch: list[Encoded]) -> np.ndarray:
         """(B, C) float32 pooled embeddings, not normalised, in batch order. Blocking."""

@@ -11,8 +11,9 @@ attend only to tokens of its own segment, so an input's result does not depend o
 only the rows' tails are padding. An input longer than `row_tokens` gets a row of its own.
 
 `pool` turns the graph's token states (rows, length, C) into one vector per input (mean, CLS or max
-over its tokens), as the padded graph pools inside. The export's gate and the service both pack
-through this module, so what the gate measured is what is served.
+over its tokens, or its last token: a decoder embedder's), as the padded graph pools inside. The
+export's gate and the service both pack through this module, so what the gate measured is what is
+served.
 """
 
 from __future__ import annotations
@@ -92,11 +93,13 @@ def pack(seqs: Sequence[Sequence[int]], row_tokens: int, pad_id: int, align: int
 
 
 def pool(hidden: np.ndarray, packed: Packed, mode: str) -> np.ndarray:
-    """Token states (R, L, C) -> (N, C) float32: each input's mean, first token (cls) or max."""
+    """Token states (R, L, C) -> (N, C) float32: each input's mean, first token (cls), max, or last token."""
     flat = hidden.reshape(-1, hidden.shape[-1])  # (R*L, C)
     first = packed.row * hidden.shape[1] + packed.start  # (N,)
     if mode == "cls":
         return np.asarray(flat[first], dtype=np.float32)
+    if mode == "last":
+        return np.asarray(flat[first + packed.length - 1], dtype=np.float32)
     order = np.argsort(first)  # reduceat wants ascending, contiguous segments
     index = np.repeat(first[order], packed.length[order]) + _ranges(packed.length[order])  # every real token
     starts = np.concatenate([[0], np.cumsum(packed.length[order])[:-1]])
