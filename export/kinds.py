@@ -24,6 +24,7 @@ from export.onnx import classifier as cls
 from export.onnx import fill_mask as fm
 from export.onnx import graphs as ox
 from export.onnx import packed
+from export.onnx import sparse as sp
 from export.onnx.attention import Model as AttentionModel
 
 # Varied inputs for the gate: lengths, punctuation, digits, non-ASCII, one long enough to truncate.
@@ -284,10 +285,38 @@ class Classification:
         return cls.both(self.model, paths, self.batches, self.pad, variant)
 
 
+class SparseEmbedding:
+    """One padded graph (export/onnx/sparse.py); the tokenizer truncates at max_length, as
+    sentence-transformers' SparseEncoder does; embedding_dim is the vocabulary (the sparse vectors' width)."""
+
+    def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.architecture, self.files, self.decoder_io = "bert-splade", {"encoder": "encoder.onnx"}, False
+        cfg = model.config
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(cfg.max_length)
+        seqs = [tokenizer.encode(t).ids for t in GATE_TEXTS]
+        self.batches = [seqs, seqs[:3], seqs[5:7], [seqs[-1]]]  # mixed lengths; the long one truncated
+        self.model, self.pad = model, cfg.pad_token_id
+        self.optimize = {"encoder": ("bert", cfg.n_heads, cfg.d_model)}
+        self.attention = (model.mlm.encoder, self.batches)
+        self.fields = {
+            "max_input_tokens": cfg.max_length,
+            "embedding_dim": cfg.vocab_size,
+            "extra": {"splade": {"pooling": model.splade.pooling, "activation": model.splade.activation}},
+        }
+
+    def export(self, paths: dict[str, Path]) -> None:
+        sp.export_sparse(self.model, paths["encoder"])
+
+    def measure(self, variant: str, paths: dict[str, Path]) -> dict:
+        return sp.sparse_parity(self.model, paths["encoder"], self.batches, self.pad, variant)
+
+
 KINDS: dict[str, Callable[[Any, Tokenizer, Request], Kind]] = {
     "embedding": Embedding,
     "fill-mask": FillMask,
     "generation": Generation,
     "translation": Translation,
     "classification": Classification,
+    "sparse-embedding": SparseEmbedding,
 }

@@ -27,6 +27,7 @@ CLASSIFIER_ACTIVATIONS = ("sigmoid", "softmax", "none")  # how a classification 
 POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
 ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
+EMBEDDERS = ("embedding", "sparse-embedding")  # the kinds with instruction prompts
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 PACKED_ROLE = "packed"  # optional: several inputs per row (export/onnx/packed.py); older directories lack it
 OPTIONAL_ROLES = {k.name: k.optional_roles for k in KIND_TABLE.values() if k.optional_roles}
@@ -190,6 +191,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         raise ModelDirError(f"{where}: tokenizer entry needs 'file' and 'sha256'")
     if m.kind == "embedding" and (m.pooling not in POOLINGS or not m.embedding_dim):
         raise ModelDirError(f"{where}: an embedding model needs pooling ({'|'.join(POOLINGS)}) and embedding_dim")
+    if m.kind == "sparse-embedding" and not m.embedding_dim:
+        raise ModelDirError(f"{where}: a sparse-embedding model needs embedding_dim (its vocabulary size)")
     if m.kind == "fill-mask" and not {"mask", "pad"} <= set(m.special_tokens):
         raise ModelDirError(
             f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
@@ -225,7 +228,7 @@ def _check_prompts(m: Manifest, where: Path) -> None:
     prompts, default = m.extra.get("prompts", {}), m.extra.get("default_prompt_name")
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise ModelDirError(f"{where}: extra.prompts must map prompt names to prefix texts, not {prompts!r}")
-    if prompts and m.kind != "embedding":
+    if prompts and m.kind not in EMBEDDERS:
         raise ModelDirError(f"{where}: extra.prompts is for embedding models, not a {m.kind} model")
     if default is not None and default not in prompts:
         raise ModelDirError(

@@ -11,6 +11,7 @@ refused. all-MiniLM-L6-v2 (export/convert/minilm.py) comes through here.
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 import torch
 
@@ -20,6 +21,7 @@ from export.models.encoder import EncoderConfig, SentenceEncoder
 from export.models.layers import ACTIVATIONS
 from export.models.mlm import MaskedLM
 
+M = TypeVar("M", MaskedLM, SentenceEncoder)
 MODEL_TYPES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}  # model_type -> weight prefix
 POSITION_TYPES = ("absolute",)
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
@@ -149,11 +151,9 @@ def _special_tokens(tok, kind: str) -> dict[str, int]:
     return {k: int(v) for k, v in names.items()}
 
 
-def load(folder: HFFolder, kind: str, options) -> Converted:
-    pipeline = sentence_pipeline(folder) if kind == "embedding" else {}
-    cfg = read_config(folder, options, pipeline)
-    head = kind == "fill-mask"
-    model = MaskedLM(cfg) if head else SentenceEncoder(cfg)
+def _loaded(folder: HFFolder, model: M) -> M:
+    """model with the folder's weights (ConversionError when they do not fit it)."""
+    head = isinstance(model, MaskedLM)
     state = map_weights(folder, folder.state_dict(), head)
     if head:
         state.update({k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("sop.")})  # unused
@@ -163,6 +163,18 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
             f"{folder.path}: weights do not fit a {folder.architecture} of this config "
             f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
         )
+    return model
+
+
+def masked_lm(folder: HFFolder, cfg: EncoderConfig) -> MaskedLM:
+    """The folder's masked LM (encoder and MLM head) on our MaskedLM (also SPLADE's: splade.py)."""
+    return _loaded(folder, MaskedLM(cfg))
+
+
+def load(folder: HFFolder, kind: str, options) -> Converted:
+    pipeline = sentence_pipeline(folder) if kind == "embedding" else {}
+    cfg = read_config(folder, options, pipeline)
+    model = masked_lm(folder, cfg) if kind == "fill-mask" else _loaded(folder, SentenceEncoder(cfg))
     tokenizer, hf_tok = fast_tokenizer(folder)
     tokenizer.no_padding()
     tokenizer.no_truncation()
