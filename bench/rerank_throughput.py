@@ -144,7 +144,8 @@ def ort_side(models: Path, work: list, batch: int, threads: int) -> dict:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(str(model_dir.file(m.graph("encoder", "optimized").file)), opts)
-    tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+    truncation = m.extra.get("truncation", "longest_first")
+    tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens, truncation)
     encoded = tokenizer.encode([(q, d) for q, docs in work for d in docs])
     rows = sorted(((e.ids, e.type_ids) for e in encoded), key=lambda r: len(r[0]))
     types = "token_type_ids" in {i.name for i in sess.get_inputs()}

@@ -256,15 +256,16 @@ class Translation:
 
 class Classification:
     """Gate batches of (ids, type ids): single texts, and pairs of one query with every gate text
-    (one pair long enough to be truncated). The tokenizer truncates pairs at max_length, longest
-    first, as transformers' `truncation=True` does; the manifest's extra.labels and
-    extra.activation tell the service how to read the logits (export/onnx/classifier.py)."""
+    (one pair long enough to be truncated). The tokenizer truncates pairs at max_length as the
+    folder does (longest first, transformers' `truncation=True`, or only_second); the manifest's
+    extra.labels and extra.activation tell the service how to read the logits
+    (export/onnx/classifier.py), extra.truncation how to cut pairs."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
         self.architecture, self.files, self.decoder_io = "bert-classifier", dict(ENCODER_FILES), False
         cfg, head = model.config, model.head_config
         tokenizer.no_padding()
-        tokenizer.enable_truncation(cfg.max_length)
+        tokenizer.enable_truncation(cfg.max_length, strategy=head.truncation)
         singles = [(e.ids, e.type_ids) for e in tokenizer.encode_batch(GATE_TEXTS)]
         pairs = [(e.ids, e.type_ids) for e in tokenizer.encode_batch([(GATE_TEXTS[1], t) for t in GATE_TEXTS])]
         self.batches = [singles, pairs, pairs[2:5], [pairs[6]]]  # mixed lengths; pairs[6] truncated
@@ -274,7 +275,7 @@ class Classification:
         self.attention = (model.encoder, [[i for i, _ in b] for b in self.batches])
         self.fields = {
             "max_input_tokens": cfg.max_length,
-            "extra": {"labels": head.labels, "activation": head.activation},
+            "extra": {"labels": head.labels, "activation": head.activation, "truncation": head.truncation},
         }
 
     def export(self, paths: dict[str, Path]) -> None:

@@ -24,6 +24,7 @@ FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
 CLASSIFIER_ACTIVATIONS = ("sigmoid", "softmax", "none")  # how a classification model's logits are read
+PAIR_TRUNCATIONS = ("longest_first", "only_second")  # how a classification model cuts a pair past its limit
 POOLINGS = ("mean", "cls", "max")  # an embedding graph pools inside; the manifest says how
 ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8")
@@ -212,7 +213,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
 
 
 def _check_classifier(m: Manifest, where: Path) -> None:
-    """extra.labels (one name per logit, in id order) and extra.activation (export/models/classifier.py)."""
+    """extra.labels (one name per logit, in id order), extra.activation and extra.truncation, how a pair
+    past the limit is cut (absent: longest_first) (export/models/classifier.py)."""
     labels, activation = m.extra.get("labels"), m.extra.get("activation")
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         raise ModelDirError(f"{where}: a classification model needs extra.labels, a list of label names")
@@ -220,6 +222,9 @@ def _check_classifier(m: Manifest, where: Path) -> None:
         raise ModelDirError(
             f"{where}: extra.activation {activation!r} is not one of {', '.join(CLASSIFIER_ACTIVATIONS)}"
         )
+    truncation = m.extra.get("truncation", "longest_first")
+    if truncation not in PAIR_TRUNCATIONS:
+        raise ModelDirError(f"{where}: extra.truncation {truncation!r} is not one of {', '.join(PAIR_TRUNCATIONS)}")
 
 
 def _check_prompts(m: Manifest, where: Path) -> None:
