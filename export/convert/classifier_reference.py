@@ -50,7 +50,13 @@ def _tokenizer_figures(reference, ours: Tokenizer, texts: list[str], limit: int,
                     f"types {want.get('token_type_ids')}"
                 )
             checked += 1
-    return {"inputs": checked, "refused_alike": refused, "same_ids": True, "same_type_ids": "token_type_ids" in want}
+    return {
+        "inputs": checked,
+        "pairs": True,
+        "refused_alike": refused,
+        "same_ids": True,
+        "same_type_ids": "token_type_ids" in want,
+    }
 
 
 def _refuses(tok: Tokenizer, args: tuple) -> None:
