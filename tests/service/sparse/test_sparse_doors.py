@@ -2,8 +2,8 @@
 
 The folder (tests/fixtures/sparse.py: a SparseEncoder of a tiny BertForMaskedLM with SpladePooling
 max and a "query" prompt) is loaded by `SparseEncoder` from the same files; a real server over its
-model directory and tiny-embed (a dense embedder) answers gRPC EmbedSparse, TEI /embed_sparse and
-/embed, and KServe v2 REST. Sparse vectors: the same non-zero indices and values within 1e-4 (fp32
+model directory and tiny-embed (a dense embedder) answers gRPC EmbedSparse (and the Python client), TEI
+/embed_sparse and /embed, and KServe v2 REST. Sparse vectors: the same non-zero indices and values within 1e-4 (fp32
 sums in two orders; log1p of a logit is at most as far apart as the logits). A sparse request to the
 dense model, and a dense one to the sparse model, are refused naming the model's kind.
 """
@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sentence_transformers import SparseEncoder
 
+from client import AsyncClient
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.server import status_of
@@ -61,6 +62,13 @@ async def test_grpc_embed_sparse_equals_sparse_encoder(sparse_folders, srv):
     want = reference(sparse_folders, TEXTS[:2], prompt_name="query")
     assert_same([(list(e.indices), list(e.values)) for e in queried.embeddings], want)
     assert [list(e.indices) for e in queried.embeddings] != [w[0] for w in reference(sparse_folders, TEXTS[:2])]
+
+
+async def test_python_client_embed_sparse(sparse_folders, srv):
+    async with AsyncClient(srv.address) as client:
+        reply = await client.embed_sparse(TEXTS[:2], prompt_name="query")
+    want = reference(sparse_folders, TEXTS[:2], prompt_name="query")
+    assert_same([(list(e.indices), list(e.values)) for e in reply.embeddings], want)
 
 
 async def test_tei_embed_sparse_equals_sparse_encoder(sparse_folders, srv):
