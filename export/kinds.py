@@ -265,8 +265,9 @@ class Classification:
         self.architecture, self.files, self.decoder_io = "bert-classifier", dict(ENCODER_FILES), False
         cfg, head = model.config, model.head_config
         tokenizer.no_padding()
-        tokenizer.enable_truncation(cfg.max_length, strategy=head.truncation)
+        tokenizer.enable_truncation(cfg.max_length)  # a single text: cut at its end
         singles = [(e.ids, e.type_ids) for e in tokenizer.encode_batch(GATE_TEXTS)]
+        tokenizer.enable_truncation(cfg.max_length, strategy=head.truncation)
         pairs = [(e.ids, e.type_ids) for e in tokenizer.encode_batch([(GATE_TEXTS[1], t) for t in GATE_TEXTS])]
         self.batches = [singles, pairs, pairs[2:5], [pairs[6]]]  # mixed lengths; pairs[6] truncated
         self.model, self.pad = model, cfg.pad_token_id

@@ -78,7 +78,7 @@ def check(folder: HFFolder, c: Converted, texts: list[str]) -> dict:
     batch = reference(
         [a for a, _ in _pairs(texts)],
         [b for _, b in _pairs(texts)],
-        truncation=strategy,
+        truncation=True,  # the logits of the same ids (pairs of any length; how they are cut: above)
         max_length=c.max_input_tokens,
         padding=True,
         return_tensors="pt",

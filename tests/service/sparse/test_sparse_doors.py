@@ -122,7 +122,7 @@ BAD = [
     ({"inputs": []}, "inputs is empty"),
     ({"inputs": [1, 2]}, "inputs must be a string or an array of strings"),
     ({"inputs": LONG, "truncate": False}, "limit of 64"),
-    ({"inputs": "a", "prompt_name": "nope"}, "its prompts: 'query', 'document'"),
+    ({"inputs": "a", "prompt_name": "nope"}, "is not a prompt of model 'splade'"),
     ({"inputs": "a", "truncation_direction": "Left"}, "only Right"),
 ]
 
