@@ -32,6 +32,8 @@ ARCHITECTURES: dict[str, tuple[ModuleType, str, tuple[str, ...]]] = {
     "BertModel": (bert, "embedding", ("embedding",)),
     "BertForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
     "RobertaModel": (bert, "embedding", ("embedding",)),
+    "DistilBertModel": (bert, "embedding", ("embedding",)),
+    "DistilBertForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
     "RobertaForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
     "XLMRobertaModel": (bert, "embedding", ("embedding",)),
     "XLMRobertaForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),

@@ -92,3 +92,36 @@ def test_unsupported_pipelines_are_refused_naming_file_and_field(file, change, f
         convert(folder, tmp_path / "out" / "bad", name="bad")
     assert file in str(refused.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_distilbert_splade_folder_converts_and_its_graph_equals_sparse_encoder(tmp_path):
+    """DistilBertForMaskedLM (naver's SPLADE distil shape): converted, then the model directory's graph
+    run by onnxruntime on a padded batch gives SparseEncoder.encode's vectors."""
+    import onnxruntime as ort
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+    from tokenizers import Tokenizer
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, DistilBertTokenizerFast
+
+    from tests.fixtures.classifiers import _widen, _wordpiece_vocab
+
+    raw = tmp_path / "raw"
+    _wordpiece_vocab(raw)
+    vocab = len((raw / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    config = DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    _widen(DistilBertForMaskedLM(config)).save_pretrained(raw)
+    DistilBertTokenizerFast(str(raw / "vocab.txt")).save_pretrained(raw)
+    folder = tmp_path / "splade-distil"
+    SparseEncoder(modules=[Transformer(str(raw), transformer_task="fill-mask"), SpladePooling("max")]).save(str(folder))
+    model_dir = convert(folder, tmp_path / "models" / "distil", name="distil")
+    m = model_dir.manifest
+    assert m.kind == "sparse-embedding" and m.extra["converted_from"]["architecture"] == "DistilBertForMaskedLM"
+    tok = Tokenizer.from_file(str(model_dir.file(m.tokenizer["file"])))
+    tok.enable_padding(pad_id=m.special_tokens["pad"])
+    batch = tok.encode_batch(TEXTS)
+    session = ort.InferenceSession(str(model_dir.file(m.graph("encoder", "fp32").file)))
+    ids, mask = np.array([e.ids for e in batch]), np.array([e.attention_mask for e in batch])
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    got = session.run(["sparse_embedding"], feeds)[0]
+    want = SparseEncoder(str(folder), local_files_only=True).encode(TEXTS, convert_to_sparse_tensor=False).numpy()
+    assert ((got > 0) == (want > 0)).all()
+    np.testing.assert_allclose(got, want, atol=1e-4)
