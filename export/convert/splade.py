@@ -1,4 +1,4 @@
-"""BERT, RoBERTa and XLM-R masked-LM folders -> `SpladeEncoder` (kind "sparse-embedding": SPLADE).
+"""BERT, RoBERTa, XLM-R and DistilBERT masked-LM folders -> `SpladeEncoder` (kind "sparse-embedding": SPLADE).
 
 A sentence-transformers SparseEncoder folder (modules.json: the masked LM, as `MLMTransformer` or a
 `Transformer` whose sentence_bert_config.json says transformer_task "fill-mask", at the folder's
