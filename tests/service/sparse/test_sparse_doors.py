@@ -2,7 +2,7 @@
 
 The folder (tests/fixtures/sparse.py: a SparseEncoder of a tiny BertForMaskedLM with SpladePooling
 max and a "query" prompt) is loaded by `SparseEncoder` from the same files; a real server over its
-model directory and tiny-embed (a dense embedder) answers gRPC EmbedSparse (and the Python client), TEI
+model directory and tiny-embed (a dense embedder) answers gRPC EmbedSparse (and the Python client and CLI), TEI
 /embed_sparse and /embed, and KServe v2 REST. Sparse vectors: the same non-zero indices and values within 1e-4 (fp32
 sums in two orders; log1p of a logit is at most as far apart as the logits). A sparse request to the
 dense model, and a dense one to the sparse model, are refused naming the model's kind.
@@ -11,6 +11,7 @@ dense model, and a dense one to the sparse model, are refused naming the model's
 from __future__ import annotations
 
 import itertools
+import json
 
 import grpc
 import httpx2 as httpx
@@ -22,6 +23,7 @@ from sentence_transformers import SparseEncoder
 from client import AsyncClient
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
+from tests.client.test_service_client import cli
 from tests.fixtures.server import status_of
 
 TEXTS = [
@@ -69,6 +71,15 @@ async def test_python_client_embed_sparse(sparse_folders, srv):
         reply = await client.embed_sparse(TEXTS[:2], prompt_name="query")
     want = reference(sparse_folders, TEXTS[:2], prompt_name="query")
     assert_same([(list(e.indices), list(e.values)) for e in reply.embeddings], want)
+
+
+async def test_cli_embed_sparse(sparse_folders, srv):
+    code, out, err = await cli(srv.address, "embed-sparse", *TEXTS[:2], "--prompt-name", "query")
+    assert code == 0, err
+    rows = [(e["indices"], e["values"]) for e in json.loads(out)["embeddings"]]
+    assert_same(rows, reference(sparse_folders, TEXTS[:2], prompt_name="query"))
+    code, out, err = await cli(srv.address, "embed-sparse", "a", "--model", "tiny-embed")
+    assert code == 2 and "INVALID_ARGUMENT" in err and "is a embedding model" in err
 
 
 async def test_tei_embed_sparse_equals_sparse_encoder(sparse_folders, srv):
