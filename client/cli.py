@@ -3,8 +3,9 @@
     python -m client [--address HOST:PORT] [--timeout S] [--token T --tls-ca CA ...] COMMAND ...
 
 Commands: `embed TEXT...`, `embed-sparse TEXT...` (a SPLADE model's non-zero weights),
-`fill-mask TEXT... [--top-k K] [--json]` (a table unless --json), `models [NAME]`, `health [--service S]` (exit 0 only when SERVING), `generate` (client/generation.py),
-`translate` (client/translation.py), `rerank`, `classify` (client/classification.py), `attention`
+`fill-mask TEXT... [--top-k K] [--json]` (a table unless --json), `models [NAME]`, `health
+[--service S]` (exit 0 only when SERVING), `generate` (client/generation.py), `translate`
+(client/translation.py), `rerank`, `classify` (client/classification.py), `attention`
 (client/attention.py), `batch` (client/batch/cli.py).
 Exit codes: 0 done, 1 not SERVING, 2 a bad argument or the server's error (`error: CODE: details`).
 """
