@@ -23,6 +23,7 @@ from sentence_transformers import SparseEncoder
 from client import AsyncClient
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
+from service.sparse.core import sparse_rows
 from tests.client.test_service_client import cli
 from tests.fixtures.server import status_of
 
@@ -158,3 +159,10 @@ async def test_health_names_the_sparse_service(srv):
     health = health_pb2_grpc.HealthStub(srv.channel)
     reply = await health.Check(health_pb2.HealthCheckRequest(service="inference.v1.SparseEmbeddingService"))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_sparse_rows_keep_each_rows_non_zero_entries_an_empty_row_included():
+    weights = np.array([[0, 1.5, 0, 2], [0, 0, 0, 0], [3, 0, 0, 0]], dtype=np.float32)
+    rows = sparse_rows(weights)
+    assert [r.indices.tolist() for r in rows] == [[1, 3], [], [0]]
+    assert [r.values.tolist() for r in rows] == [[1.5, 2.0], [], [3.0]]
