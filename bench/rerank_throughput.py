@@ -10,8 +10,8 @@
    - onnxruntime: the served graph alone (the manifest's optimized padded graph, one session of
      --threads threads), the same pairs tokenized, length-sorted batches of --ort-batch pairs.
 Prints one JSON object: pairs/s and CPU seconds per 1,000 pairs (the service's whole process tree,
-from /proc; the others' own process time) per side and round, their medians and ratios, the
-machine and its load. On a shared, loaded machine the CPU figures are the ones to compare.
+from /proc; the others' own process time) per side and round, the server's CPU seconds per call,
+their medians and ratios, the machine and its load. On a shared, loaded machine the CPU figures are the ones to compare.
 
     python -m bench.rerank_throughput --layers 12 --hidden 768 --calls 64 --rounds 2
 """
@@ -105,7 +105,7 @@ def service_side(models: Path, work: list, clients: int, flags: list[str]) -> di
     finally:
         service.stop()
     pairs = sum(len(d) for _, d in work)
-    return {"pairs_per_s": pairs / seconds, "cpu_s_per_1k_pairs": 1000 * cpu / pairs}
+    return {"pairs_per_s": pairs / seconds, "cpu_s_per_1k_pairs": 1000 * cpu / pairs, "cpu_s_per_call": cpu / len(work)}
 
 
 def cross_encoder_side(folder: Path, work: list, batch_sizes: list[int], threads: int) -> dict:
@@ -144,7 +144,8 @@ def ort_side(models: Path, work: list, batch: int, threads: int) -> dict:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(str(model_dir.file(m.graph("encoder", "optimized").file)), opts)
-    tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+    truncation = m.extra.get("truncation", "longest_first")
+    tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens, truncation)
     encoded = tokenizer.encode([(q, d) for q, docs in work for d in docs])
     rows = sorted(((e.ids, e.type_ids) for e in encoded), key=lambda r: len(r[0]))
     types = "token_type_ids" in {i.name for i in sess.get_inputs()}
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "service_over_cross_encoder": round(rate["service"]["median"] / rate["cross-encoder"]["median"], 3),
         "service_over_ort_alone": round(rate["service"]["median"] / rate["ort"]["median"], 3),
         "cpu_s_per_1k_pairs": cpu,
+        "service_cpu_s_per_call": summary([o["cpu_s_per_call"] for o in results["service"]], 3),
         "by_cpu_service_over_cross_encoder": round(cpu["cross-encoder"]["median"] / cpu["service"]["median"], 3),
         "by_cpu_service_over_ort_alone": round(cpu["ort"]["median"] / cpu["service"]["median"], 3),
         "runs": results,

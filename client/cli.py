@@ -2,9 +2,10 @@
 
     python -m client [--address HOST:PORT] [--timeout S] [--token T --tls-ca CA ...] COMMAND ...
 
-Commands: `embed TEXT...`, `fill-mask TEXT... [--top-k K] [--json]` (a table unless --json),
-`models [NAME]`, `health [--service S]` (exit 0 only when SERVING), `generate` (client/generation.py),
-`translate` (client/translation.py), `rerank`, `classify` (client/classification.py), `attention`
+Commands: `embed TEXT...`, `embed-sparse TEXT...` (a SPLADE model's non-zero weights),
+`fill-mask TEXT... [--top-k K] [--json]` (a table unless --json), `models [NAME]`, `health
+[--service S]` (exit 0 only when SERVING), `generate` (client/generation.py), `translate`
+(client/translation.py), `rerank`, `classify` (client/classification.py), `attention`
 (client/attention.py), `batch` (client/batch/cli.py).
 Exit codes: 0 done, 1 not SERVING, 2 a bad argument or the server's error (`error: CODE: details`).
 """
@@ -46,6 +47,15 @@ def _cmd_embed(args: argparse.Namespace, client: Client) -> int:
         prompt_name=args.prompt_name,
         prompt=args.prompt,
     )
+    _print_json(MessageToDict(response, preserving_proto_field_name=True))
+    return 0
+
+
+def _cmd_embed_sparse(args: argparse.Namespace, client: Client) -> int:
+    fields: dict[str, Any] = {"model": args.model, "prompt_name": args.prompt_name}
+    if args.truncate is not None:
+        fields["truncate"] = args.truncate
+    response = client.embed_sparse(args.texts, **fields)
     _print_json(MessageToDict(response, preserving_proto_field_name=True))
     return 0
 
@@ -94,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--prompt-name", default="", help="one of the model's instruction prompts")
     embed.add_argument("--prompt", default=None, help="the prefix text itself, instead of --prompt-name")
     embed.set_defaults(handler=_cmd_embed)
+    sparse = sub.add_parser("embed-sparse", help="sparse (SPLADE) embeddings; prints the EmbedSparseResponse as JSON")
+    sparse.add_argument("texts", nargs="+")
+    sparse.add_argument("--model", default="", help="model name (default: the server's default)")
+    sparse.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None)
+    sparse.add_argument("--prompt-name", default="", help="one of the model's instruction prompts")
+    sparse.set_defaults(handler=_cmd_embed_sparse)
     fill = sub.add_parser("fill-mask", help="predict the [MASK] tokens of texts; prints candidates best first")
     fill.add_argument("texts", nargs="+", help='texts holding one or more [MASK], e.g. "The cat sat on the [MASK]."')
     fill.add_argument("--model", default="", help="model name (default: the server's default)")

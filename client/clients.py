@@ -9,6 +9,7 @@
         pairs = c.translate(["Hello."], beam_size=4)                  # client/translation.py
         ranked = c.rerank("a query", ["doc one", "doc two"], top_n=1)   # client/classification.py
         labels = c.classify(["a text", ("a text", "its pair")])        # the ClassifyResponse
+        sparse = c.embed_sparse(["a text"]).embeddings[0]   # SPLADE: .indices, .values (non-zero)
     async with AsyncClient("127.0.0.1:50051") as c:
         vectors = await c.embed(["a sentence"])
     Client("host:50051", token="...", tls_ca="ca.pem")   # TLS + bearer token (docs/design/security.md)
@@ -96,6 +97,7 @@ class _Stubs:
         self.translation_stub = pb_grpc.TranslationServiceStub(channel)
         self.inspection_stub = pb_grpc.InspectionServiceStub(channel)
         self.classification_stub = pb_grpc.ClassificationServiceStub(channel)
+        self.sparse_stub = pb_grpc.SparseEmbeddingServiceStub(channel)
         self.health_stub = health_pb2_grpc.HealthStub(channel)
 
 
@@ -146,6 +148,10 @@ class Client(_Stubs, GenerationClientMixin, TranslationClientMixin, Classificati
     def embed_stream(self, requests: Iterable[pb.EmbedRequest]) -> Iterator[pb.EmbedResponse]:
         """One response per request, in order (for batch jobs; no per-call deadline)."""
         return self.embedding_stub.EmbedStream(iter(requests))
+
+    def embed_sparse(self, inputs: Iterable[str], **kwargs: Any) -> pb.EmbedSparseResponse:
+        """Each input's non-zero vocabulary weights (a sparse-embedding model; kwargs: EmbedSparseRequest's)."""
+        return self.sparse_stub.EmbedSparse(pb.EmbedSparseRequest(inputs=list(inputs), **kwargs), timeout=self.timeout)
 
     def fill_mask(self, inputs: Iterable[str], **kwargs: Any) -> pb.FillMaskResponse:
         """Candidates for every [MASK] of every input (kwargs: model, top_k)."""
@@ -202,6 +208,10 @@ class AsyncClient(_Stubs, AsyncGenerationClientMixin, AsyncTranslationClientMixi
     def embed_stream(self, requests: AsyncIterable[pb.EmbedRequest] | Iterable[pb.EmbedRequest]):
         """An async iterator of responses, one per request, in order."""
         return self.embedding_stub.EmbedStream(requests)
+
+    async def embed_sparse(self, inputs: Iterable[str], **kwargs: Any) -> pb.EmbedSparseResponse:
+        request = pb.EmbedSparseRequest(inputs=list(inputs), **kwargs)
+        return await self.sparse_stub.EmbedSparse(request, timeout=self.timeout)
 
     async def fill_mask(self, inputs: Iterable[str], **kwargs: Any) -> pb.FillMaskResponse:
         return await self.fill_mask_stub.FillMask(fill_mask_request(inputs, **kwargs), timeout=self.timeout)

@@ -25,6 +25,7 @@ from export.onnx import classifier as cls
 from export.onnx import decoder_embedder, packed
 from export.onnx import fill_mask as fm
 from export.onnx import graphs as ox
+from export.onnx import sparse as sp
 from export.onnx.attention import Model as AttentionModel
 
 # Varied inputs for the gate: lengths, punctuation, digits, non-ASCII, one long enough to truncate.
@@ -273,17 +274,19 @@ class Translation:
 
 class Classification:
     """Gate batches of (ids, type ids): single texts, and pairs of one query with every gate text
-    (one pair long enough to be truncated). The tokenizer truncates pairs at max_length, longest
-    first, as transformers' `truncation=True` does; the manifest's extra.labels and
-    extra.activation tell the service how to read the logits (export/onnx/classifier.py)."""
+    (one pair long enough to be truncated). The tokenizer truncates pairs at max_length as the
+    folder does (longest first, transformers' `truncation=True`, or only_second); the manifest's
+    extra.labels and extra.activation tell the service how to read the logits
+    (export/onnx/classifier.py), extra.truncation how to cut pairs."""
 
     def __init__(self, model, tokenizer: Tokenizer, request: Request):
         self.decoder_only = False
         self.architecture, self.files, self.decoder_io = model.architecture_type, dict(ENCODER_FILES), False
         cfg, head = model.config, model.head_config
         tokenizer.no_padding()
-        tokenizer.enable_truncation(cfg.max_length)
+        tokenizer.enable_truncation(cfg.max_length)  # a single text: cut at its end
         singles = [(e.ids, e.type_ids) for e in tokenizer.encode_batch(GATE_TEXTS)]
+        tokenizer.enable_truncation(cfg.max_length, strategy=head.truncation)
         pairs = [(e.ids, e.type_ids) for e in tokenizer.encode_batch([(GATE_TEXTS[1], t) for t in GATE_TEXTS])]
         self.batches = [singles, pairs, pairs[2:5], [pairs[6]]]  # mixed lengths; pairs[6] truncated
         self.model, self.pad = model, cfg.pad_token_id
@@ -292,7 +295,7 @@ class Classification:
         self.attention = (model.encoder, [[i for i, _ in b] for b in self.batches])
         self.fields = {
             "max_input_tokens": cfg.max_length,
-            "extra": {"labels": head.labels, "activation": head.activation},
+            "extra": {"labels": head.labels, "activation": head.activation, "truncation": head.truncation},
         }
 
     def export(self, paths: dict[str, Path]) -> None:
@@ -303,10 +306,39 @@ class Classification:
         return cls.both(self.model, paths, self.batches, self.pad, variant)
 
 
+class SparseEmbedding:
+    """One padded graph (export/onnx/sparse.py); the tokenizer truncates at max_length, as
+    sentence-transformers' SparseEncoder does; embedding_dim is the vocabulary (the sparse vectors' width)."""
+
+    def __init__(self, model, tokenizer: Tokenizer, request: Request):
+        self.decoder_only = False
+        self.architecture, self.files, self.decoder_io = "bert-splade", {"encoder": "encoder.onnx"}, False
+        cfg = model.config
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(cfg.max_length)
+        seqs = [tokenizer.encode(t).ids for t in GATE_TEXTS]
+        self.batches = [seqs, seqs[:3], seqs[5:7], [seqs[-1]]]  # mixed lengths; the long one truncated
+        self.model, self.pad = model, cfg.pad_token_id
+        self.optimize = {"encoder": ("bert", cfg.n_heads, cfg.d_model)}
+        self.attention = (model.mlm.encoder, self.batches)
+        self.fields = {
+            "max_input_tokens": cfg.max_length,
+            "embedding_dim": cfg.vocab_size,
+            "extra": {"splade": {"pooling": model.splade.pooling, "activation": model.splade.activation}},
+        }
+
+    def export(self, paths: dict[str, Path]) -> None:
+        sp.export_sparse(self.model, paths["encoder"])
+
+    def measure(self, variant: str, paths: dict[str, Path]) -> dict:
+        return sp.sparse_parity(self.model, paths["encoder"], self.batches, self.pad, variant)
+
+
 KINDS: dict[str, Callable[[Any, Tokenizer, Request], Kind]] = {
     "embedding": Embedding,
     "fill-mask": FillMask,
     "generation": Generation,
     "translation": Translation,
     "classification": Classification,
+    "sparse-embedding": SparseEmbedding,
 }

@@ -18,6 +18,8 @@ from service.models import ModelsCore
 from service.registry import Backend, ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
+from service.sparse.core import SparseEmbeddingCore
+from service.sparse.model import SparseEmbeddingModel
 from service.translation.core import TranslationCore
 from service.translation.model import TranslationModel
 
@@ -27,6 +29,7 @@ BACKENDS: dict[str, type[Backend]] = {  # kind (service/kinds.py) -> the class t
     "translation": TranslationModel,
     "fill-mask": FillMaskModel,
     "classification": ClassificationModel,
+    "sparse-embedding": SparseEmbeddingModel,
 }
 
 
@@ -43,6 +46,7 @@ class Cores:
     attention: AttentionCore
     models: ModelsCore
     classification: ClassificationCore
+    sparse: SparseEmbeddingCore
 
     @classmethod
     def build(cls, registry: ModelRegistry, settings: Settings, runtime: Runtime) -> Cores:
@@ -56,4 +60,5 @@ class Cores:
             AttentionCore(registry, settings, runtime),
             ModelsCore(registry),
             ClassificationCore(registry, settings),
+            SparseEmbeddingCore(registry, settings),
         )

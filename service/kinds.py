@@ -34,6 +34,7 @@ KINDS: dict[str, Kind] = {
         Kind("generation", ("GenerationService",), ("decoder",), "gen_max_queue"),
         Kind("translation", ("TranslationService",), ("encoder", "decoder"), "translate_max_inputs", ("packed",)),
         Kind("fill-mask", ("FillMaskService",), ("encoder",), "embed_max_inputs", ("packed",)),
+        Kind("sparse-embedding", ("SparseEmbeddingService",), ("encoder",), "embed_max_inputs"),
         # KServe: the texts are a rerank's documents or classify's inputs (the core holds those to classify_max_inputs)
         Kind("classification", ("ClassificationService",), ("encoder",), "rerank_max_documents", ("packed",)),
     )

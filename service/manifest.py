@@ -24,9 +24,11 @@ FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's
 SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
 KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
 CLASSIFIER_ACTIVATIONS = ("sigmoid", "softmax", "none")  # how a classification model's logits are read
+PAIR_TRUNCATIONS = ("longest_first", "only_second")  # how a classification model cuts a pair past its limit
 POOLINGS = ("mean", "cls", "max", "last")  # an embedding graph pools inside; the manifest says how
 ROLES = {k.name: k.roles for k in KIND_TABLE.values()}  # kind -> the graphs it needs
 VARIANTS = ("fp32", "optimized", "fp16", "int8", "int4")
+EMBEDDERS = ("embedding", "sparse-embedding")  # the kinds with instruction prompts
 ATTENTION_ROLE = "attention"  # optional, any kind, fp32 only
 PACKED_ROLE = "packed"  # optional: several inputs per row (export/onnx/packed.py); older directories lack it
 OPTIONAL_ROLES = {k.name: k.optional_roles for k in KIND_TABLE.values() if k.optional_roles}
@@ -190,6 +192,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
         raise ModelDirError(f"{where}: tokenizer entry needs 'file' and 'sha256'")
     if m.kind == "embedding" and (m.pooling not in POOLINGS or not m.embedding_dim):
         raise ModelDirError(f"{where}: an embedding model needs pooling ({'|'.join(POOLINGS)}) and embedding_dim")
+    if m.kind == "sparse-embedding" and not m.embedding_dim:
+        raise ModelDirError(f"{where}: a sparse-embedding model needs embedding_dim (its vocabulary size)")
     if m.kind == "fill-mask" and not {"mask", "pad"} <= set(m.special_tokens):
         raise ModelDirError(
             f"{where}: a fill-mask model needs special_tokens 'mask' and 'pad' "
@@ -209,7 +213,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
 
 
 def _check_classifier(m: Manifest, where: Path) -> None:
-    """extra.labels (one name per logit, in id order) and extra.activation (export/models/classifier.py)."""
+    """extra.labels (one name per logit, in id order), extra.activation and extra.truncation, how a pair
+    past the limit is cut (absent: longest_first) (export/models/classifier.py)."""
     labels, activation = m.extra.get("labels"), m.extra.get("activation")
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         raise ModelDirError(f"{where}: a classification model needs extra.labels, a list of label names")
@@ -217,6 +222,9 @@ def _check_classifier(m: Manifest, where: Path) -> None:
         raise ModelDirError(
             f"{where}: extra.activation {activation!r} is not one of {', '.join(CLASSIFIER_ACTIVATIONS)}"
         )
+    truncation = m.extra.get("truncation", "longest_first")
+    if truncation not in PAIR_TRUNCATIONS:
+        raise ModelDirError(f"{where}: extra.truncation {truncation!r} is not one of {', '.join(PAIR_TRUNCATIONS)}")
 
 
 def _check_prompts(m: Manifest, where: Path) -> None:
@@ -225,7 +233,7 @@ def _check_prompts(m: Manifest, where: Path) -> None:
     prompts, default = m.extra.get("prompts", {}), m.extra.get("default_prompt_name")
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise ModelDirError(f"{where}: extra.prompts must map prompt names to prefix texts, not {prompts!r}")
-    if prompts and m.kind != "embedding":
+    if prompts and m.kind not in EMBEDDERS:
         raise ModelDirError(f"{where}: extra.prompts is for embedding models, not a {m.kind} model")
     if default is not None and default not in prompts:
         raise ModelDirError(

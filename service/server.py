@@ -26,7 +26,7 @@ from starlette.middleware import Middleware
 from service import metrics
 from service.auth import AuthInterceptor, Tokens, server_credentials
 from service.cores import BACKENDS, Cores
-from service.grpc import classification, embedding, fillmask, generation, inspection, models, translation
+from service.grpc import classification, embedding, fillmask, generation, inspection, models, sparse, translation
 from service.health import HealthServicer
 from service.http.app import build_app
 from service.http.security import BearerAuth, ssl_options
@@ -51,7 +51,7 @@ SERVICES = {name: svc.full_name for name, svc in pb.DESCRIPTOR.services_by_name.
 SERVICES[kserve.SERVICE] = kserve.SERVICE_NAME  # the Open Inference Protocol (KServe v2), service/kserve
 SERVICE_KINDS = {service: kind.name for kind in KINDS.values() for service in kind.services}
 # The gRPC doors, each a module with `register(server, cores)`: every service is registered this one way.
-GRPC_DOORS = (embedding, generation, translation, fillmask, classification, inspection, models, kserve)
+GRPC_DOORS = (embedding, generation, translation, fillmask, classification, sparse, inspection, models, kserve)
 
 
 class Server:

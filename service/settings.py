@@ -122,6 +122,7 @@ class Settings:
     default_classification_model: str = _f(
         "", "classification model (reranker, classifier) used when a request names none"
     )
+    default_sparse_embedding_model: str = _f("", "sparse-embedding (SPLADE) model used when a request names none")
     # Embeddings
     embed_max_batch_tokens: int = _f(
         0,

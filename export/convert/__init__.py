@@ -2,9 +2,9 @@
 
 `convert(path, out)` reads the folder (export/convert/folder.py), finds its converter in
 `ARCHITECTURES` by config.json's `architectures[0]` (a sentence-transformers `modules.json`
-makes an encoder or a Llama-family decoder an embedding model), maps its weights onto the
-project's own modules (one module per family: bert.py, classifier.py, modernbert.py, gpt2.py,
-llama.py with decoder_embedder.py, marian.py), checks the result against
+makes an encoder or a Llama-family decoder an embedding model, a sparse one with SPLADE pooling),
+maps its weights onto the project's own modules (one module per family: bert.py, classifier.py,
+modernbert.py, gpt2.py, llama.py with decoder_embedder.py, marian.py, splade.py), checks the result against
 transformers' own forward and tokenizer (reference.py), then builds the model directory like
 any other (export/build.py: ONNX export, parity gate, variants); an embedder's instruction prompts
 (config_sentence_transformers.json) go into the manifest (prompts.py). Anything unsupported raises
@@ -19,21 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from export.convert import bert, classifier, gpt2, llama, marian, modernbert, prompts
+from export.convert import bert, classifier, gpt2, llama, marian, modernbert, prompts, splade
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
 
 log = logging.getLogger(__name__)
 
-KINDS = ("embedding", "fill-mask", "generation", "translation", "classification")
+KINDS = ("embedding", "fill-mask", "generation", "translation", "classification", "sparse-embedding")
+MASKED_LM_KINDS = ("fill-mask", "embedding", "sparse-embedding")
 # architectures[0] -> (its converter module, the kind it makes by default, kinds it can make)
 ARCHITECTURES: dict[str, tuple[ModuleType, str, tuple[str, ...]]] = {
     "BertModel": (bert, "embedding", ("embedding",)),
-    "BertForMaskedLM": (bert, "fill-mask", ("fill-mask", "embedding")),
+    "BertForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
     "RobertaModel": (bert, "embedding", ("embedding",)),
-    "RobertaForMaskedLM": (bert, "fill-mask", ("fill-mask", "embedding")),
+    "DistilBertModel": (bert, "embedding", ("embedding",)),
+    "DistilBertForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
+    "RobertaForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
     "XLMRobertaModel": (bert, "embedding", ("embedding",)),
-    "XLMRobertaForMaskedLM": (bert, "fill-mask", ("fill-mask", "embedding")),
+    "XLMRobertaForMaskedLM": (bert, "fill-mask", MASKED_LM_KINDS),
     "BertForSequenceClassification": (classifier, "classification", ("classification",)),
     "RobertaForSequenceClassification": (classifier, "classification", ("classification",)),
     "XLMRobertaForSequenceClassification": (classifier, "classification", ("classification",)),
@@ -70,11 +73,13 @@ def family(folder: HFFolder, kind: str | None) -> tuple[ModuleType, str]:
     if arch not in ARCHITECTURES:
         raise refuse(folder.where(), "architectures", arch, sorted(ARCHITECTURES))
     module, default, kinds = ARCHITECTURES[arch]
+    if kind is None and "sparse-embedding" in kinds and splade.is_sparse(folder):
+        kind = "sparse-embedding"
     if kind is None:
         kind = "embedding" if folder.modules is not None and "embedding" in kinds else default
     if kind not in kinds:
         raise ConversionError(f"{folder.where()}: a {arch} converts to {' or '.join(kinds)}, not {kind!r} (--kind)")
-    return module, kind
+    return (splade if kind == "sparse-embedding" else module), kind
 
 
 def load(path: str | Path, options: Options = Options()) -> Converted:
@@ -82,7 +87,7 @@ def load(path: str | Path, options: Options = Options()) -> Converted:
     folder = HFFolder(path)
     converter, kind = family(folder, options.kind)
     converted = converter.load(folder, kind, options)
-    if kind == "embedding":
+    if kind in ("embedding", "sparse-embedding"):
         converted.prompts = prompts.read(folder)
     from export.convert import reference
 

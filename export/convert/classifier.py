@@ -9,8 +9,10 @@ is the folder's: a CrossEncoder's `activation_fn` (config_sentence_transformers.
 config.json's `sentence_transformers.activation_fn` or the older `sbert_ce_default_activation_function`),
 else `problem_type`, else one label: sigmoid (TEI's and CrossEncoder's default), several: softmax.
 The graph takes token_type_ids when the folder's tokenizer returns them (a BERT folder, even one
-whose tokenizer_config names only `BertTokenizer` and a vocab.txt). A CrossEncoder pipeline with a
-module other than its Transformer is refused, naming it.
+whose tokenizer_config names only `BertTokenizer` and a vocab.txt). A pair past the limit is cut
+longest-first (CrossEncoder's default), or only in its second text where the folder says
+`only_second` (`truncation`), which the manifest's extra.truncation tells the service. A
+CrossEncoder pipeline with a module other than its Transformer is refused, naming it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from export.convert import bert
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder, fast_tokenizer
-from export.models.classifier import HeadConfig, SequenceClassifier
+from export.models.classifier import TRUNCATIONS, HeadConfig, SequenceClassifier
 
 # CrossEncoder activation_fn -> ours
 ST_ACTIVATIONS = {
@@ -31,6 +33,7 @@ ST_ACTIVATIONS = {
     "torch.nn.modules.activation.Softmax": "softmax",
 }
 PROBLEM_TYPES = {"regression": None, "single_label_classification": None, "multi_label_classification": "sigmoid"}
+TOKENIZER_STRATEGIES = {"LongestFirst": "longest_first", "OnlySecond": "only_second", "OnlyFirst": "only_first"}
 CE_MODULES = ("sentence_transformers.models.Transformer", "sentence_transformers.base.modules.transformer.Transformer")
 _HEADS = [  # (HF name after the model prefix is removed, ours)
     (r"^bert\.pooler\.dense\.", "head.dense."),
@@ -79,6 +82,23 @@ def max_length(folder: HFFolder) -> int | None:
     return int(st["max_seq_length"]) if st.get("max_seq_length") else None
 
 
+def truncation(folder: HFFolder) -> str:
+    """How the folder cuts a pair past the limit: sentence_bert_config.json's processing_kwargs (text, else
+    common) `truncation` (CrossEncoder's), else tokenizer.json's truncation strategy, else longest_first."""
+    kwargs = (folder.json("sentence_bert_config.json") or {}).get("processing_kwargs") or {}
+    said = [("sentence_bert_config.json", (kwargs.get(k) or {}).get("truncation")) for k in ("text", "common")]
+    strategy = ((folder.json("tokenizer.json") or {}).get("truncation") or {}).get("strategy")
+    if isinstance(strategy, str):
+        said.append(("tokenizer.json", TOKENIZER_STRATEGIES.get(strategy, strategy)))
+    for where, value in said:
+        if value is not None:
+            value = "longest_first" if value is True else value
+            if value not in TRUNCATIONS:
+                raise refuse(folder.where(where), "truncation", value, TRUNCATIONS)
+            return value
+    return "longest_first"
+
+
 def map_weights(folder: HFFolder, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Head weights by _HEADS; the rest through bert.map_weights (the encoder's names)."""
     head, rest = {}, {}
@@ -96,7 +116,7 @@ def map_weights(folder: HFFolder, state: dict[str, torch.Tensor]) -> dict[str, t
 
 def load(folder: HFFolder, kind: str, options) -> Converted:
     names = labels(folder)
-    head_cfg = HeadConfig(labels=names, activation=activation(folder, len(names)))
+    head_cfg = HeadConfig(labels=names, activation=activation(folder, len(names)), truncation=truncation(folder))
     limit = max_length(folder)
     cfg = bert.read_config(folder, options, {"max_length": limit} if limit else {})
     tokenizer, hf_tok = fast_tokenizer(folder)
@@ -117,6 +137,7 @@ def load(folder: HFFolder, kind: str, options) -> Converted:
         "model_type": folder.config["model_type"],
         "labels": names,
         "activation": head_cfg.activation,
+        "truncation": head_cfg.truncation,
         "cross_encoder": folder.modules is not None or folder.json("config_sentence_transformers.json") is not None,
     }
     return Converted(

@@ -1,8 +1,9 @@
 """A converted classifier against transformers on the same folder (reference.py's check for kind "classification").
 
 Tokenizer: ids, and token type ids where transformers returns them, equal on single texts and on
-pairs (query, document), untruncated and truncated longest-first at the model's limit and at a short
-one. Logits: `AutoModelForSequenceClassification` on the same pairs, right-padded, within
+pairs (query, document), untruncated and truncated as the folder cuts pairs (longest-first or
+only_second: a pair transformers cannot cut so must be refused by ours) at the model's limit and at
+a short one. Logits: `AutoModelForSequenceClassification` on the same pairs, right-padded, within
 `LOGITS_MAX_ABS` at every label. A miss raises `parity.ParityError`.
 """
 
@@ -23,15 +24,21 @@ def _pairs(texts: list[str]) -> list[tuple[str, str]]:
     return [(texts[i], texts[(i + 3) % len(texts)]) for i in range(len(texts))]
 
 
-def _tokenizer_figures(reference, ours: Tokenizer, texts: list[str], limit: int) -> dict:
-    checked = 0
+def _tokenizer_figures(reference, ours: Tokenizer, texts: list[str], limit: int, strategy: str) -> dict:
+    checked, refused = 0, 0
     for cut in (None, limit, SHORT_LIMIT):
-        tok = Tokenizer.from_str(ours.to_str())
-        tok.no_padding()
-        tok.no_truncation() if cut is None else tok.enable_truncation(cut)
         for item in [*texts, *_pairs(texts)]:
             args = item if isinstance(item, tuple) else (item,)
-            want = reference(*args, truncation=cut is not None, max_length=cut)
+            tok = Tokenizer.from_str(ours.to_str())
+            tok.no_padding()  # a single text is cut at its end whatever the pair strategy (the service's)
+            way = strategy if len(args) == 2 else "longest_first"
+            tok.no_truncation() if cut is None else tok.enable_truncation(cut, strategy=way)
+            try:
+                want = reference(*args, truncation=way if cut is not None else False, max_length=cut)
+            except Exception:  # only_second: a first text that leaves no room; ours must refuse it too
+                _refuses(tok, args)
+                refused += 1
+                continue
             got = tok.encode(*args)
             same = want["input_ids"] == got.ids
             if "token_type_ids" in want:
@@ -43,7 +50,21 @@ def _tokenizer_figures(reference, ours: Tokenizer, texts: list[str], limit: int)
                     f"types {want.get('token_type_ids')}"
                 )
             checked += 1
-    return {"inputs": checked, "pairs": True, "same_ids": True, "same_type_ids": "token_type_ids" in want}
+    return {
+        "inputs": checked,
+        "pairs": True,
+        "refused_alike": refused,
+        "same_ids": True,
+        "same_type_ids": "token_type_ids" in want,
+    }
+
+
+def _refuses(tok: Tokenizer, args: tuple) -> None:
+    try:
+        tok.encode(*args)
+    except Exception:
+        return
+    raise parity.ParityError(f"tokenizer: transformers cannot truncate {args!r} as the folder says, ours does")
 
 
 def check(folder: HFFolder, c: Converted, texts: list[str]) -> dict:
@@ -51,12 +72,13 @@ def check(folder: HFFolder, c: Converted, texts: list[str]) -> dict:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     reference = AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True)
-    figures = {"tokenizer": _tokenizer_figures(reference, c.tokenizer, texts, c.max_input_tokens)}
+    strategy = c.source.get("truncation", "longest_first")
+    figures = {"tokenizer": _tokenizer_figures(reference, c.tokenizer, texts, c.max_input_tokens, strategy)}
     hf = AutoModelForSequenceClassification.from_pretrained(str(folder.path), local_files_only=True).eval()
     batch = reference(
         [a for a, _ in _pairs(texts)],
         [b for _, b in _pairs(texts)],
-        truncation=True,
+        truncation=True,  # the logits of the same ids (pairs of any length; how they are cut: above)
         max_length=c.max_input_tokens,
         padding=True,
         return_tensors="pt",

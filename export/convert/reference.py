@@ -4,7 +4,8 @@ transformers is the reference here, an export dependency only (the model directo
 it). At conversion: the tokenizer's ids equal the folder's AutoTokenizer's on `TEXTS`; embeddings
 reach cosine >= parity.ENCODER_MIN_COS against transformers' pooled hidden states (a decoder
 embedder's: the last real token's); logits at every
-real position are within `LOGITS_MAX_ABS` (fill-mask, generation, translation teacher-forced);
+real position are within `LOGITS_MAX_ABS` (fill-mask, generation, translation teacher-forced), and
+so are SPLADE weights (transformers' logits pooled as SpladePooling does);
 greedy tokens equal `generate(do_sample=False)` for GREEDY_TOKENS new tokens (generation,
 translation with num_beams=1), and where ours emits one of the end ids (`Converted.eos_token_ids`),
 `generate` given that list stops at the same token. A miss raises `parity.ParityError`; the figures
@@ -24,6 +25,7 @@ from export.gate import parity
 from export.models.decoder import GPTDecoder
 from export.models.decoder_embedder import DecoderEmbedder, last_token
 from export.models.families import Encoder
+from export.models.mlm import SpladeEncoder
 from export.models.seq2seq import Translator
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,23 @@ def _fill_mask(folder: HFFolder, c: Converted) -> dict:
     return _logits_figures(ref, got, mask, "fill-mask")
 
 
+def _sparse(folder: HFFolder, c: Converted) -> dict:
+    """SPLADE weights: transformers' MLM logits pooled as SpladePooling does, vs ours end to end."""
+    from transformers import AutoModelForMaskedLM
+
+    hf = AutoModelForMaskedLM.from_pretrained(str(folder.path), local_files_only=True).eval()
+    ids, mask = _batch(c.tokenizer, TEXTS, c.max_input_tokens, c.special_tokens.get("pad", 0))
+    model = _ours(c, SpladeEncoder)
+    with torch.no_grad():
+        ref = model.pool(hf(input_ids=ids, attention_mask=mask).logits, mask)  # (B, V)
+        got = model(ids, mask)
+    diff = float((ref - got).abs().max())
+    if diff > LOGITS_MAX_ABS:
+        parity._fail("sparse weights max abs diff vs transformers", diff, LOGITS_MAX_ABS)
+    same = bool(((ref > 0) == (got > 0)).all())
+    return {"values_max_abs_diff": diff, "same_nonzero": same, "inputs": len(TEXTS)}
+
+
 def _generation(folder: HFFolder, c: Converted) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -217,7 +236,13 @@ def _merge(a: dict, b: dict) -> dict:
     }
 
 
-CHECKS = {"embedding": _embedding, "fill-mask": _fill_mask, "generation": _generation, "translation": _translation}
+CHECKS = {
+    "embedding": _embedding,
+    "fill-mask": _fill_mask,
+    "generation": _generation,
+    "translation": _translation,
+    "sparse-embedding": _sparse,
+}
 
 
 def check(folder: HFFolder, converted: Converted) -> dict:

@@ -21,6 +21,7 @@ from torch import nn
 from export.models.encoder import EncoderConfig, SentenceEncoder
 
 ACTIVATIONS = ("sigmoid", "softmax", "none")  # what the service applies to the logits
+TRUNCATIONS = ("longest_first", "only_second")  # how a pair past the limit is cut (transformers' names)
 
 
 @dataclass
@@ -28,6 +29,7 @@ class HeadConfig:
     labels: list[str] = field(default_factory=lambda: ["LABEL_0"])  # id2label, in id order
     activation: str = "sigmoid"  # ACTIVATIONS
     token_types: bool = True  # the graph takes token_type_ids (the tokenizer gives them)
+    truncation: str = "longest_first"  # TRUNCATIONS: only_second keeps the query whole, cuts the document
 
     @property
     def num_labels(self) -> int:

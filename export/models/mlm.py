@@ -10,9 +10,16 @@ objective (the `sop` classifier on [CLS], training only; the fill-mask graph exp
 `forward(input_ids, attention_mask)` -> (B, T, V) logits at every position; the model
 directory's kind "fill-mask" exports exactly that (export/onnx/fill_mask.py). Module names mirror
 Hugging Face BertForMaskedLM's `cls.predictions.{transform,decoder,bias}` in spirit.
+
+`SpladeEncoder` turns the same model into a sparse embedder (kind "sparse-embedding"): Formal et
+al., "SPLADE v2" (2021), eq. 1 with max pooling: w_j = max_i log(1 + ReLU(logit_ij)) over the real
+tokens i, one weight per vocabulary entry j, as sentence-transformers' `SpladePooling` computes it
+(pooling "max" or "sum", activation "relu" or "log1p_relu", its second log1p).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -73,3 +80,33 @@ class MaskedLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+SPLADE_POOLINGS = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+
+
+@dataclass
+class SpladeConfig:
+    pooling: str = "max"  # SPLADE_POOLINGS
+    activation: str = "relu"  # SPLADE_ACTIVATIONS
+
+
+class SpladeEncoder(nn.Module):
+    """A masked LM whose logits are pooled into one (B, V) vocabulary-weight vector per input."""
+
+    def __init__(self, cfg: EncoderConfig, splade: SpladeConfig):
+        super().__init__()
+        self.config, self.splade = cfg, splade
+        self.mlm = MaskedLM(cfg)
+
+    def forward(self, input_ids, attention_mask):
+        """-> (B, V) weights, >= 0."""
+        return self.pool(self.mlm(input_ids, attention_mask), attention_mask)
+
+    def pool(self, logits, attention_mask):
+        """(B, T, V) logits -> (B, V); padded positions count as 0, as SpladePooling masks them."""
+        weights = torch.log1p(torch.relu(logits * attention_mask[:, :, None].to(logits.dtype)))  # (B, T, V)
+        if self.splade.activation == "log1p_relu":
+            weights = torch.log1p(weights)
+        return weights.amax(dim=1) if self.splade.pooling == "max" else weights.sum(dim=1)  # (B, V)

@@ -69,7 +69,9 @@ class ClassificationModel:
             engine = PackedClassifierEngine(session, pad, settings.embed_pack_row_tokens, m.name, alignment(variant))
         else:
             engine = ClassifierEngine(session, pad, m.name)
-        tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+        tokenizer = PairTokenizer(
+            model_dir.file(m.tokenizer["file"]), m.max_input_tokens, m.extra.get("truncation", "longest_first")
+        )
         log.info("classification model %s: %s %s graph, labels %s", m.name, variant, execution, m.extra["labels"])
         return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
 

@@ -11,6 +11,7 @@ it mirrors (protocol="http"), gives the core its deadline and maps failures to O
     POST /v1/translate         TranslationService/Translate
     POST /v1/fill-mask         FillMaskService/FillMask
     POST /rerank, /v1/rerank, /v2/rerank, /v1/score, /predict, /classify: service/http/classification.py
+    POST /embed, /embed_sparse EmbeddingService/Embed, SparseEmbeddingService/EmbedSparse: service/http/tei.py
     GET  /health               200 while SERVING, else 503 (warming up, draining); not counted
     /v2/...                    the Open Inference Protocol (KServe v2) REST binding: service/kserve/rest.py,
                                whose routes the server hands in (`build_app(extra_routes=...)`)
@@ -36,7 +37,7 @@ from service.generation.chat import Chat, ChatCore
 from service.generation.core import Generation, join_chunks
 from service.grpc.fillmask import fill_mask_query, fill_mask_response
 from service.grpc.translation import translate_query, translate_response
-from service.http import chat, classification, completions, schemas, tokenization
+from service.http import chat, classification, completions, schemas, tei, tokenization
 from service.http.body import read_json
 from service.http.errors import CODE_OF_STATUS, HttpCall, error_body, route
 from service.inflight import Inflight
@@ -204,6 +205,7 @@ def build_app(
             Route("/v1/fill-mask", r.fill_mask, methods=["POST"]),
             Route("/health", r.health, methods=["GET"]),
             *classification.routes(cores),
+            *tei.routes(cores),
             *extra_routes,
         ],
         middleware=list(middleware),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from service.cores import Cores
 from service.errors import InvalidArgument, NotFound, quote
 from service.kinds import KINDS
-from service.kserve import classification, embedding, fillmask, generation, translation
+from service.kserve import classification, embedding, fillmask, generation, sparse, translation
 from service.kserve.adapter import Adapter
 from service.kserve.arrays import Expect, Scalar, Spec, Tensor
 from service.kserve.parameters import checked
@@ -31,6 +31,7 @@ ADAPTERS: dict[str, Adapter] = {  # kind (service/kinds.py) -> its adapter
     "generation": generation,
     "translation": translation,
     "classification": classification,
+    "sparse-embedding": sparse,
 }
 
 

@@ -440,6 +440,44 @@ class FillMaskResponse(_message.Message):
     timings: Timings
     def __init__(self, results: _Optional[_Iterable[_Union[FilledInput, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
+class EmbedSparseRequest(_message.Message):
+    __slots__ = ("inputs", "model", "truncate", "prompt_name", "prompt", "request_id")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    truncate: bool
+    prompt_name: str
+    prompt: str
+    request_id: str
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., truncate: _Optional[bool] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SparseEmbedding(_message.Message):
+    __slots__ = ("indices", "values")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EmbedSparseResponse(_message.Message):
+    __slots__ = ("embeddings", "model", "usage", "timings", "request_id")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _containers.RepeatedCompositeFieldContainer[SparseEmbedding]
+    model: str
+    usage: Usage
+    timings: Timings
+    request_id: str
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[SparseEmbedding, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
 class RerankRequest(_message.Message):
     __slots__ = ("query", "documents", "model", "top_n", "raw_scores", "truncate", "return_documents", "request_id")
     QUERY_FIELD_NUMBER: _ClassVar[int]

@@ -529,6 +529,90 @@ class FillMaskService:
             _registered_method=True)
 
 
+class SparseEmbeddingServiceStub:
+    """---------------------------------------------------------------------------------------------
+    Sparse embeddings (SPLADE: one weight per vocabulary entry, most of them zero)
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.EmbedSparse = channel.unary_unary(
+                '/inference.v1.SparseEmbeddingService/EmbedSparse',
+                request_serializer=inference_dot_v1_dot_inference__pb2.EmbedSparseRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.EmbedSparseResponse.FromString,
+                _registered_method=True)
+
+
+class SparseEmbeddingServiceServicer:
+    """---------------------------------------------------------------------------------------------
+    Sparse embeddings (SPLADE: one weight per vocabulary entry, most of them zero)
+
+    """
+
+    def EmbedSparse(self, request, context):
+        """Each input's non-zero vocabulary weights (kind sparse-embedding; a dense embedding model named
+        here: INVALID_ARGUMENT naming its kind). Inputs of concurrent calls are batched together, with
+        the same limits as Embed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SparseEmbeddingServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'EmbedSparse': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedSparse,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.EmbedSparseRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.EmbedSparseResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'inference.v1.SparseEmbeddingService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('inference.v1.SparseEmbeddingService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class SparseEmbeddingService:
+    """---------------------------------------------------------------------------------------------
+    Sparse embeddings (SPLADE: one weight per vocabulary entry, most of them zero)
+
+    """
+
+    @staticmethod
+    def EmbedSparse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.SparseEmbeddingService/EmbedSparse',
+            inference_dot_v1_dot_inference__pb2.EmbedSparseRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.EmbedSparseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class ClassificationServiceStub:
     """---------------------------------------------------------------------------------------------
     Classification: rerankers (cross-encoders) and sequence classifiers

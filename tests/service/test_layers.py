@@ -20,6 +20,7 @@ BELOW_DOORS = (
     "service/numbers.py",
     "service/embedding/",
     "service/fillmask/",
+    "service/sparse/",
     "service/generation/",
     "service/translation/",
     "service/inspection/",

@@ -45,6 +45,7 @@ VALID = {
     "FillMaskService/FillMask": pb.FillMaskRequest(inputs=["fuzz [MASK]"]),
     "ClassificationService/Rerank": pb.RerankRequest(query="fuzz", documents=["fuzz"]),
     "ClassificationService/Classify": pb.ClassifyRequest(inputs=[pb.ClassifyInput(text="fuzz")]),
+    "SparseEmbeddingService/EmbedSparse": pb.EmbedSparseRequest(inputs=["fuzz"]),
     "GenerationService/Chat": pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="fuzz")], max_new_tokens=2),
     "GenerationService/ChatStream": pb.ChatRequest(
         messages=[pb.ChatMessage(role="user", content="fuzz")], max_new_tokens=2

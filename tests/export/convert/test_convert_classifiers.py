@@ -66,6 +66,18 @@ REFUSALS = [
         lambda m: [*m, {"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.models.Dense"}],
         "Dense",
     ),
+    (
+        "bert-ce",
+        "sentence_bert_config.json",
+        lambda c: {**c, "processing_kwargs": {"text": {"truncation": "only_first"}}},
+        "truncation = 'only_first'",
+    ),
+    (
+        "xlmr-ce",
+        "tokenizer.json",
+        lambda t: {**t, "truncation": {"max_length": 8, "strategy": "OnlyFirst", "stride": 0, "direction": "Right"}},
+        "truncation = 'only_first'",
+    ),
 ]
 
 
@@ -128,3 +140,27 @@ async def test_reduced_precision_variants_are_judged_and_served(classifier_folde
             for s in result.labels:
                 got[row, s.label_id] = s.score
         np.testing.assert_allclose(got, want, atol=0.05)
+
+
+def test_pair_truncation_follows_the_folder(classifier_folders, tmp_path):
+    """only_second from a CrossEncoder's processing_kwargs or the tokenizer.json's strategy; longest_first
+    (CrossEncoder's default) otherwise; the reference check holds either way."""
+    assert json.loads((classifier_folders / "models" / "bert-ce" / "model.json").read_text())["extra"][
+        "truncation"
+    ] == ("longest_first")
+    folder = copy(classifier_folders / "hf" / "bert-ce", tmp_path / "kwargs")
+    edit(
+        folder,
+        "sentence_bert_config.json",
+        lambda c: {**c, "processing_kwargs": {"text": {"truncation": "only_second"}}},
+    )
+    converted = load(folder)
+    assert converted.source["truncation"] == "only_second"
+    assert converted.source["reference"]["tokenizer"]["refused_alike"] > 0  # first texts past the short limit
+    folder = copy(classifier_folders / "hf" / "xlmr-ce", tmp_path / "tokenizer")
+    edit(
+        folder,
+        "tokenizer.json",
+        lambda t: {**t, "truncation": {"max_length": 8, "strategy": "OnlySecond", "stride": 0, "direction": "Right"}},
+    )
+    assert load(folder).source["truncation"] == "only_second"

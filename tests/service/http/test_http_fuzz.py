@@ -65,9 +65,11 @@ FIELDS = {
     "/v1/score": ["text_1", "text_2", "model", "truncate"],
     "/predict": ["inputs", "model", "raw_scores", "truncate"],
     "/classify": ["input", "model", "raw_scores"],
+    "/embed": ["inputs", "model", "normalize", "truncate", "dimensions", "prompt_name", "truncation_direction"],
+    "/embed_sparse": ["inputs", "model", "truncate", "prompt_name", "truncation_direction"],
 }
 DOCUMENTED = {200, 400, 404, 429}
-NO_USAGE = {"/tokenize", "/detokenize", "/rerank", "/predict"}  # vLLM's and TEI's shapes: no token accounting
+NO_USAGE = {"/tokenize", "/detokenize", "/rerank", "/predict", "/embed", "/embed_sparse"}  # vLLM's, TEI's: no usage
 EXAMPLES = 150
 SCALARS = (
     st.none()
@@ -85,6 +87,7 @@ SCALARS = (
             "tiny-fill-mask",
             "bert-ce",
             "bert-cls3",
+            "splade",
             "float",
             "base64",
             "",
