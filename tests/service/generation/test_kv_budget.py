@@ -52,9 +52,13 @@ async def test_a_short_budget_serves_fewer_rows(start_server, gpt_root, caplog):
     server = await start_server(gpt_root, gen_max_batch=16, gen_kv_cache_bytes=3 * ROW + 100)
     got = await info(server)
     assert got.manifest["serving.kv_rows"] == "3" and got.manifest["serving.kv_cache_bytes"] == str(3 * ROW)
-    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "tiny-gpt" in r.getMessage()]
-    assert warned and "serving 3 rows instead" in warned[0].getMessage()
-    assert "gen_kv_cache_bytes" in warned[0].getMessage()
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "service.generation.kvbudget" and "tiny-gpt" in r.getMessage()
+    ]
+    assert warned and "serving 3 rows instead" in warned[0]
+    assert "gen_kv_cache_bytes" in warned[0]
     calls = [server.generation.Generate(generate_request(f"Once upon a time {i}", max_new_tokens=12)) for i in range(7)]
     replies = await asyncio.gather(*calls)
     assert all(r.token_ids and r.finish_reason != pb.FINISH_REASON_UNSPECIFIED for r in replies)
