@@ -24,6 +24,7 @@ from service.models import ModelsCore
 from service.registry import ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
+from service.sparse.core import SparseEmbeddingCore
 from service.split.client import EngineClient
 from service.translation.core import TranslationCore
 
@@ -83,6 +84,13 @@ class RemoteClassificationCore(_Forward, ClassificationCore):
         return await self._forward("classify", query, deadline)
 
 
+class RemoteSparseEmbeddingCore(_Forward, SparseEmbeddingCore):
+    core, kind = "sparse", "sparse-embedding"
+
+    async def embed_sparse(self, query, deadline=None):
+        return await self._forward("embed_sparse", query, deadline)
+
+
 class RemoteAttentionCore(_Forward, AttentionCore):
     core = "attention"  # any served model (kind "": registry.find)
 
@@ -120,6 +128,7 @@ def remote_cores(registry: ModelRegistry, settings: Settings, runtime: Runtime, 
         ("translation", RemoteTranslationCore, (registry, settings)),
         ("attention", RemoteAttentionCore, (registry, settings, runtime)),
         ("classification", RemoteClassificationCore, (registry, settings)),
+        ("sparse", RemoteSparseEmbeddingCore, (registry, settings)),
     ):
         core = cls(*args)
         core.client = client

@@ -22,6 +22,7 @@ from service.fillmask.core import FilledMasks, FillMaskQuery
 from service.generation.output import Chunk
 from service.generation.query import GenerateQuery
 from service.inspection.core import AttentionMaps, AttentionQuery
+from service.sparse.core import SparseEmbeddings, SparseQuery
 from service.translation.core import TranslateQuery, Translations
 
 ARRAY_EXT = 1
@@ -35,6 +36,7 @@ CALLS: dict[tuple[str, str], tuple[type, type]] = {
     ("classification", "score"): (ScoreQuery, Scored),
     ("classification", "classify"): (ClassifyQuery, Classified),
     ("attention", "attention"): (AttentionQuery, AttentionMaps),
+    ("sparse", "embed_sparse"): (SparseQuery, SparseEmbeddings),
 }
 
 

@@ -1,7 +1,7 @@
 """`--frontends 2` answers every door as one process does: each gRPC RPC (KServe's ModelInfer too) and
 each HTTP route, over fresh connections (so both front ends answer), gives the same result as
 `python -m service` over the same models: embeddings, greedy tokens, logprobs, structured output,
-chats, translations, fill-mask, rerank, classify, attention; and the same refusals."""
+chats, translations, fill-mask, rerank, classify, attention, sparse vectors; and the same refusals."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ UNARY = [  # (stub, method, request)
     (pb_grpc.ClassificationServiceStub, "Rerank", pb.RerankRequest(query="q", documents=["one", "two", "three"])),
     (pb_grpc.ClassificationServiceStub, "Classify", pb.ClassifyRequest(inputs=[pb.ClassifyInput(text="some")])),
     (pb_grpc.InspectionServiceStub, "Attention", pb.AttentionRequest(text="look here")),
+    (pb_grpc.SparseEmbeddingServiceStub, "EmbedSparse", pb.EmbedSparseRequest(inputs=["sparse words", "more"])),
     (pb_grpc.ModelServiceStub, "ListModels", pb.ListModelsRequest()),
     (pb_grpc.ModelServiceStub, "GetModel", pb.GetModelRequest(name="tiny-gpt")),
     (oip_grpc.GRPCInferenceServiceStub, "ModelInfer", kserve_embed()),
@@ -49,6 +50,7 @@ UNARY = [  # (stub, method, request)
     (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="x", model="nope")),
     (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="x", temperature=-1)),
     (pb_grpc.TranslationServiceStub, "Translate", pb.TranslateRequest(inputs=[""])),
+    (pb_grpc.SparseEmbeddingServiceStub, "EmbedSparse", pb.EmbedSparseRequest(inputs=["a"], model="tiny-embed")),
 ]
 HTTP = [  # (path, body)
     ("/v1/embeddings", {"input": ["hello world", "again"]}),
@@ -60,6 +62,7 @@ HTTP = [  # (path, body)
     ("/v1/fill-mask", {"inputs": ["a [MASK] b"], "top_k": 2}),
     ("/rerank", {"query": "q", "texts": ["one", "two"]}),
     ("/predict", {"inputs": "some text"}),
+    ("/embed_sparse", {"inputs": ["sparse words", "more"]}),
     ("/tokenize", {"prompt": "Once upon"}),
     ("/v2/models/tiny-embed/infer", {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}),
     ("/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 9000}),  # refused alike
