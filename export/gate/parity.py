@@ -348,7 +348,7 @@ def _check_logits(figures: dict, variant: str, what: str) -> None:
 
 
 def reference_generations(model, prompts: Sequence[Sequence[int]], n_new: int = GREEDY_NEW_TOKENS) -> list[list[int]]:
-    """`GPTDecoder.generate` per prompt (no cache, no EOS stop): the tokens the ONNX loop must produce."""
+    """`GPTDecoder.generate` per prompt (no EOS stop): the tokens the ONNX loop must produce."""
     if max(len(p) for p in prompts) + n_new > model.config.max_positions:
         raise ValueError(f"prompts too long for {n_new} new tokens within max_positions {model.config.max_positions}")
     device = next(model.parameters()).device

@@ -207,11 +207,17 @@ class GPTDecoder(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, stop_at_eos: bool = True) -> torch.Tensor:
-        """Greedy reference without a cache: re-runs the whole sequence every step. (1, T) -> (1, T+n)."""
-        ids = input_ids
+        """Greedy reference, (1, T) -> (1, T+n): one token a step over this module's own cache (`forward`'s
+        past); once the sequence would pass max_positions, the whole last window re-run every step."""
+        ids, past = input_ids, None
         for _ in range(max_new_tokens):
-            window = ids[:, -self.config.max_positions :]
-            logits, _ = self(window)
+            if ids.shape[1] > self.config.max_positions:
+                past = None  # a sliding window: no cache holds it
+                logits, _ = self(ids[:, -self.config.max_positions :])
+            elif past is None:
+                logits, past = self(ids)
+            else:
+                logits, past = self(ids[:, -1:], past=past)
             nxt = logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
             ids = torch.cat([ids, nxt], dim=1)
             if stop_at_eos and int(nxt) == self.config.eos_token_id:
