@@ -1,13 +1,14 @@
 """Rerank pairs/s: the service vs sentence-transformers' CrossEncoder.predict vs onnxruntime alone.
 
 1. Builds a cross-encoder folder (random weights, BERT shape from --layers / --hidden; a WordPiece
-   vocabulary trained on the sentences; saved by CrossEncoder) and converts it (optimized variant),
-   unless --folder / --models name existing ones.
+   vocabulary trained on the sentences; saved by CrossEncoder) and converts it (the optimized
+   variant, and --variant's), unless --root names an earlier run's.
 2. Rounds, each running the three sides one after the other, alternating their order (each side in
    its own process: two thread pools in one process spin against each other):
-   - service: `python -m service`, --clients concurrent Rerank calls of 1 query x --documents documents;
+   - service: `python -m service --variant V`, --clients concurrent Rerank calls of 1 query x
+     --documents documents;
    - cross-encoder: `CrossEncoder.predict` on the same pairs at each --st-batch-size (its best kept);
-   - onnxruntime: the served graph alone (the manifest's optimized padded graph, one session of
+   - onnxruntime: the served graph alone (the manifest's padded graph of --variant, one session of
      --threads threads), the same pairs tokenized, length-sorted batches of --ort-batch pairs.
 Prints one JSON object: pairs/s and CPU seconds per 1,000 pairs (the service's whole process tree,
 from /proc; the others' own process time) per side and round, the server's CPU seconds per call,
@@ -40,7 +41,7 @@ def calls(sentences: list[str], count: int, documents: int) -> list[tuple[str, l
     return out
 
 
-def build(root: Path, sentences: list[str], layers: int, hidden: int) -> tuple[Path, Path]:
+def build(root: Path, sentences: list[str], layers: int, hidden: int, variant: str) -> tuple[Path, Path]:
     """A CrossEncoder folder (root/hf) and its conversion (root/models/cross-encoder)."""
     from sentence_transformers import CrossEncoder
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -68,7 +69,8 @@ def build(root: Path, sentences: list[str], layers: int, hidden: int) -> tuple[P
     cfg.num_labels = 1
     BertForSequenceClassification(cfg).save_pretrained(raw)
     CrossEncoder(str(raw), local_files_only=True, max_length=256).save(str(root / "hf"))
-    convert(root / "hf", root / "models" / "cross-encoder", name="cross-encoder", variants=("optimized",))
+    variants = tuple(dict.fromkeys(("optimized", variant) if variant != "fp32" else ("optimized",)))
+    convert(root / "hf", root / "models" / "cross-encoder", name="cross-encoder", variants=variants)
     return root / "hf", root / "models"
 
 
@@ -131,7 +133,7 @@ def cross_encoder_side(folder: Path, work: list, batch_sizes: list[int], threads
     }
 
 
-def ort_side(models: Path, work: list, batch: int, threads: int) -> dict:
+def ort_side(models: Path, work: list, batch: int, threads: int, variant: str) -> dict:
     import numpy as np
     import onnxruntime as ort
 
@@ -143,7 +145,7 @@ def ort_side(models: Path, work: list, batch: int, threads: int) -> dict:
     m = model_dir.manifest
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    sess = ort.InferenceSession(str(model_dir.file(m.graph("encoder", "optimized").file)), opts)
+    sess = ort.InferenceSession(str(model_dir.file(m.graph("encoder", variant).file)), opts)
     truncation = m.extra.get("truncation", "longest_first")
     tokenizer = PairTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens, truncation)
     encoded = tokenizer.encode([(q, d) for q, docs in work for d in docs])
@@ -156,6 +158,13 @@ def ort_side(models: Path, work: list, batch: int, threads: int) -> dict:
         np.asarray(sess.run(["logits"], f)[0])
     cpu = 1000 * (time.process_time() - started_cpu) / len(rows)
     return {"pairs_per_s": len(rows) / (time.perf_counter() - start), "cpu_s_per_1k_pairs": cpu, "batch": batch}
+
+
+def gate_figures(model: Path, variant: str) -> dict:
+    """The export gate's figures for the variant's padded graph (its verdict on a quantised one)."""
+    from service.manifest import load_model_dir
+
+    return load_model_dir(model).manifest.graph("encoder", variant).parity
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,22 +180,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch / onnxruntime threads of the reference sides")
     p.add_argument("--st-batch-size", default="16,32,64")
     p.add_argument("--ort-batch", type=int, default=32)
+    p.add_argument("--variant", default="optimized", choices=["fp32", "optimized", "int8"], help="served and timed")
     p.add_argument("--server-flag", action="append", default=[], help="extra `python -m service` flag")
     args = p.parse_args(argv)
     work = calls(load_sentences(None, args.calls * (args.documents + 1) + 1), args.calls, args.documents)
     if args.side:  # a worker: one side, one JSON line
-        flags = [f for flag in args.server_flag for f in flag.split()]
+        flags = ["--variant", args.variant, *(f for flag in args.server_flag for f in flag.split())]
         if args.side == "service":
             emit(service_side(args.root / "models", work, args.clients, flags))
         elif args.side == "cross-encoder":
             sizes = [int(b) for b in args.st_batch_size.split(",")]
             emit(cross_encoder_side(args.root / "hf", work, sizes, args.threads))
         else:
-            emit(ort_side(args.root / "models", work, args.ort_batch, args.threads))
+            emit(ort_side(args.root / "models", work, args.ort_batch, args.threads, args.variant))
         return 0
     root = args.root or Path(tempfile.mkdtemp(prefix="rerank-bench-"))
     if not (root / "models").is_dir():
-        build(root, load_sentences(None, 5000), args.layers, args.hidden)
+        build(root, load_sentences(None, 5000), args.layers, args.hidden, args.variant)
     given = list(argv if argv is not None else sys.argv[1:])
     passed = [a for i, a in enumerate(given) if not (a.startswith("--root") or (i and given[i - 1] == "--root"))]
     sides = ["service", "cross-encoder", "ort"]
@@ -200,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "conditions": conditions(),
         "shape": {"layers": args.layers, "hidden": args.hidden, "documents": args.documents, "calls": args.calls},
+        "variant": args.variant,
+        "gate": gate_figures(root / "models" / "cross-encoder", args.variant),
         "pairs_per_s": rate,
         "service_over_cross_encoder": round(rate["service"]["median"] / rate["cross-encoder"]["median"], 3),
         "service_over_ort_alone": round(rate["service"]["median"] / rate["ort"]["median"], 3),

@@ -142,6 +142,21 @@ async def test_reduced_precision_variants_are_judged_and_served(classifier_folde
         np.testing.assert_allclose(got, want, atol=0.05)
 
 
+def test_a_variant_below_the_gate_is_kept_and_named(classifier_folders, tmp_path, monkeypatch, caplog):
+    """A classifier's int8 graph that misses the score limits still converts (kept for whoever asks
+    by name), with quality_ok false and a warning carrying the gate's figures."""
+    from export.onnx import classifier as cls
+
+    monkeypatch.setitem(cls.SCORE_LIMITS, "score_max_abs_diff", 0.0)  # no int8 score is exact
+    out = tmp_path / "bert-ce"
+    with caplog.at_level("WARNING", logger="export.build"):
+        convert(classifier_folders / "hf" / "bert-ce", out, name="bert-ce", variants=("int8",))
+    graph = next(g for g in json.loads((out / "model.json").read_text())["graphs"] if g["variant"] == "int8")
+    assert graph["parity"]["quality_ok"] is False and graph["parity"]["score_max_abs_diff"] > 0
+    warned = [r.getMessage() for r in caplog.records if "below the quality gate" in r.getMessage()]
+    assert len(warned) == 1 and "int8" in warned[0] and "score_max_abs_diff" in warned[0]
+
+
 def test_pair_truncation_follows_the_folder(classifier_folders, tmp_path):
     """only_second from a CrossEncoder's processing_kwargs or the tokenizer.json's strategy; longest_first
     (CrossEncoder's default) otherwise; the reference check holds either way."""
