@@ -9,7 +9,7 @@ and key before rotary (`qk_norm`). `DecoderConfig`'s defaults are GPT's.
 
 Unlike nanoGPT, `forward` takes an attention mask over past + new positions and explicit position
 ids, so rows of different lengths share one batch, and returns the present KV cache. `generate` is
-the PyTorch reference without a cache: the ONNX KV-cache loop must reproduce its greedy tokens.
+the PyTorch greedy reference (over that cache) whose tokens the ONNX KV-cache loop must reproduce.
 """
 
 from __future__ import annotations
