@@ -69,7 +69,7 @@ def build(root: Path, sentences: list[str], layers: int, hidden: int, variant: s
     cfg.num_labels = 1
     BertForSequenceClassification(cfg).save_pretrained(raw)
     CrossEncoder(str(raw), local_files_only=True, max_length=256).save(str(root / "hf"))
-    variants = tuple(dict.fromkeys(("optimized", variant) if variant != "fp32" else ("optimized",)))
+    variants = ("optimized",) if variant in ("fp32", "optimized") else ("optimized", variant)
     convert(root / "hf", root / "models" / "cross-encoder", name="cross-encoder", variants=variants)
     return root / "hf", root / "models"
 

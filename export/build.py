@@ -53,12 +53,6 @@ def _parity_figures(figures: dict, attention: dict) -> dict:
     }
 
 
-def _verdict(figures: dict) -> dict:
-    """What a variant's gate judged: its `quality` figures where the kind has them (generation,
-    translation, embedding), else every figure the gate measured (classification, sparse)."""
-    return figures.get("quality") or {k: v for k, v in figures.items() if k not in ("build_seconds", "int8_method")}
-
-
 def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind) -> list[GraphFile]:
     """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
 
@@ -91,7 +85,11 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 ox.make_int8(base[role] if kind.decoder_io else fp32[role], dst)
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         if figures.get("quality_ok") is False:  # kept for whoever asks by name; never served by `auto`
-            log.warning("%s: below the quality gate's limits, `auto` will not serve it: %s", variant, _verdict(figures))
+            log.warning(
+                "%s: below the quality gate's limits, `auto` will not serve it: %s",
+                variant,
+                figures.get("quality", figures),
+            )
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
         if variant == "optimized":
             base = paths

@@ -211,8 +211,7 @@ class GPTDecoder(nn.Module):
         past); once the sequence would pass max_positions, the whole last window re-run every step."""
         ids, past = input_ids, None
         for _ in range(max_new_tokens):
-            if ids.shape[1] > self.config.max_positions:
-                past = None  # a sliding window: no cache holds it
+            if ids.shape[1] > self.config.max_positions:  # a sliding window: no cache holds it
                 logits, _ = self(ids[:, -self.config.max_positions :])
             elif past is None:
                 logits, past = self(ids)

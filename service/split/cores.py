@@ -9,7 +9,7 @@ end drains."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from service.classification.core import ClassificationCore
 from service.cores import Cores
@@ -48,6 +48,9 @@ class _Forward:
         self.registry.gate.check()  # this front end drains: new calls UNAVAILABLE (an open stream's go on)
         _label(self.registry, self.kind, query.model)
         return await self.client.call(self.core, method, query, deadline)
+
+
+_F = TypeVar("_F", bound=_Forward)
 
 
 class RemoteEmbeddingCore(_Forward, EmbeddingCore):
@@ -119,18 +122,22 @@ def _sendable(query: GenerateQuery) -> GenerateQuery:
 
 
 def remote_cores(registry: ModelRegistry, settings: Settings, runtime: Runtime, client: EngineClient) -> Cores:
-    """Cores over the front end's registry whose compute runs in the engine behind `client`."""
-    built: dict[str, Any] = {}
-    for name, cls, args in (
-        ("embedding", RemoteEmbeddingCore, (registry, settings)),
-        ("fill_mask", RemoteFillMaskCore, (registry, settings)),
-        ("generation", RemoteGenerationCore, (registry,)),
-        ("translation", RemoteTranslationCore, (registry, settings)),
-        ("attention", RemoteAttentionCore, (registry, settings, runtime)),
-        ("classification", RemoteClassificationCore, (registry, settings)),
-        ("sparse", RemoteSparseEmbeddingCore, (registry, settings)),
-    ):
-        core = cls(*args)
+    """Cores over the front end's registry whose compute runs in the engine behind `client`. Every
+    field named, so a core added to `Cores` without its remote counterpart fails the type check."""
+
+    def remote(core: _F) -> _F:
         core.client = client
-        built[name] = core
-    return Cores(registry=registry, settings=settings, models=ModelsCore(registry), **built)
+        return core
+
+    return Cores(
+        registry=registry,
+        settings=settings,
+        embedding=remote(RemoteEmbeddingCore(registry, settings)),
+        fill_mask=remote(RemoteFillMaskCore(registry, settings)),
+        generation=remote(RemoteGenerationCore(registry)),
+        translation=remote(RemoteTranslationCore(registry, settings)),
+        attention=remote(RemoteAttentionCore(registry, settings, runtime)),
+        models=ModelsCore(registry),
+        classification=remote(RemoteClassificationCore(registry, settings)),
+        sparse=remote(RemoteSparseEmbeddingCore(registry, settings)),
+    )
