@@ -142,7 +142,11 @@ class Settings:
         "has a packed graph; 0 = padded (docs/design/packing.md)",
     )
     # Generation and translation
-    gen_max_batch: int = _f(16, "most sequences decoded together by one generation model")
+    gen_max_batch: int = _f(
+        64,
+        "most sequences decoded together by one generation model (rows of its KV cache, fewer where "
+        "gen_kv_cache_bytes is short)",
+    )
     gen_default_max_new_tokens: int = _f(128, "max_new_tokens when a request leaves it 0")
     gen_max_queue: int = _f(256, "queued generation requests per model; beyond it RESOURCE_EXHAUSTED")
     chat_template: str = _f(
