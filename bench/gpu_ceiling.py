@@ -103,12 +103,10 @@ def _bound_loop(sess, kv_names, shape, kv_type, vocab: int, args):
     total = value(np.zeros((), np.int32), "cpu")  # a host input of GroupQueryAttention
     logits = ort.OrtValue.ortvalue_from_shape_and_type((rows, 1, vocab), kv_type, "cpu", 0)  # copied out each run
     binding = sess.io_binding()
-    for name, v in (
-        ("input_ids", ids),
-        ("position_ids", pos),
-        ("seqlens_k", seqlens),
-        ("total_sequence_length", total),
-    ):
+    fixed = [("input_ids", ids), ("position_ids", pos), ("seqlens_k", seqlens), ("total_sequence_length", total)]
+    if "logits_positions" in {i.name for i in sess.get_inputs()}:  # the one new token's logits
+        fixed.append(("logits_positions", value(np.zeros((rows, 1), np.int64))))
+    for name, v in fixed:
         binding.bind_ortvalue_input(name, v)
     for name in kv_names:
         buffer = ort.OrtValue.ortvalue_from_shape_and_type(shape, kv_type, dev, 0)

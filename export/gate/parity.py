@@ -226,6 +226,7 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
     row left-aligned in a KV buffer of max_length slots with its length in `seqlens_k`. The
     "past" it hands back is (buffers, lengths)."""
     spec = sess.get_inputs()[len(sess.get_inputs()) - 1].shape  # (batch, H, max_sequence, D)
+    every = "logits_positions" in float_type  # the graph projects only where asked: every position here
 
     def run(ids, pos, lengths_after, buffers):
         feeds = {
@@ -235,6 +236,8 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
             "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
             **{n: b.astype(float_type[n]) for n, b in zip(past_names, buffers)},
         }
+        if every:
+            feeds["logits_positions"] = np.ascontiguousarray(np.broadcast_to(np.arange(ids.shape[1]), ids.shape))
         logits, *present = sess.run(None, feeds)
         return logits.astype(np.float32), [p.astype(np.float32) for p in present]
 

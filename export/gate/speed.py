@@ -45,7 +45,8 @@ def cpu() -> dict:
 def _feeds(sess, rows: int) -> dict[str, np.ndarray]:
     """A decode step's inputs: one token per row after PAST positions, KV buffers of the graph's kind."""
     inputs = sess.get_inputs()
-    kv = inputs[-1]  # (batch, kv heads, max_sequence, head size)
+    past = [i for i in inputs if i.name.startswith("past_key_values.")]
+    kv = past[0]  # (batch, kv heads, max_sequence, head size)
     dtype = np.float16 if kv.type == "tensor(float16)" else np.float32
     slots = max(2 * PAST, 128)
     feeds: dict[str, np.ndarray] = {
@@ -54,7 +55,9 @@ def _feeds(sess, rows: int) -> dict[str, np.ndarray]:
         "seqlens_k": np.full((rows,), PAST, np.int32),
         "total_sequence_length": np.asarray(PAST + 1, np.int32),
     }
-    feeds.update({i.name: np.zeros((rows, kv.shape[1], slots, kv.shape[3]), dtype) for i in inputs[4:]})
+    if any(i.name == "logits_positions" for i in inputs):
+        feeds["logits_positions"] = np.zeros((rows, 1), np.int64)
+    feeds.update({i.name: np.zeros((rows, kv.shape[1], slots, kv.shape[3]), dtype) for i in past})
     return feeds
 
 

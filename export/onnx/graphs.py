@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 OPSET = 17
 # Example sizes used only for tracing; all different so the exporter cannot confuse the axes.
-_B, _T, _P, _S = 2, 5, 3, 7
+_B, _T, _P, _S, _L = 2, 5, 3, 7, 4
 
 
 def _flat(pairs) -> list[torch.Tensor]:
@@ -119,12 +119,16 @@ def _qk_normed(qkv: torch.Tensor, attn) -> torch.Tensor:
 
 
 class DecoderGraph(nn.Module):
-    """(input_ids, position_ids, seqlens_k, total_sequence_length, *past) -> (logits, *present):
-    `GPTDecoder.forward` with its attention as GroupQueryAttention over a fixed-length KV buffer
-    (module doc). Each block's query, key and value projections run as one product on the
-    concatenated weights (one GEMM instead of three; one activation quantisation in int8). Rotary
-    positions are plain ops on that product, from `position_ids`, before GroupQueryAttention (after
-    Qwen3's per-head query / key norms, where the model has them)."""
+    """(input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past) ->
+    (logits, *present): `GPTDecoder.forward` with its attention as GroupQueryAttention over a
+    fixed-length KV buffer (module doc). The vocabulary projection runs only at `logits_positions`
+    (batch, logits_sequence: positions within this pass, per row): a prefill asks for each row's
+    last token, scoring and speculation for every position (a 512-token prefill at a 152k
+    vocabulary no longer computes and returns 311 MB of logits it drops). Each block's query, key
+    and value projections run as one product on the concatenated weights (one GEMM instead of
+    three; one activation quantisation in int8). Rotary positions are plain ops on that product,
+    from `position_ids`, before GroupQueryAttention (after Qwen3's per-head query / key norms,
+    where the model has them)."""
 
     def __init__(self, model: GPTDecoder):
         super().__init__()
@@ -142,7 +146,7 @@ class DecoderGraph(nn.Module):
                     fused.bias.copy_(torch.cat([p.bias for p in parts]))
             self.qkv.append(fused)
 
-    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, *past):
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past):
         m = self.model
         x = m.embed(input_ids, position_ids)  # (B, T, C)
         rotary = m.rotary.tables(position_ids) if m.rotary is not None else None  # (B, T, hs) x 2
@@ -160,7 +164,9 @@ class DecoderGraph(nn.Module):
             x = x + block.dropout(attn.out(y))
             x = x + block.ffn(block.ln_ffn(x))
             present += [k, v]
-        return (m.logits(m.ln_f(x)), *present)
+        h = m.ln_f(x)  # (B, T, C); normalised whole, so the final residual add and norm stay one fused op
+        h = torch.gather(h, 1, logits_positions.unsqueeze(-1).expand(-1, -1, h.shape[-1]))  # (B, L, C)
+        return (m.logits(h), *present)
 
 
 class TranslatorEncoderGraph(nn.Module):
@@ -211,9 +217,10 @@ def decoder_specs(model: GPTDecoder, dtype: str = "float32") -> tuple[list[Tenso
         _ids("position_ids", "batch", "sequence"),
         TensorSpec("seqlens_k", "int32", ["batch"]),
         TensorSpec("total_sequence_length", "int32", []),
+        _ids("logits_positions", "batch", "logits_sequence"),
     ]
     inputs += _kv(kv_names("past_key_values", cfg.n_layers), heads, hd, "max_sequence", dtype)
-    outputs = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
+    outputs = [TensorSpec("logits", dtype, ["batch", "logits_sequence", cfg.vocab_size])]
     outputs += _kv(kv_names("present", cfg.n_layers), heads, hd, "max_sequence", dtype)
     return inputs, outputs
 
@@ -277,8 +284,9 @@ def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], lis
     positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
     seqlens = torch.full((_B,), _P + _T - 1, dtype=torch.int32)  # (B,)
     total = torch.tensor(_P + _T, dtype=torch.int32)
+    at = torch.randint(0, _T, (_B, _L), generator=torch.Generator().manual_seed(0))  # (B, L)
     past = _example_kv(_B, cfg.kv_heads, _S + _P + _T, cfg.head_size, 2 * cfg.n_layers)
-    _export(DecoderGraph(model), (ids, positions, seqlens, total, *past), path, inputs, outputs)
+    _export(DecoderGraph(model), (ids, positions, seqlens, total, at, *past), path, inputs, outputs)
     _declare_output_shapes(path, outputs)  # the custom op's outputs carry no shape of their own
     _share_tied(path)
     return inputs, outputs

@@ -3,7 +3,8 @@
 `GraphIO.inspect(session)` asks an onnxruntime session at load what the decoder needs: the
 `past_key_values.{i}.key|value` inputs (hence the number of layers), heads H and head size D (from
 the input shapes, or from the manifest when the graph leaves them symbolic), the KV dtype, and any
-extra inputs (a translator's `encoder_attention_mask` and `cross_key_values.*`). Shared by the
+extra inputs (a translator's `encoder_attention_mask` and `cross_key_values.*`; a generation
+decoder's `logits_positions`). Shared by the
 generation and translation engines.
 """
 
@@ -32,6 +33,9 @@ class GraphIO:
     kv_dtype: type
     vocab_size: int
     buffer_kv: bool = False  # GroupQueryAttention over a fixed-length KV buffer (`seqlens_k` input)
+    # The vocabulary projection only at the positions a `logits_positions` input names (graphs
+    # exported before it had none: logits at every position).
+    logits_positions: bool = False
 
     @staticmethod
     def inspect(session: ort.InferenceSession, architecture: dict) -> GraphIO:
@@ -63,6 +67,7 @@ class GraphIO:
             _ORT_DTYPES.get(spec.type, np.float32),
             vocab,
             buffer_kv="seqlens_k" in inputs,
+            logits_positions="logits_positions" in inputs,
         )
 
     def empty_past(self, rows: int) -> list[np.ndarray]:

@@ -48,6 +48,8 @@ class _StepIO:
             "seqlens_k": np.zeros(rows, np.int32),
             "total_sequence_length": np.zeros((), np.int32),
         }
+        if cache.io.logits_positions:  # the one new token of each row: position 0 of the pass, never refilled
+            self.host["logits_positions"] = np.zeros((rows, 1), np.int64)
         self.values = {
             name: ort.OrtValue.ortvalue_from_shape_and_type(
                 a.shape, a.dtype, "cpu" if name in HOST_INPUTS else cache.device, 0
@@ -62,11 +64,13 @@ class _StepIO:
             self.binding.bind_ortvalue_input(name, value)
         self.binding.bind_ortvalue_output("logits", self.logits)
         cache._bind_rows(self.binding, 0, rows)
-        self.refill = list(self.values)
+        self.refill = [name for name in self.values if name != "logits_positions"]
         if total is not None:  # set once: a captured graph keeps the value of its capture anyway
             self.host["total_sequence_length"][...] = total
             self.values["total_sequence_length"].update_inplace(self.host["total_sequence_length"])
             self.refill.remove("total_sequence_length")
+        if "logits_positions" in self.values:
+            self.values["logits_positions"].update_inplace(self.host["logits_positions"])
 
     def run(self, tokens: list[int], lengths: np.ndarray) -> np.ndarray:
         """tokens, lengths (n,), n <= rows; rows past n are padding (token 0 at position 0, which
@@ -173,33 +177,43 @@ class SlotCache:
             self._steps[key] = _StepIO(session, self, key, total, options)
         return self._steps[key]
 
-    def _run_plain(self, ids: np.ndarray, positions: np.ndarray, lengths_after: np.ndarray, start: int) -> np.ndarray:
-        """One `session.run` over rows [start, start + n) of the numpy buffers (device None)."""
-        n = ids.shape[0]
+    def _feeds(self, ids: np.ndarray, positions: np.ndarray, lengths_after: np.ndarray, at: np.ndarray | None) -> dict:
+        """A pass's inputs besides the KV rows; at (n, L): the positions of the pass whose logits
+        are wanted (None: every position), fed where the graph takes `logits_positions`."""
         feeds = {
             "input_ids": ids,
             "position_ids": positions,
             "seqlens_k": (lengths_after - 1).astype(np.int32),
             "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
-            **{name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host_buffers())},
         }
+        if self.io.logits_positions:
+            every = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape)
+            feeds["logits_positions"] = np.ascontiguousarray(every if at is None else at, np.int64)
+        return feeds
+
+    def _run_plain(
+        self, ids: np.ndarray, positions: np.ndarray, lengths_after: np.ndarray, start: int, at: np.ndarray | None
+    ) -> np.ndarray:
+        """One `session.run` over rows [start, start + n) of the numpy buffers (device None)."""
+        n = ids.shape[0]
+        feeds = self._feeds(ids, positions, lengths_after, at)
+        feeds.update({name: buf[start : start + n] for name, buf in zip(self.io.past_names, self._host_buffers())})
         outputs = self.session.run(["logits", *self.io.present_names], feeds)
         for buf, present in zip(self._host_buffers(), outputs[1:]):
             buf[start : start + n] = present
         return outputs[0]
 
-    def _run_prefill(self, ids: np.ndarray, positions: np.ndarray, lengths: np.ndarray, start: int) -> np.ndarray:
+    def _run_prefill(
+        self, ids: np.ndarray, positions: np.ndarray, lengths: np.ndarray, start: int, at: np.ndarray | None = None
+    ) -> np.ndarray:
         """A prefill over rows [start, start + n): a fresh binding, so the bind-time copy of these
-        host inputs is the right one. -> logits (n, T, V) on the host."""
+        host inputs is the right one. at (n, L): the positions whose logits are wanted (None:
+        every one). -> logits (n, L, V) on the host; (n, T, V) for a graph without
+        `logits_positions`, whatever `at` says."""
         if self.device is None:
-            return self._run_plain(ids, positions, lengths, start)
+            return self._run_plain(ids, positions, lengths, start, at)
         binding = self.session.io_binding()
-        feeds = {
-            "input_ids": ids,
-            "position_ids": positions,
-            "seqlens_k": (lengths - 1).astype(np.int32),
-            "total_sequence_length": np.asarray(lengths.max(), np.int32),
-        }
+        feeds = self._feeds(ids, positions, lengths, at)
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output("logits", "cpu")
@@ -221,21 +235,26 @@ class SlotCache:
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = p
         positions = np.ascontiguousarray(np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape))
-        logits = self._run_prefill(ids, positions, lengths, self.rows)  # (n, T, V)
+        last = None if every_position else (lengths - 1)[:, None]  # (n, 1): each row's last token
+        logits = self._run_prefill(ids, positions, lengths, self.rows, last)  # (n, T or 1, V)
         self.lengths[self.rows : self.rows + n] = lengths
         self.rows += n
-        return logits if every_position else logits[np.arange(n), lengths - 1]  # (n, V)
+        if every_position:
+            return logits
+        return logits[:, 0] if self.io.logits_positions else logits[np.arange(n), lengths - 1]  # (n, V)
 
-    def extend(self, row: int, tokens: list[int]) -> np.ndarray:
+    def extend(self, row: int, tokens: list[int], every_position: bool = True) -> np.ndarray:
         """Continues buffer row `row` by these tokens from its length, in one pass (batch 1: the
-        graph's attention takes several new tokens over a past for one row only). -> logits (T, V);
-        the row's length grows by T."""
+        graph's attention takes several new tokens over a past for one row only). -> logits (T, V),
+        or without every_position at least the last position's (its row -1); the row's length
+        grows by T."""
         start, n = int(self.lengths[row]), len(tokens)
         if start + n > self.max_length:
             raise RuntimeError(f"a row would pass the model's context of {self.max_length} tokens")
         ids = np.asarray([tokens], np.int64)  # (1, T)
         positions = np.arange(start, start + n, dtype=np.int64)[None]  # (1, T)
-        logits = self._run_prefill(ids, positions, np.asarray([start + n], np.int64), row)  # (1, T, V)
+        last = None if every_position else np.asarray([[n - 1]], np.int64)
+        logits = self._run_prefill(ids, positions, np.asarray([start + n], np.int64), row, last)  # (1, T or 1, V)
         self.lengths[row] = start + n
         return logits[0]
 
@@ -267,7 +286,7 @@ class SlotCache:
             raise RuntimeError(f"a row would pass the model's context of {self.max_length} tokens")
         if self.device is None:
             ids = np.asarray(tokens, np.int64)[:, None]
-            logits = self._run_plain(ids, lengths[:, None].copy(), lengths + 1, 0)[:, -1]
+            logits = self._run_plain(ids, lengths[:, None].copy(), lengths + 1, 0, None)[:, -1]
         else:
             logits = self._step_io(rows).run(tokens, lengths)
         self.lengths[:rows] += 1

@@ -88,7 +88,7 @@ class PrefixCache:
             plan, seq = plans[i], seqs[i]
             source = row_of[plan.newcomer] if plan.newcomer is not None else int(plan.row or 0)
             row = self.cache.fork(source, plan.cached)
-            last.append(self.cache.extend(row, seq.cache_ids[plan.cached :])[-1])
+            last.append(self.cache.extend(row, seq.cache_ids[plan.cached :], every_position=False)[-1])
             seq.cached_tokens = plan.cached
             self._hits.inc()
             self._cached.inc(plan.cached)

@@ -50,14 +50,19 @@ def test_decoder_graph_io_follows_the_kv_contract(tiny_models_root):
     g = m.graph("decoder")
     names = [t.name for t in g.inputs]
     n = m.architecture["n_layers"]
-    assert names[:4] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
-    assert [(t.dtype, t.shape) for t in g.inputs[2:4]] == [("int32", ["batch"]), ("int32", [])]
-    assert names[4:] == [f"past_key_values.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
+    assert names[:5] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length", "logits_positions"]
+    assert [(t.dtype, t.shape) for t in g.inputs[2:5]] == [
+        ("int32", ["batch"]),
+        ("int32", []),
+        ("int64", ["batch", "logits_sequence"]),
+    ]
+    assert names[5:] == [f"past_key_values.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
     presents = [f"present.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
     assert [t.name for t in g.outputs] == ["logits", *presents]
+    assert g.outputs[0].shape == ["batch", "logits_sequence", m.architecture["vocab_size"]]
     heads = m.architecture["n_heads"]
     buffer = ["batch", heads, "max_sequence", m.architecture["d_model"] // heads]
-    assert g.inputs[4].shape == buffer and g.outputs[1].shape == buffer  # present is the past buffer
+    assert g.inputs[5].shape == buffer and g.outputs[1].shape == buffer  # present is the past buffer
     assert m.format_version == 2
 
 
@@ -74,6 +79,41 @@ def test_no_if_node_and_prefill_with_empty_past(tiny_models_root):
     logits, (present, lengths) = step(ids, np.ones_like(ids), np.arange(3)[None, :], None)
     assert logits.shape[:2] == (1, 3) and present[0].shape[2] == 32 and lengths.tolist() == [3]
     assert np.abs(present[0][0, :, :3]).sum() > 0 and not present[0][0, :, 3:].any()  # slots 0-2 written
+
+
+@pytest.mark.parametrize("variant", ["fp32", "optimized", "int8", "int4"])
+def test_the_vocabulary_projection_runs_only_at_the_positions_asked(tiny_models_root, variant):
+    """A right-padded prefill of two rows asking for each row's last token returns exactly those
+    positions' logits of the same prefill asking for every position; a pass asking for a position
+    twice and out of order gets it twice, in that order."""
+    d = tiny_models_root / "tiny-gpt"
+    manifest = load_model_dir(d).manifest
+    if variant not in manifest.variants("decoder"):
+        pytest.skip(f"tiny-gpt has no {variant} decoder")
+    sess = parity.session(d / manifest.graph("decoder", variant).file)
+    kv = next(i for i in sess.get_inputs() if i.name.startswith("past_key_values."))
+    lengths = np.asarray([6, 3])
+    ids = np.asarray([[1, 70, 71, 72, 73, 74], [1, 80, 81, 0, 0, 0]], np.int64)
+
+    def run(at: np.ndarray) -> np.ndarray:
+        feeds = {
+            "input_ids": ids,
+            "position_ids": np.broadcast_to(np.arange(6), ids.shape).copy(),
+            "seqlens_k": (lengths - 1).astype(np.int32),
+            "total_sequence_length": np.asarray(6, np.int32),
+            "logits_positions": at.astype(np.int64),
+        }
+        for i in sess.get_inputs():
+            if i.name.startswith("past_key_values."):
+                feeds[i.name] = np.zeros((2, kv.shape[1], 16, kv.shape[3]), np.float32)
+        return sess.run(["logits"], feeds)[0]
+
+    every = run(np.broadcast_to(np.arange(6), (2, 6)))
+    last = run((lengths - 1)[:, None])
+    assert every.shape[:2] == (2, 6) and last.shape[:2] == (2, 1)
+    np.testing.assert_allclose(last[:, 0], every[[0, 1], lengths - 1], rtol=0, atol=1e-5)
+    picked = run(np.asarray([[5, 0, 5], [2, 2, 1]]))
+    np.testing.assert_allclose(picked, every[[[0], [1]], [[5, 0, 5], [2, 2, 1]]], rtol=0, atol=1e-5)
 
 
 def test_tokenizers_round_trip_and_add_special_tokens():

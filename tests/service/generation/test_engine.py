@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from bench.prefill_logits import without_logits_positions
 from export.tiny import tiny_model
 from service.errors import Unavailable
 from service.generation.decoding import SamplingParams
@@ -110,6 +111,37 @@ async def test_io_binding_path_equals_numpy_path(runtime, tiny_models_root):
     assert a == b
     await plain.stop()
     await bound.stop()
+
+
+async def test_a_decoder_without_logits_positions_serves_the_same(runtime, tiny_models_root, tmp_path):
+    """Model directories exported before the graph took `logits_positions` (logits at every
+    position) still serve, with the same logits and greedy tokens, prefix cache included."""
+    model_dir = load_model_dir(tiny_models_root / "tiny-gpt")
+    old_graph = without_logits_positions(
+        model_dir.file(model_dir.manifest.graph("decoder", "fp32").file), tmp_path / "old.onnx"
+    )
+    new, tok = _sessions(GenerationModel, runtime, model_dir)
+    old = runtime.create_session(old_graph)
+    models = [GenerationModel(model_dir.manifest, s, tok, runtime.settings, runtime, "fp32") for s in (new, old)]
+    for m in models:
+        await m.start()
+    assert models[0].io.logits_positions and not models[1].io.logits_positions
+    prompts = [models[0].tokenizer.encode(p).ids for p in PROMPTS[:3]]
+    caches = [m.scheduler.cache for m in models]
+    last = [c.prefill(prompts) for c in caches]
+    assert last[0].shape == last[1].shape == (3, models[0].io.vocab_size)
+    np.testing.assert_allclose(last[0], last[1], rtol=0, atol=1e-5)
+    every = [c.prefill(prompts[:1], every_position=True) for c in caches]
+    np.testing.assert_allclose(every[0], every[1], rtol=0, atol=1e-5)
+    extended = [c.extend(3, [5, 6, 7], every_position=False)[-1] for c in caches]
+    np.testing.assert_allclose(extended[0], extended[1], rtol=0, atol=1e-5)
+    for c in caches:
+        c.reset()
+    shared = "Once upon a time there was a little"  # the second prompt continues the first's cached row
+    tokens = [[await generate(m, p, max_new_tokens=12) for p in (shared, shared + " girl")] for m in models]
+    assert tokens[0] == tokens[1]
+    for m in models:
+        await m.stop()
 
 
 async def test_seed_reproduces_sampling_in_any_crowd(runtime, tiny_models_root):
