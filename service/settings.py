@@ -141,6 +141,13 @@ class Settings:
         "packed, several inputs per row of this many tokens, where the model directory "
         "has a packed graph; 0 = padded (docs/design/packing.md)",
     )
+    encoder_layout: str = _f(
+        "auto",
+        "auto | packed | padded: the graph an embedding, fill-mask or classification model runs where "
+        "its directory has both; auto times both on a batch of mixed lengths at load and serves the "
+        "faster (docs/design/packing.md)",
+        choices=("auto", "packed", "padded"),
+    )
     # Generation and translation
     gen_max_batch: int = _f(
         64,

@@ -15,13 +15,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
+import onnxruntime as ort
 
 from service.classification.engine import ClassifierEngine, PackedClassifierEngine
 from service.classification.tokenization import Input, PairTokenizer
-from service.embedding.model import encoder_graph, queue_limits
+from service.embedding.model import queue_limits
 from service.engine.batcher import Batcher, BatchLimits
+from service.engine.layout import encoder_engine
 from service.engine.packing import alignment
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
@@ -62,17 +65,21 @@ class ClassificationModel:
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> ClassificationModel:
         m = model_dir.manifest
-        variant, execution, session = encoder_graph(model_dir, settings, runtime)
         pad = int(m.special_tokens.get("pad", 0))
-        engine: ClassifierEngine | PackedClassifierEngine
-        if execution == "packed":
-            engine = PackedClassifierEngine(session, pad, settings.embed_pack_row_tokens, m.name, alignment(variant))
-        else:
-            engine = ClassifierEngine(session, pad, m.name)
+
+        def build(
+            layout: str, session: ort.InferenceSession, variant: str
+        ) -> ClassifierEngine | PackedClassifierEngine:
+            if layout == "packed":
+                return PackedClassifierEngine(session, pad, settings.embed_pack_row_tokens, m.name, alignment(variant))
+            return ClassifierEngine(session, pad, m.name)
+
+        variant, chosen = encoder_engine(model_dir, settings, runtime, build)
+        engine = cast(ClassifierEngine | PackedClassifierEngine, chosen)
         tokenizer = PairTokenizer(
             model_dir.file(m.tokenizer["file"]), m.max_input_tokens, m.extra.get("truncation", "longest_first")
         )
-        log.info("classification model %s: %s %s graph, labels %s", m.name, variant, execution, m.extra["labels"])
+        log.info("classification model %s: labels %s", m.name, m.extra["labels"])
         return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
 
     async def start(self) -> None:
@@ -93,6 +100,7 @@ class ClassificationModel:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"].update({"labels": ",".join(self.labels), "activation": self.activation})
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        info["manifest"]["serving.execution_chosen_by"] = self.engine.chosen_by
         return info
 
     async def logits(

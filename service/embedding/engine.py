@@ -33,6 +33,8 @@ class EncoderEngine(ABC, Generic[Out]):
     """What every encoder engine shares: the session, the pad id, the provider, the token counts."""
 
     packed = False
+    counted = True  # False while the load times the layouts (service/engine/layout.py)
+    chosen_by = ""  # why this engine's layout (packed / padded) serves: layout.encoder_engine
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, model: str = ""):
         self.session, self.pad_id = session, pad_id
@@ -42,6 +44,8 @@ class EncoderEngine(ABC, Generic[Out]):
 
     def count(self, computed: int, real: int) -> None:
         """Tokens one forward pass computes, and how many of them are padding (computed / real)."""
+        if not self.counted:
+            return
         self._computed.observe(computed)
         self._padding.observe(computed / max(real, 1))
 

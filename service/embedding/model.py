@@ -13,16 +13,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
+import onnxruntime as ort
 
 from service.embedding.engine import EmbeddingEngine, EncoderEngine, PackedEmbeddingEngine, postprocess
 from service.embedding.prompts import Prompts
 from service.engine.batcher import Batcher, BatchLimits
+from service.engine.layout import encoder_engine
 from service.engine.packing import alignment
 from service.engine.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
-from service.manifest import PACKED_ROLE, Manifest, ModelDir
+from service.manifest import Manifest, ModelDir
 from service.registry import model_info
 from service.runtime import Runtime
 from service.settings import Settings
@@ -44,31 +47,21 @@ def queue_limits(settings: Settings, runtime: Runtime, packed: bool = False) -> 
     )
 
 
-def encoder_graph(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, str, object]:
-    """(variant, "packed" | "padded", session) of an encoder kind: the packed graph of the chosen
-    variant when the directory has one and settings `embed_pack_row_tokens` is not 0, else the padded."""
-    m = model_dir.manifest
-    variant = runtime.choose_variant(m, "encoder")
-    packed = bool(settings.embed_pack_row_tokens) and variant in m.variants(PACKED_ROLE)
-    graph = m.graph(PACKED_ROLE if packed else "encoder", variant)
-    return variant, "packed" if packed else "padded", runtime.create_session(model_dir.file(graph.file))
-
-
 def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tuple[str, EncoderEngine[np.ndarray]]:
-    """(variant, engine) of an embedding model: the graph `encoder_graph` picks, packed or padded.
-    Also the engine of the batch job's Ray actors (service/batch/local.py), so both compute alike."""
+    """(variant, engine) of an embedding model, packed or padded as service/engine/layout.py
+    chooses. Also the engine of the batch job's Ray actors (service/batch/local.py)."""
     m = model_dir.manifest
-    variant, execution, session = encoder_graph(model_dir, settings, runtime)
     pad = int(m.special_tokens.get("pad", 0))
-    engine: EncoderEngine[np.ndarray]
-    if execution == "packed":
-        engine = PackedEmbeddingEngine(
-            session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name, alignment(variant)
-        )
-    else:
-        engine = EmbeddingEngine(session, pad, m.name)
-    log.info("embedding model %s: %s %s graph", m.name, variant, execution)
-    return variant, engine
+
+    def build(layout: str, session: ort.InferenceSession, variant: str) -> EncoderEngine[np.ndarray]:
+        if layout == "packed":
+            return PackedEmbeddingEngine(
+                session, pad, settings.embed_pack_row_tokens, m.pooling or "mean", m.name, alignment(variant)
+            )
+        return EmbeddingEngine(session, pad, m.name)
+
+    variant, engine = encoder_engine(model_dir, settings, runtime, build)
+    return variant, cast(EncoderEngine[np.ndarray], engine)
 
 
 async def admit_and_encode(
@@ -145,6 +138,7 @@ class EmbeddingModel:
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        info["manifest"]["serving.execution_chosen_by"] = self.engine.chosen_by
         if self.prompts.texts:
             info["manifest"]["prompts"] = json.dumps(self.prompts.texts, ensure_ascii=False)
             info["manifest"]["default_prompt_name"] = self.prompts.default or ""

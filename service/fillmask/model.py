@@ -16,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
+import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from service import tokenizing
-from service.embedding.model import admit_and_encode, encoder_graph, queue_limits
+from service.embedding.model import admit_and_encode, queue_limits
 from service.engine.batcher import Batcher, BatchLimits
+from service.engine.layout import encoder_engine
 from service.engine.packing import alignment
 from service.engine.tokenization import EmbeddingTokenizer, Encoded
 from service.errors import InvalidArgument
@@ -92,19 +95,23 @@ class FillMaskModel:
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> FillMaskModel:
         m = model_dir.manifest
-        variant, execution, session = encoder_graph(model_dir, settings, runtime)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens, TOO_LONG)
         decoder = tokenizing.load(model_dir.file(m.tokenizer["file"]))
         keep = min(MAX_TOP_K, tokenizer.vocab_size)
         pad, mask = int(m.special_tokens["pad"]), int(m.special_tokens["mask"])
-        engine: FillMaskEngine | PackedFillMaskEngine
-        if execution == "packed":
-            engine = PackedFillMaskEngine(
-                session, pad, mask, keep, settings.embed_pack_row_tokens, m.name, alignment(variant)
-            )
-        else:
-            engine = FillMaskEngine(session, pad, mask, keep, m.name)
-        log.info("fill-mask model %s: %s %s graph", m.name, variant, execution)
+
+        def build(layout: str, session: ort.InferenceSession, variant: str) -> FillMaskEngine | PackedFillMaskEngine:
+            if layout == "packed":
+                return PackedFillMaskEngine(
+                    session, pad, mask, keep, settings.embed_pack_row_tokens, m.name, alignment(variant)
+                )
+            return FillMaskEngine(session, pad, mask, keep, m.name)
+
+        def masked(ids: list[int]) -> list[int]:  # one mask per input, as a fill-mask call has
+            return [ids[0], mask, *ids[2:]]
+
+        variant, chosen = encoder_engine(model_dir, settings, runtime, build, masked)
+        engine = cast(FillMaskEngine | PackedFillMaskEngine, chosen)
         limits = queue_limits(settings, runtime, engine.packed)  # as Embed's
         return cls(m, tokenizer, decoder, engine, runtime, limits, variant)
 
@@ -126,6 +133,7 @@ class FillMaskModel:
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
         info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        info["manifest"]["serving.execution_chosen_by"] = self.engine.chosen_by
         return info
 
     async def fill(self, texts: list[str], top_k: int = 0, deadline: float | None = None) -> FillResult:
