@@ -24,7 +24,7 @@ from service.classification.engine import ClassifierEngine, PackedClassifierEngi
 from service.classification.tokenization import Input, PairTokenizer
 from service.embedding.model import queue_limits
 from service.engine.batcher import Batcher, BatchLimits
-from service.engine.layout import encoder_engine
+from service.engine.layout import PAIR_LENGTHS, encoder_engine
 from service.engine.packing import alignment
 from service.manifest import Manifest, ModelDir
 from service.registry import model_info
@@ -74,7 +74,7 @@ class ClassificationModel:
                 return PackedClassifierEngine(session, pad, settings.embed_pack_row_tokens, m.name, alignment(variant))
             return ClassifierEngine(session, pad, m.name)
 
-        variant, chosen = encoder_engine(model_dir, settings, runtime, build)
+        variant, chosen = encoder_engine(model_dir, settings, runtime, build, lengths=PAIR_LENGTHS)
         engine = cast(ClassifierEngine | PackedClassifierEngine, chosen)
         tokenizer = PairTokenizer(
             model_dir.file(m.tokenizer["file"]), m.max_input_tokens, m.extra.get("truncation", "longest_first")

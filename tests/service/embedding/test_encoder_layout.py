@@ -14,12 +14,14 @@ import re
 import numpy as np
 import pytest
 
-from service.engine.layout import SAMPLE_LENGTHS, sample_batch
+from service.engine.layout import PAIR_LENGTHS, SAMPLE_LENGTHS, sample_batch
 from service.proto import inference_pb2 as pb
 from tests.fixtures.server import metric
 
 ENCODERS = ("tiny-embed", "tiny-fill-mask")
-MEASURED = re.compile(r"^measured at load: packed \d+\.\d\d ms, padded \d+\.\d\d ms a batch of 16 mixed-length inputs")
+MEASURED = re.compile(
+    r"^measured at load: packed \d+\.\d\d ms, padded \d+\.\d\d ms a batch of 16 inputs of \d+-\d+ tokens"
+)
 
 
 async def infos(server) -> dict[str, dict[str, str]]:
@@ -66,4 +68,5 @@ def test_the_timed_batch_is_mixed_within_the_input_limit():
     assert [len(e) for e in batch] == [min(n, 32) for n in SAMPLE_LENGTHS]
     assert all(e.ids[1] == 4 and all(250 <= t < 500 for t in e.ids[2:]) for e in batch)
     assert all(e.type_ids == [0] * len(e) for e in batch)
+    assert [len(e) for e in sample_batch(500, 100, lengths=PAIR_LENGTHS)] == [min(n, 100) for n in PAIR_LENGTHS]
     assert [e.ids for e in sample_batch(500, 32)] == [e.ids for e in sample_batch(500, 32)]  # seeded
