@@ -42,6 +42,10 @@ class EncoderEngine(ABC, Generic[Out]):
         self._computed = metrics.BATCH_TOKENS.labels(model)
         self._padding = metrics.PADDING_RATIO.labels(model)
 
+    @property
+    def layout(self) -> str:
+        return "packed" if self.packed else "padded"
+
     def count(self, computed: int, real: int) -> None:
         """Tokens one forward pass computes, and how many of them are padding (computed / real)."""
         if not self.counted:

@@ -137,7 +137,7 @@ class EmbeddingModel:
 
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
-        info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        info["manifest"]["serving.execution"] = self.engine.layout
         info["manifest"]["serving.execution_chosen_by"] = self.engine.chosen_by
         if self.prompts.texts:
             info["manifest"]["prompts"] = json.dumps(self.prompts.texts, ensure_ascii=False)

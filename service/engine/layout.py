@@ -1,30 +1,32 @@
-"""Packed or padded: the layout an encoder kind's batches run in, chosen at load by measurement.
+"""Packed or padded: the layout an encoder kind's batches run in, chosen by measurement.
 
 An embedding, fill-mask or classification model directory may hold, per variant, a padded graph
 (role `encoder`: each batch padded to its longest input) and a packed one (role `packed`: several
 inputs side by side in rows of `embed_pack_row_tokens`; docs/design/packing.md). Which is faster
-depends on the model, the variant and the CPU: packed fp32 wins on MiniLM here, packed int8 cost
-1.75x padded int8 on a BERT-base cross-encoder (docs/performance.md). So with `encoder_layout`
-auto (the default) and both graphs present, the load times both engines on one batch of
-16 inputs of mixed length (sentences of 9-60 tokens for embedding and fill-mask, what 16
-concurrent one-sentence calls make; a query with passages of 25-170 tokens for classification),
-the layouts alternated over `ROUNDS` rounds after a warm-up, and serves the faster by median; the
-other session is dropped. ListModels says which and why (`serving.execution`,
-`serving.execution_chosen_by`). `encoder_layout` packed | padded takes one without measuring;
-`embed_pack_row_tokens` 0 means padded. The batch stands for typical traffic; it is not the
-traffic: which layout wins turns on the inputs' lengths (a BERT-base int8 cross-encoder here:
-packed 184 against padded 283 ms on the sentences, 903 against 1182 on the 37-180-token pairs,
-but 261 against 186 on pairs of 25-41 tokens and 679 against 468 on 49-90: packing gains where
-lengths vary and loses where they are alike), so a deployment whose inputs differ pins it.
+turns on the model, the variant, the CPU and the inputs' lengths. A BERT-base int8 cross-encoder
+here: packed 184 against padded 283 ms on 16 sentences of 9-60 tokens, 903 against 1182 on
+pairs of 37-180 tokens, but 261 against 186 on pairs of 25-41 tokens and 679 against 468 on
+49-90: packing gains where lengths vary and loses where they are alike.
+
+So with `encoder_layout` auto (the default) and both graphs present, the load times both
+engines on one batch of 16 inputs (sentences of 9-60 tokens for embedding and fill-mask, what
+16 one-sentence calls make; a query with passages of 25-170 tokens for classification), the
+layouts alternated over `ROUNDS` rounds after a warm-up, and serves the faster first. From then
+on `AdaptiveEncoder` times both on the traffic itself (a few batches each, then one batch in 50
+on the other layout) and serves the one cheaper per real token. ListModels says which and why
+(`serving.execution`, `serving.execution_chosen_by`). `encoder_layout` packed | padded takes one
+without measuring; `embed_pack_row_tokens` 0 means padded.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -114,13 +116,86 @@ def encoder_engine(
         vocab = int(m.architecture.get("vocab_size") or 1000)
         batch = sample_batch(vocab, int(m.max_input_tokens or max(lengths)), decorate, lengths)
         ms = timed(engines, batch)
-        layout = min(ms, key=lambda k: ms[k])
-        engine = engines[layout]
         span = f"{min(map(len, batch))}-{max(map(len, batch))}"
         why = (
             f"measured at load: packed {ms['packed']:.2f} ms, padded {ms['padded']:.2f} ms a batch of "
             f"{len(batch)} inputs of {span} tokens ({variant}, median of {ROUNDS})"
         )
+        adaptive = AdaptiveEncoder(engines, min(ms, key=lambda k: ms[k]), why, m.name)
+        log.info("%s model %s: %s, %s graph first: %s", m.kind, m.name, variant, adaptive.layout, why)
+        return variant, cast("EncoderEngine", adaptive)
     engine.chosen_by = why
-    log.info("%s model %s: %s %s graph: %s", m.kind, m.name, variant, "packed" if engine.packed else "padded", why)
+    log.info("%s model %s: %s %s graph: %s", m.kind, m.name, variant, engine.layout, why)
     return variant, engine
+
+
+WINDOW = 32  # a layout's cost: the median over its last WINDOW timed batches
+MIN_SAMPLES = 8  # batches of each before the served layout may change
+EXPLORE_EVERY = 50  # then one batch in EXPLORE_EVERY runs the other layout (2 % of the batches)
+SWITCH_BELOW = 0.85  # the other layout serves once its cost is under 0.85x the served one's
+
+
+class AdaptiveEncoder:
+    """Both layouts' engines of one model, serving the one cheaper on the traffic itself: each
+    batch's wall time per real token is kept per layout (the last WINDOW batches), the other
+    layout runs on alternate batches until each has MIN_SAMPLES, then on one batch in
+    EXPLORE_EVERY; the served layout changes when the other's median cost is under SWITCH_BELOW
+    of its own. The load's timing only picks the first. The batcher runs as for a packed engine
+    (oldest first, real tokens budgeted) whichever layout serves a batch. Thread-safe: batches run
+    on several compute threads."""
+
+    packed = True  # the batcher's mode (module doc)
+
+    def __init__(self, engines: dict[str, EncoderEngine], first: str, loaded: str, model: str):
+        self.engines, self.layout, self.loaded, self.model = engines, first, loaded, model
+        self.provider = engines[first].provider
+        self.costs: dict[str, deque[float]] = {k: deque(maxlen=WINDOW) for k in engines}
+        self.batches = 0
+        self.runs = dict.fromkeys(engines, 0)  # batches each layout ran
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str):  # what a kind reads of its engine (fill-mask's `keep`): the same in both
+        if name == "engines":  # not set yet (copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.engines["packed"], name)
+
+    @property
+    def chosen_by(self) -> str:
+        with self._lock:
+            seen = {k: (statistics.median(c) * 1e6, len(c)) for k, c in self.costs.items() if c}
+        if not seen:
+            return f"{self.loaded}; then by the traffic"
+        figures = ", ".join(f"{k} {us:.2f} us a token ({n} batches)" for k, (us, n) in seen.items())
+        return f"measured on the traffic: {figures}; first {self.loaded}"
+
+    def forward(self, batch: list[Encoded]):
+        with self._lock:
+            self.batches += 1
+            served, other = self.layout, "padded" if self.layout == "packed" else "packed"
+            behind = len(self.costs[other]) < MIN_SAMPLES and len(self.costs[other]) <= len(self.costs[served])
+            layout = other if behind or self.batches % EXPLORE_EVERY == 0 else served
+            self.runs[layout] += 1
+        start = time.perf_counter()
+        out = self.engines[layout].forward(batch)
+        cost = (time.perf_counter() - start) / max(1, sum(len(e) for e in batch))
+        with self._lock:
+            self.costs[layout].append(cost)
+            self._decide()
+        return out
+
+    def _decide(self) -> None:
+        """With the lock held: the other layout serves once it is clearly cheaper."""
+        other = "padded" if self.layout == "packed" else "packed"
+        if min(len(self.costs[other]), len(self.costs[self.layout])) < MIN_SAMPLES:
+            return
+        mine, theirs = statistics.median(self.costs[self.layout]), statistics.median(self.costs[other])
+        if theirs < SWITCH_BELOW * mine:
+            log.info(
+                "model %s: %s serves from now on (%.2f us a token on the traffic against %s's %.2f)",
+                self.model,
+                other,
+                theirs * 1e6,
+                self.layout,
+                mine * 1e6,
+            )
+            self.layout = other

@@ -132,7 +132,7 @@ class FillMaskModel:
 
     def info(self) -> dict:
         info = model_info(self, vocab_size=self.tokenizer.vocab_size)
-        info["manifest"]["serving.execution"] = "packed" if self.engine.packed else "padded"
+        info["manifest"]["serving.execution"] = self.engine.layout
         info["manifest"]["serving.execution_chosen_by"] = self.engine.chosen_by
         return info
 

@@ -10,17 +10,33 @@ limit, a fill-mask model's inputs carrying its mask.
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 
-from service.engine.layout import PAIR_LENGTHS, SAMPLE_LENGTHS, sample_batch
+from service.embedding.engine import EmbeddingEngine
+from service.embedding.model import load_engine
+from service.engine.layout import (
+    EXPLORE_EVERY,
+    MIN_SAMPLES,
+    PAIR_LENGTHS,
+    SAMPLE_LENGTHS,
+    AdaptiveEncoder,
+    sample_batch,
+)
+from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb
+from service.runtime import Runtime
+from service.settings import Settings
 from tests.fixtures.server import metric
 
 ENCODERS = ("tiny-embed", "tiny-fill-mask")
 MEASURED = re.compile(
-    r"^measured at load: packed \d+\.\d\d ms, padded \d+\.\d\d ms a batch of 16 inputs of \d+-\d+ tokens"
+    r"^(measured on the traffic: .*; first )?measured at load: packed \d+\.\d\d ms, padded \d+\.\d\d ms "
+    r"a batch of 16 inputs of \d+-\d+ tokens"
 )
 
 
@@ -43,6 +59,10 @@ async def test_auto_times_both_layouts_and_says_which_serves(start_server):
     for name in ENCODERS:
         assert got[name]["serving.execution"] in ("packed", "padded")
         assert MEASURED.match(got[name]["serving.execution_chosen_by"]), got[name]["serving.execution_chosen_by"]
+    for _ in range(2 * MIN_SAMPLES):  # one call at a time: a batch each, both layouts timed on them
+        await vectors(auto, texts[:2])
+    chosen = (await infos(auto))["tiny-embed"]["serving.execution_chosen_by"]
+    assert re.match(r"^measured on the traffic: packed \d+\.\d\d us a token \(\d+ batches\), padded ", chosen), chosen
     layout = got["tiny-embed"]["serving.execution"]
     pinned = await start_server(encoder_layout=layout)
     assert (await infos(pinned))["tiny-embed"]["serving.execution_chosen_by"] == f"settings (encoder_layout {layout})"
@@ -61,6 +81,48 @@ async def test_settings_pin_the_layout_without_timing(start_server, overrides, l
     got = await infos(await start_server(**overrides))
     for name in ENCODERS:
         assert (got[name]["serving.execution"], got[name]["serving.execution_chosen_by"]) == (layout, why)
+
+
+class Slowed(EmbeddingEngine):
+    """The real padded engine, made slower by a fixed pause per batch (the policy's input)."""
+
+    def __init__(self, engine: EmbeddingEngine, pause_s: float):
+        self.__dict__.update(engine.__dict__)
+        self.pause_s = pause_s
+
+    def forward(self, batch):
+        time.sleep(self.pause_s)
+        return super().forward(batch)
+
+
+def _engines(embed_dir: Path, runtime: Runtime) -> dict[str, EmbeddingEngine]:
+    out = {}
+    for layout in ("packed", "padded"):
+        settings = Settings.from_env(env={}, models=str(embed_dir.parent), encoder_layout=layout)
+        out[layout] = cast(EmbeddingEngine, load_engine(load_model_dir(embed_dir), settings, runtime)[1])
+    return out
+
+
+def test_the_traffic_decides_which_layout_serves(tiny_models_root):
+    """AdaptiveEncoder alternates until each layout has MIN_SAMPLES batches, then explores one
+    batch in EXPLORE_EVERY; it leaves a layout that costs clearly more per token on the traffic
+    (here the padded engine pauses 20 ms a batch) and answers as each engine does."""
+    runtime = Runtime(Settings.from_env(env={}, models=str(tiny_models_root)))
+    engines = _engines(tiny_models_root / "tiny-embed", runtime)
+    slow = {"packed": engines["packed"], "padded": Slowed(engines["padded"], 0.02)}
+    adaptive = AdaptiveEncoder(slow, "padded", "measured at load: (test)", "tiny-embed")
+    batch = sample_batch(vocab=256, longest=60)
+    used = []
+    for _ in range(2 * MIN_SAMPLES + EXPLORE_EVERY):
+        before = dict(adaptive.runs)
+        out = adaptive.forward(batch)
+        used.append(next(k for k, n in adaptive.runs.items() if n > before[k]))
+        np.testing.assert_allclose(out, engines[used[-1]].forward(batch), rtol=0, atol=1e-5)
+    assert adaptive.layout == "packed"
+    assert used[: 2 * MIN_SAMPLES] == ["packed", "padded"] * MIN_SAMPLES  # the other first, alternating
+    assert used[2 * MIN_SAMPLES :].count("padded") == 1  # then explored once in EXPLORE_EVERY
+    assert adaptive.chosen_by.startswith("measured on the traffic: packed ")
+    runtime.close()
 
 
 def test_the_timed_batch_is_mixed_within_the_input_limit():
