@@ -144,8 +144,8 @@ class Settings:
     encoder_layout: str = _f(
         "auto",
         "auto | packed | padded: the graph an embedding, fill-mask or classification model runs where "
-        "its directory has both; auto times both on a batch of mixed lengths at load and serves the "
-        "faster (docs/design/packing.md)",
+        "its directory has both; auto times both (a batch at load, then the traffic) and serves the "
+        "one cheaper per token (docs/design/packing.md)",
         choices=("auto", "packed", "padded"),
     )
     # Generation and translation

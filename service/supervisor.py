@@ -27,10 +27,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import mark_process_dead
 
 from service import metrics_server
-from service.metrics_dir import own_metrics_dir
+from service.metrics_dir import FolderCollector, own_metrics_dir
 from service.ports import reserve_port
 from service.settings import Settings
 from service.worker import engine_main, frontend_main, usable_cores, worker_main
@@ -159,7 +159,7 @@ class Supervisor:
         if self.settings.metrics_port < 0:
             return None
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=str(self.metrics_dir))
+        FolderCollector(registry, path=str(self.metrics_dir))
         registry.register(_SupervisorCollector(self))
         server = metrics_server.start(self.settings.metrics_address, self.settings.metrics_port, registry)
         log.info("metrics on http://%s:%d/metrics (all workers)", self.settings.metrics_address, server.server_port)

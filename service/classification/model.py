@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import onnxruntime as ort
@@ -74,8 +73,7 @@ class ClassificationModel:
                 return PackedClassifierEngine(session, pad, settings.embed_pack_row_tokens, m.name, alignment(variant))
             return ClassifierEngine(session, pad, m.name)
 
-        variant, chosen = encoder_engine(model_dir, settings, runtime, build, lengths=PAIR_LENGTHS)
-        engine = cast(ClassifierEngine | PackedClassifierEngine, chosen)
+        variant, engine = encoder_engine(model_dir, settings, runtime, build, lengths=PAIR_LENGTHS)
         tokenizer = PairTokenizer(
             model_dir.file(m.tokenizer["file"]), m.max_input_tokens, m.extra.get("truncation", "longest_first")
         )

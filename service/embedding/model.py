@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import onnxruntime as ort
@@ -60,8 +59,7 @@ def load_engine(model_dir: ModelDir, settings: Settings, runtime: Runtime) -> tu
             )
         return EmbeddingEngine(session, pad, m.name)
 
-    variant, engine = encoder_engine(model_dir, settings, runtime, build)
-    return variant, cast(EncoderEngine[np.ndarray], engine)
+    return encoder_engine(model_dir, settings, runtime, build)
 
 
 async def admit_and_encode(

@@ -25,8 +25,8 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -36,8 +36,20 @@ from service.manifest import PACKED_ROLE, ModelDir
 from service.runtime import Runtime
 from service.settings import Settings
 
-if TYPE_CHECKING:  # service.embedding imports this module
-    from service.embedding.engine import EncoderEngine
+
+class LayoutEngine(Protocol):
+    """What this module needs of an encoder kind's engine (service.embedding.engine.EncoderEngine,
+    which imports this layer: the engine layer names no kind)."""
+
+    counted: bool
+    chosen_by: str
+    provider: str
+
+    @property
+    def layout(self) -> str: ...
+
+    def forward(self, batch: list[Encoded]) -> Any: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +60,7 @@ SAMPLE_LENGTHS = (12, 18, 25, 9, 40, 14, 31, 22, 60, 16, 11, 27, 35, 20, 48, 13)
 PAIR_LENGTHS = (42, 75, 130, 58, 96, 160, 37, 88, 120, 66, 142, 51, 104, 79, 180, 62)
 ROUNDS = 5
 
-Build = Callable[[str, ort.InferenceSession, str], "EncoderEngine"]  # (layout, session, variant) -> engine
+E = TypeVar("E", bound=LayoutEngine)  # the kind's engine type
 
 
 def sample_batch(
@@ -68,7 +80,7 @@ def sample_batch(
     return out
 
 
-def timed(engines: dict[str, EncoderEngine], batch: list[Encoded], rounds: int = ROUNDS) -> dict[str, float]:
+def timed(engines: Mapping[str, LayoutEngine], batch: list[Encoded], rounds: int = ROUNDS) -> dict[str, float]:
     """Median ms of one forward pass of the batch per engine, alternated after a warm-up; the
     passes are not counted in the token metrics."""
     times: dict[str, list[float]] = {name: [] for name in engines}
@@ -92,16 +104,16 @@ def encoder_engine(
     model_dir: ModelDir,
     settings: Settings,
     runtime: Runtime,
-    build: Build,
+    build: Callable[[str, ort.InferenceSession, str], E],  # (layout, session, variant) -> engine
     decorate: Callable[[list[int]], list[int]] | None = None,
     lengths: tuple[int, ...] = SAMPLE_LENGTHS,
-) -> tuple[str, EncoderEngine]:
+) -> tuple[str, E]:
     """(variant, engine) of an encoder kind: its variant's packed or padded graph (module doc);
     the engine's `chosen_by` says why that layout."""
     m = model_dir.manifest
     variant = runtime.choose_variant(m, "encoder")
 
-    def make(layout: str) -> EncoderEngine:
+    def make(layout: str) -> E:
         graph = m.graph(PACKED_ROLE if layout == "packed" else "encoder", variant)
         return build(layout, runtime.create_session(model_dir.file(graph.file)), variant)
 
@@ -123,7 +135,7 @@ def encoder_engine(
         )
         adaptive = AdaptiveEncoder(engines, min(ms, key=lambda k: ms[k]), why, m.name)
         log.info("%s model %s: %s, %s graph first: %s", m.kind, m.name, variant, adaptive.layout, why)
-        return variant, cast("EncoderEngine", adaptive)
+        return variant, cast(E, adaptive)
     engine.chosen_by = why
     log.info("%s model %s: %s %s graph: %s", m.kind, m.name, variant, engine.layout, why)
     return variant, engine
@@ -146,7 +158,7 @@ class AdaptiveEncoder:
 
     packed = True  # the batcher's mode (module doc)
 
-    def __init__(self, engines: dict[str, EncoderEngine], first: str, loaded: str, model: str):
+    def __init__(self, engines: Mapping[str, LayoutEngine], first: str, loaded: str, model: str):
         self.engines, self.layout, self.loaded, self.model = engines, first, loaded, model
         self.provider = engines[first].provider
         self.costs: dict[str, deque[float]] = {k: deque(maxlen=WINDOW) for k in engines}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import onnxruntime as ort
@@ -110,8 +109,7 @@ class FillMaskModel:
         def masked(ids: list[int]) -> list[int]:  # one mask per input, as a fill-mask call has
             return [ids[0], mask, *ids[2:]]
 
-        variant, chosen = encoder_engine(model_dir, settings, runtime, build, masked)
-        engine = cast(FillMaskEngine | PackedFillMaskEngine, chosen)
+        variant, engine = encoder_engine(model_dir, settings, runtime, build, masked)
         limits = queue_limits(settings, runtime, engine.packed)  # as Embed's
         return cls(m, tokenizer, decoder, engine, runtime, limits, variant)
 
