@@ -59,7 +59,15 @@ class ClassificationModel:
         self.provider = engine.provider
         self.labels: list[str] = list(manifest.extra["labels"])
         self.activation: str = manifest.extra["activation"]
-        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, kind="classification", gate=runtime.gate)
+        self.batcher = Batcher(
+            self.name,
+            engine.forward,
+            runtime.run,
+            limits,
+            kind="classification",
+            gate=runtime.gate,
+            packed=lambda: engine.packed,
+        )
 
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> ClassificationModel:

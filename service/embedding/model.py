@@ -112,7 +112,9 @@ class EmbeddingModel:
         self.provider = engine.provider
         self.dimension = int(manifest.embedding_dim or 0)
         self.prompts = Prompts.of(manifest)
-        self.batcher = Batcher(self.name, engine.forward, runtime.run, limits, gate=runtime.gate)
+        self.batcher = Batcher(
+            self.name, engine.forward, runtime.run, limits, gate=runtime.gate, packed=lambda: engine.packed
+        )
 
     @classmethod
     def load(cls, model_dir: ModelDir, settings: Settings, runtime: Runtime) -> EmbeddingModel:

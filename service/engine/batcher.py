@@ -4,7 +4,8 @@ A call's inputs become queue items sharing one future. The queue task waits for 
 (`workers` batches run at once), lets a batch fill for at most `max_wait_s` after its oldest item
 arrived, then takes the run of length-sorted items around the oldest one that fits the token budget
 (rows x longest row: padding counted) and the row limit; a packed engine (several inputs per row)
-budgets real tokens and takes the oldest items first. Rows come back into each call by input index.
+budgets real tokens and takes the oldest items first (asked per batch: an engine may change
+layout on the traffic). Rows come back into each call by input index.
 Items of a call that was cancelled or whose deadline passed are dropped before compute and counted
 in `ts_dropped_items_total`. Admission: `self.admission` (service/admission.py) holds a call's queue
 places from its input count before it is tokenized; `enqueue` turns them into queue items.
@@ -98,8 +99,12 @@ class Batcher:
         gather: Gather = np.stack,
         kind: str = "embedding",
         gate: Gate | None = None,
+        packed: Callable[[], bool] | None = None,
     ):
+        """`packed` says, per batch, whether the engine packs now (an engine that changes layout on
+        the traffic, service/engine/layout.py); without it, `limits.packed` holds."""
         self.model, self._forward, self._run, self.limits = model, forward, run, limits
+        self._packed = packed or (lambda: limits.packed)
         self._gather = gather
         self._queue: list[Item] = []  # arrival order
         self.admission = Admission(
@@ -199,7 +204,7 @@ class Batcher:
         """The run of length-sorted queued items around the oldest that fits the budget (padding counted);
         for a packed engine, the oldest items whose real tokens fit."""
         q = self._queue
-        if self.limits.packed:
+        if self._packed():
             count, tokens = 1, q[0].tokens
             while (
                 count < min(len(q), self.limits.max_batch_size)

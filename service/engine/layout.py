@@ -152,11 +152,14 @@ class AdaptiveEncoder:
     batch's wall time per real token is kept per layout (the last WINDOW batches), the other
     layout runs on alternate batches until each has MIN_SAMPLES, then on one batch in
     EXPLORE_EVERY; the served layout changes when the other's median cost is under SWITCH_BELOW
-    of its own. The load's timing only picks the first. The batcher runs as for a packed engine
-    (oldest first, real tokens budgeted) whichever layout serves a batch. Thread-safe: batches run
-    on several compute threads."""
+    of its own. The load's timing only picks the first. The batcher forms batches for the served
+    layout (`packed`, read per batch: oldest first with real tokens budgeted, or length-sorted with
+    padding budgeted); an exploring batch runs the other layout on a batch formed for the served
+    one. Thread-safe: batches run on several compute threads."""
 
-    packed = True  # the batcher's mode (module doc)
+    @property
+    def packed(self) -> bool:  # the batcher's mode for the next batch
+        return self.layout == "packed"
 
     def __init__(self, engines: Mapping[str, LayoutEngine], first: str, loaded: str, model: str):
         self.engines, self.layout, self.loaded, self.model = engines, first, loaded, model

@@ -88,7 +88,14 @@ class FillMaskModel:
                 f"mask id {self.mask_id}; re-export the model (docs/model-directory.md)"
             )
         self.batcher = Batcher(
-            self.name, engine.forward, runtime.run, limits, gather=list, kind="fill-mask", gate=runtime.gate
+            self.name,
+            engine.forward,
+            runtime.run,
+            limits,
+            gather=list,
+            kind="fill-mask",
+            gate=runtime.gate,
+            packed=lambda: engine.packed,
         )
 
     @classmethod

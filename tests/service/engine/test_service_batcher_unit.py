@@ -24,7 +24,9 @@ def encoded(call: int, lengths: list[int]) -> list[Encoded]:
     return [Encoded([call * 1000 + i] + [7] * (n - 1), [0] * n) for i, n in enumerate(lengths)]
 
 
-async def run_calls(calls: list[list[int]], limits: BatchLimits) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+async def run_calls(
+    calls: list[list[int]], limits: BatchLimits, packed=None
+) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
     shapes: list[tuple[int, int]] = []  # (rows, width) of every batch
 
     def forward(batch: list[Encoded]) -> np.ndarray:
@@ -37,7 +39,7 @@ async def run_calls(calls: list[list[int]], limits: BatchLimits) -> tuple[list[n
     async def run(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
-    batcher = Batcher("unit", forward, run, limits)
+    batcher = Batcher("unit", forward, run, limits, packed=packed)
     batcher.start()
     try:
         futures = []
@@ -74,6 +76,24 @@ def test_length_sorting_cuts_padding():
     limits = BatchLimits(max_batch_tokens=160, max_batch_size=4, max_wait_s=0.05, max_queue=100, workers=1)
     _, shapes = asyncio.run(run_calls(calls, limits))
     assert sorted(shapes) == [(4, 4), (4, 40)]  # arrival order would pad every batch to 40
+
+
+def test_the_engines_layout_is_asked_per_batch():
+    """An engine that packs takes the oldest inputs first (real tokens budgeted); once it serves
+    padded (an adaptive engine switched), the same queue is batched by length again."""
+    calls = [[4], [40], [4], [40], [4], [40], [4], [40]]
+    limits = BatchLimits(max_batch_tokens=160, max_batch_size=4, max_wait_s=0.05, max_queue=100, workers=1)
+    _, shapes = asyncio.run(run_calls(calls, limits, packed=lambda: True))
+    assert shapes == [(4, 40), (4, 40)]  # arrival order: 4 + 40 + 4 + 40 real tokens a batch
+    asked: list[bool] = []
+
+    def switched() -> bool:  # packed for the first batch, padded after
+        asked.append(not asked)
+        return asked[-1]
+
+    _, shapes = asyncio.run(run_calls(calls + calls, limits, packed=switched))
+    assert shapes[0] == (4, 40) and sorted(shapes[1:]) == [(4, 4), (4, 40), (4, 40)]  # 6 short, 6 long left
+    assert len(asked) == len(shapes)
 
 
 def test_stop_is_bounded_by_the_grace_and_fails_what_is_left():
