@@ -82,7 +82,7 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 extra["int4"] = ox.make_int4(base[role], dst)
             else:
                 extra["int8_method"] = "rowwise"
-                ox.make_int8(base[role] if kind.decoder_io else fp32[role], dst)
+                extra.setdefault("tables", {})[role] = ox.make_int8(base[role] if kind.decoder_io else fp32[role], dst)
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         if figures.get("quality_ok") is False:  # kept for whoever asks by name; never served by `auto`
             log.warning(
