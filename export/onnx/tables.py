@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -121,7 +122,7 @@ def quantize_tables(model: onnx.ModelProto) -> dict:
             graph.input.remove(value)
     if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    figures = {"bits": BITS, "block_size": BLOCK, "tables": tables, "bytes_saved": int(saved)}
+    figures: dict[str, Any] = {"bits": BITS, "block_size": BLOCK, "tables": tables, "bytes_saved": int(saved)}
     if any(b != BLOCK for b in blocks):
         figures["block_sizes"] = sorted(blocks)
     if tables:
