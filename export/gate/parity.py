@@ -217,9 +217,9 @@ def onnx_step(
             kv_shape = sess.get_inputs()[len(sess.get_inputs()) - 1].shape
             past = [np.zeros((ids.shape[0], kv_shape[1], 0, kv_shape[3]), np.float32)] * len(past_names)
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **fixed}
-        feeds.update({n: p.astype(float_type[n]) for n, p in zip(past_names, past)})
+        feeds.update({n: p.astype(float_type[n], copy=False) for n, p in zip(past_names, past)})
         logits, *present = sess.run(None, feeds)
-        return logits.astype(np.float32), [p.astype(np.float32) for p in present]
+        return logits.astype(np.float32, copy=False), [p.astype(np.float32, copy=False) for p in present]
 
     return step
 
@@ -238,12 +238,12 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
             "position_ids": pos,
             "seqlens_k": (lengths_after - 1).astype(np.int32),
             "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
-            **{n: b.astype(float_type[n]) for n, b in zip(past_names, buffers)},
+            **{n: b.astype(float_type[n], copy=False) for n, b in zip(past_names, buffers)},  # no copy of fp32 caches
         }
         if every:
             feeds["logits_positions"] = np.ascontiguousarray(np.broadcast_to(np.arange(ids.shape[1]), ids.shape))
         logits, *present = sess.run(None, feeds)
-        return logits.astype(np.float32), [p.astype(np.float32) for p in present]
+        return logits.astype(np.float32, copy=False), [p.astype(np.float32, copy=False) for p in present]
 
     def step(ids, mask, pos, past):
         rows, new = ids.shape
