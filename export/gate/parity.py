@@ -56,6 +56,7 @@ BATCH_ROWS = 8  # rows of the sample computed together for the batch-invariance 
 # one long gate text padded the batch to 885 positions of GPT-2's vocabulary (8 x 885 x 50,257
 # floats, 1.4 GB a copy: a third of a converted decoder's export time went to it).
 BATCH_TOKENS = 128
+QUALITY_CHUNK = 64  # positions per float64 log-softmax in quality_figures (a (T, V) one was 356 MB at T 885)
 FP16_BATCH_ULPS = 2  # an fp16 row may move this many float16 units in the last place between batches
 
 
@@ -402,15 +403,18 @@ def quality_figures(rows, sample: str, batch_max_abs_diff: float, variant: str =
     -> {"quality": perplexities, ratio, top-1 agreement, mean KL(PyTorch || variant), batch
         difference, limits; "quality_ok": within QUALITY_LIMITS}."""
     tokens, nll_ref, nll_got, kl, same, peak = 0, 0.0, 0.0, 0.0, 0, 0.0
-    for ref, got, targets in rows:
-        peak = max(peak, float(np.abs(got).max()))
-        lr, lg = log_softmax(ref), log_softmax(got)
-        at = np.arange(len(targets))
-        nll_ref -= float(lr[at, targets].sum())
-        nll_got -= float(lg[at, targets].sum())
-        kl += float((np.exp(lr) * (lr - lg)).sum())
-        same += int((ref.argmax(-1) == got.argmax(-1)).sum())
-        tokens += len(targets)
+    for ref_rows, got_rows, all_targets in rows:
+        peak = max(peak, float(np.abs(got_rows).max()))
+        for at in range(0, len(all_targets), QUALITY_CHUNK):  # float64 (chunk, V) arrays, not (T, V)
+            ref, got = ref_rows[at : at + QUALITY_CHUNK], got_rows[at : at + QUALITY_CHUNK]
+            targets = all_targets[at : at + QUALITY_CHUNK]
+            lr, lg = log_softmax(ref), log_softmax(got)
+            index = np.arange(len(targets))
+            nll_ref -= float(lr[index, targets].sum())
+            nll_got -= float(lg[index, targets].sum())
+            kl += float((np.exp(lr) * (lr - lg)).sum())
+            same += int((ref.argmax(-1) == got.argmax(-1)).sum())
+            tokens += len(targets)
     ppl_ref, ppl = float(np.exp(nll_ref / tokens)), float(np.exp(nll_got / tokens))
     figures: dict[str, Any] = {
         "sample": sample,
