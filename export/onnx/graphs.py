@@ -242,7 +242,11 @@ def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tup
     return {"encoder": (enc_in, cross), "decoder": (dec_in, dec_out)}
 
 
-def _export(module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+def _export(
+    module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec], check: bool = True
+) -> None:
+    """torch.onnx.export of module; `check`: run the ONNX checker now (else the caller's rewrite does:
+    each load and check of a 500 MB file costs seconds)."""
     dynamic_axes = {t.name: {i: a for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs + outputs}
     with torch.no_grad(), warnings.catch_warnings():
         # head_dim (a fixed model size) is read from a shape in the attention scale: expected.
@@ -258,7 +262,8 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec]
             dynamo=False,
             do_constant_folding=True,
         )
-    onnx.checker.check_model(str(path))
+    if check:
+        onnx.checker.check_model(str(path))
     log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
 
 
@@ -286,24 +291,28 @@ def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], lis
     total = torch.tensor(_P + _T, dtype=torch.int32)
     at = torch.randint(0, _T, (_B, _L), generator=torch.Generator().manual_seed(0))  # (B, L)
     past = _example_kv(_B, cfg.kv_heads, _S + _P + _T, cfg.head_size, 2 * cfg.n_layers)
-    _export(DecoderGraph(model), (ids, positions, seqlens, total, at, *past), path, inputs, outputs)
-    _declare_output_shapes(path, outputs)  # the custom op's outputs carry no shape of their own
-    _share_tied(path)
+    _export(DecoderGraph(model), (ids, positions, seqlens, total, at, *past), path, inputs, outputs, check=False)
+    _rewrite(path, outputs)  # the custom op's outputs carry no shape of their own
     return inputs, outputs
 
 
-def _share_tied(path: Path) -> None:
-    """The tied embedding table stored once (export/onnx/tied.py), where the head is tied."""
+def _rewrite(path: Path, outputs: list[TensorSpec] | None = None, tied: bool = True) -> None:
+    """One load, rewrite, save and check of an exported graph: the contract's output shapes
+    (`outputs`, where the export cannot give them) and the tied embedding table stored once
+    (export/onnx/tied.py), where the head is tied."""
     model = onnx.load(str(path))
-    if share_tied_table(model):
+    if outputs is not None:
+        _declare_output_shapes(model, outputs)
+    tied = tied and share_tied_table(model)
+    if outputs is not None or tied:
         onnx.save(model, str(path))
-        onnx.checker.check_model(str(path))
+    onnx.checker.check_model(str(path))
+    if tied:
         log.info("%s: the tied head reads the embedding table (%.1f MB)", path.name, path.stat().st_size / 1e6)
 
 
-def _declare_output_shapes(path: Path, outputs: list[TensorSpec]) -> None:
+def _declare_output_shapes(model: onnx.ModelProto, outputs: list[TensorSpec]) -> None:
     """Writes the contract's shapes (fixed sizes, named dynamic axes) onto the graph's outputs."""
-    model = onnx.load(str(path))
     specs = {t.name: t for t in outputs}
     for out in model.graph.output:
         dims = out.type.tensor_type.shape.dim
@@ -314,8 +323,6 @@ def _declare_output_shapes(path: Path, outputs: list[TensorSpec]) -> None:
                 dim.dim_value = axis
             else:
                 dim.dim_param = axis
-    onnx.save(model, str(path))
-    onnx.checker.check_model(str(path))
 
 
 def export_translator(model: Translator, encoder_path: Path, decoder_path: Path) -> dict:
@@ -331,8 +338,8 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
     cross = _example_kv(_B, heads, _S, hd, 2 * n)
     past = _example_kv(_B, heads, _P, hd, 2 * n)
     args = (tgt, mask, positions, torch.ones_like(src), *cross, *past)
-    _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"])
-    _share_tied(decoder_path)
+    _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"], check=False)
+    _rewrite(decoder_path)
     return specs
 
 
