@@ -2,7 +2,8 @@
 
 After the gate, every built variant of a generation model is timed side by side in one process:
 a decode step (one new token per row after `PAST` cached positions) at 1 row and at 8 rows, one
-intra-op thread, the variants alternated over `ROUNDS` rounds and the median kept, so load on a
+intra-op thread, `STEPS` steps a round (fewer for a step so slow that they would pass `ROUND_S`),
+the variants alternated over `ROUNDS` rounds and the median kept, so load on a
 shared machine falls on all of them alike. The manifest records the figures with the CPU's name
 and flags (`parity.speed`); the service's `auto` serves the fastest variant the quality gate
 admitted (service/runtime.py), so no CPU's figure is written into code. `step_us` is a 1-row
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 ROWS = (1, 8)
 PAST = 64
-STEPS = 8  # timed steps per round, after one untimed step
+STEPS = 8  # timed steps per round at most, after one untimed step ...
+ROUND_S = 0.1  # ... and fewer where that many would take longer than this (a 124M fp32 step: ~35 ms)
 ROUNDS = 5
 _FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
 
@@ -70,11 +72,13 @@ def decode_steps(graphs: dict[str, Path]) -> dict:
     for _ in range(ROUNDS):
         for (variant, rows), feed in feeds.items():
             sess = sessions[variant]
-            sess.run(["logits"], feed)
             started = time.perf_counter()
-            for _ in range(STEPS):
+            sess.run(["logits"], feed)
+            steps = min(STEPS, max(2, round(ROUND_S / (time.perf_counter() - started))))
+            started = time.perf_counter()
+            for _ in range(steps):
                 sess.run(["logits"], feed)
-            times[variant, rows].append((time.perf_counter() - started) / STEPS * 1e6)
+            times[variant, rows].append((time.perf_counter() - started) / steps * 1e6)
     us = {v: {str(r): round(statistics.median(times[v, r]), 1) for r in ROWS} for v in sessions}
     figures: dict[str, Any] = {
         "cpu": cpu(),
