@@ -86,7 +86,7 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 extra["int4"] = ox.make_int4(base[role], dst)
             else:
                 extra["int8_method"] = "rowwise"
-                # A translator's int8 keeps fp32 tables: its batch check failed with 8-bit ones (below).
+                # A translator's int8 keeps fp32 tables: its batch check failed with 8-bit ones (docstring).
                 tables = kind.architecture != "seq2seq"
                 src = base[role] if kind.decoder_io else fp32[role]
                 extra.setdefault("tables", {})[role] = ox.make_int8(src, dst, tables=tables)
