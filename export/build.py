@@ -91,6 +91,8 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 src = base[role] if kind.decoder_io else fp32[role]
                 extra.setdefault("tables", {})[role] = ox.make_int8(src, dst, tables=tables)
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
+        if variant == "int8" and not kind.decoder_io and figures.get("quality_ok") is False:
+            figures = _int8_down_fp32(kind, fp32, paths, figures, started)
         if figures.get("quality_ok") is False:  # kept for whoever asks by name; never served by `auto`
             log.warning(
                 "%s: below the quality gate's limits, `auto` will not serve it: %s",
@@ -101,6 +103,33 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
         if variant == "optimized":
             base = paths
     return graphs
+
+
+def _int8_down_fp32(kind: Kind, fp32: dict[str, Path], paths: dict[str, Path], full: dict, started: float) -> dict:
+    """An encoder whose int8 missed the gate, built again with its down projections in fp32 (the
+    feed-forward products that narrow their input read the widest activations, after the GELU,
+    whose outliers a per-row 8-bit scale flattens) and gated again; kept where it passes, with
+    the first try's figures under `int8_all`; else the first try stays, this one's figures under
+    `int8_down_fp32`. all-MiniLM-L6-v2 (Intel Xeon): cos min 0.9734 -> 0.983, mean 0.9933 -> 0.9952
+    (limits 0.98, 0.995); 16 x 40 tokens 42.4 ms all int8, 55.9 ms so, 103.5 ms optimized fp32."""
+    trial = {role: p.with_name(p.name.replace(".onnx", ".down-fp32.onnx")) for role, p in paths.items()}
+    tables = {role: ox.make_int8(fp32[role], dst, keep_down=True) for role, dst in trial.items()}
+    figures = kind.measure("int8", trial)
+    if not figures.get("quality_ok"):
+        log.info("int8 with down projections in fp32 misses the gate too: %s", figures.get("quality", figures))
+        for p in trial.values():
+            p.unlink()
+        return {**full, "int8_down_fp32": {"quality": figures.get("quality"), "quality_ok": False}}
+    for role, p in trial.items():
+        p.replace(paths[role])
+    log.info("int8: the down projections stay fp32, which passes the gate: %s", figures.get("quality", figures))
+    return {
+        **figures,
+        "int8_method": "rowwise, down projections fp32",
+        "tables": tables,
+        "int8_all": {"quality": full.get("quality"), "quality_ok": False},
+        "build_seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 def _graphs(kind: Kind, staging: Path, variants) -> tuple[list[GraphFile], dict]:

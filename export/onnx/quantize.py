@@ -23,8 +23,10 @@ WEIGHT_BITS = 7
 _ZERO_POINT = 128
 
 
-def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> int:
-    """src (fp32 ONNX) -> dst with row-wise int8 MatMuls; returns how many MatMuls were rewritten."""
+def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, keep_down: bool = False) -> int:
+    """src (fp32 ONNX) -> dst with row-wise int8 MatMuls; returns how many MatMuls were rewritten.
+    keep_down: the products that narrow their input (a (K, N) weight with K > N: a feed-forward
+    block's down projection, which reads its widest activations, after the GELU) stay fp32."""
     model = untied_matmul(onnx.load(str(src)))  # the tied head's own int8 copy, not the fp32 table
     graph = model.graph
     weights = {i.name: i for i in graph.initializer if len(i.dims) == 2 and i.data_type == TensorProto.FLOAT}
@@ -46,7 +48,7 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> in
     replaced: set[str] = set()
     for node in graph.node:
         weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if weight is None:
+        if weight is None or (keep_down and weight.dims[0] > weight.dims[1]):
             nodes.append(node)
             continue
         act = node.input[0]
