@@ -145,15 +145,12 @@ def weight_bytes(args) -> int:
     path = model_dir.file(model_dir.manifest.graph("decoder", args.variant).file)
     graph = onnx.load(str(path)).graph
     gathered = {n.input[i] for n in graph.node if n.op_type.startswith("Gather") for i in (0, 2, 3) if i < len(n.input)}
-    return sum(
-        onnx.numpy_helper.to_array(i).nbytes
-        for i in graph.initializer
-        if i.name not in gathered and i.data_type not in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
-    ) + sum(  # 4-bit tensors: half a byte a value
-        int(np.prod(i.dims)) // 2
-        for i in graph.initializer
-        if i.name not in gathered and i.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
-    )
+    four_bit = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+
+    def size(t: onnx.TensorProto) -> int:  # 4-bit tensors: half a byte a value
+        return int(np.prod(t.dims)) // 2 if t.data_type in four_bit else onnx.numpy_helper.to_array(t).nbytes
+
+    return sum(size(t) for t in graph.initializer if t.name not in gathered)
 
 
 def read_bandwidth_gb_s() -> float:

@@ -68,8 +68,10 @@ def quantize_tables(model: onnx.ModelProto) -> dict:
             readers.setdefault(name, []).append(node)
     outputs = {o.name for o in graph.output}
     done: dict[str, tuple[str, str, str]] = {}  # table -> its quantised initializers
-    tables, saved, blocks = 0, 0, set()
-    for at, node in enumerate(list(graph.node)):
+    saved, blocks = 0, set()
+    nodes: list[onnx.NodeProto] = []
+    for at, node in enumerate(graph.node):
+        nodes.append(node)
         if node.op_type != "Gather" or node.input[0] not in inits:
             continue
         name = node.input[0]
@@ -97,35 +99,32 @@ def quantize_tables(model: onnx.ModelProto) -> dict:
             )
             done[name] = q
             blocks.add(block)
-            tables += 1
             saved += table.nbytes - values.nbytes - scale.nbytes - zero.nbytes
         q = done[name]
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        graph.node.insert(
-            index,
-            helper.make_node(
-                "GatherBlockQuantized",
-                [q[0], node.input[1], q[1], q[2]],
-                list(node.output),
-                name=(node.name or f"gather_{at}") + "_q8",
-                domain="com.microsoft",
-                gather_axis=0,
-                quantize_axis=1,
-                block_size=block,
-                bits=BITS,
-            ),
+        nodes[-1] = helper.make_node(
+            "GatherBlockQuantized",
+            [q[0], node.input[1], q[1], q[2]],
+            list(node.output),
+            name=(node.name or f"gather_{at}") + "_q8",
+            domain="com.microsoft",
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=block,
+            bits=BITS,
         )
+    if done:
+        del graph.node[:]
+        graph.node.extend(nodes)
     for name in done:
         graph.initializer.remove(inits[name])
         for value in [v for v in graph.input if v.name == name]:  # an initializer listed as an input too
             graph.input.remove(value)
     if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    figures: dict[str, Any] = {"bits": BITS, "block_size": BLOCK, "tables": tables, "bytes_saved": int(saved)}
+    figures: dict[str, Any] = {"bits": BITS, "block_size": BLOCK, "tables": len(done), "bytes_saved": int(saved)}
     if any(b != BLOCK for b in blocks):
         figures["block_sizes"] = sorted(blocks)
-    if tables:
+    if done:
         log.info("embedding tables at %d bits: %s", BITS, figures)
     return figures
 

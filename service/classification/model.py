@@ -86,7 +86,7 @@ class ClassificationModel:
             model_dir.file(m.tokenizer["file"]), m.max_input_tokens, m.extra.get("truncation", "longest_first")
         )
         log.info("classification model %s: labels %s", m.name, m.extra["labels"])
-        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
+        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime), variant)
 
     async def start(self) -> None:
         self.batcher.start()

@@ -32,7 +32,7 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def queue_limits(settings: Settings, runtime: Runtime, packed: bool = False) -> BatchLimits:
+def queue_limits(settings: Settings, runtime: Runtime) -> BatchLimits:
     """The embedding queue's limits (settings `embed_*`, batch sizes by device): every encoder kind's."""
     max_tokens, max_rows = runtime.embed_batch_limits()
     return BatchLimits(
@@ -41,7 +41,6 @@ def queue_limits(settings: Settings, runtime: Runtime, packed: bool = False) -> 
         max_wait_s=settings.embed_max_wait_ms / 1000.0,
         max_queue=settings.embed_max_queue,
         workers=settings.compute_workers,
-        packed=packed,
         grace_s=settings.grace_seconds,
     )
 
@@ -121,7 +120,7 @@ class EmbeddingModel:
         m = model_dir.manifest
         variant, engine = load_engine(model_dir, settings, runtime)
         tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
-        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime, engine.packed), variant)
+        return cls(m, tokenizer, engine, runtime, queue_limits(settings, runtime), variant)
 
     async def start(self) -> None:
         self.batcher.start()

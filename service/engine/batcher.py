@@ -45,7 +45,6 @@ class BatchLimits:
     max_wait_s: float
     max_queue: int
     workers: int
-    packed: bool = False  # the engine packs inputs into rows: the budget counts real tokens
     grace_s: float = 30.0  # how long stop() lets queued and running calls finish (settings grace_seconds)
 
 
@@ -101,10 +100,11 @@ class Batcher:
         gate: Gate | None = None,
         packed: Callable[[], bool] | None = None,
     ):
-        """`packed` says, per batch, whether the engine packs now (an engine that changes layout on
-        the traffic, service/engine/layout.py); without it, `limits.packed` holds."""
+        """`packed` says, per batch, whether the engine packs inputs into rows now (the budget then
+        counts real tokens; an engine may change layout on the traffic, service/engine/layout.py);
+        without it, batches are padded."""
         self.model, self._forward, self._run, self.limits = model, forward, run, limits
-        self._packed = packed or (lambda: limits.packed)
+        self._packed = packed or (lambda: False)
         self._gather = gather
         self._queue: list[Item] = []  # arrival order
         self.admission = Admission(

@@ -117,7 +117,7 @@ class FillMaskModel:
             return [ids[0], mask, *ids[2:]]
 
         variant, engine = encoder_engine(model_dir, settings, runtime, build, masked)
-        limits = queue_limits(settings, runtime, engine.packed)  # as Embed's
+        limits = queue_limits(settings, runtime)  # as Embed's
         return cls(m, tokenizer, decoder, engine, runtime, limits, variant)
 
     async def start(self) -> None:
