@@ -4,6 +4,7 @@ Random weights from transformers' own init (`save_pretrained`) and tokenizers tr
 repository's text: the shapes are the real ones, the outputs are not.
 - gpt2: `GPT2Config()` defaults (GPT-2 small) with a byte-level BPE tokenizer;
 - llama: SmolLM-135M's shape (30 layers, 9 heads, 3 KV heads, tied embeddings) with a BPE tokenizer;
+- llama1b: TinyLlama-1.1B's shape (22 layers, 2048 wide, 4 KV heads, untied), 4.4 GB of fp32 weights;
 - bert: `BertConfig()` defaults as a sentence-transformers folder (mean pooling, Normalize) with a
   lower-case WordPiece tokenizer;
 - qwen3e: a decoder embedder in Qwen3-Embedding-0.6B's layout and widths (hidden 1024, 16 query
@@ -153,6 +154,32 @@ def llama_folder(folder: Path) -> dict:
     return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 
+def llama1b_folder(folder: Path) -> dict:
+    """TinyLlama-1.1B's shape (22 layers, 32 heads of 64, 4 KV heads, FFN 5632, untied 32k
+    vocabulary): 1.1B parameters, 4.4 GB in fp32, past protobuf's 2 GiB (external data)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    eot = byte_bpe(folder, 32000).convert_tokens_to_ids(EOT)
+    cfg = LlamaConfig(
+        hidden_size=2048,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=2048,
+        bos_token_id=eot,
+        eos_token_id=eot,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(folder)
+    return {"params_m": round(model.num_parameters() / 1e6, 1)}
+
+
 def bert_folder(folder: Path) -> dict:
     import torch
     from transformers import BertConfig, BertModel
@@ -219,4 +246,10 @@ def qwen3_embedding_folder(folder: Path) -> dict:
     return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 
-BUILDERS = {"gpt2": gpt2_folder, "llama": llama_folder, "bert": bert_folder, "qwen3e": qwen3_embedding_folder}
+BUILDERS = {
+    "gpt2": gpt2_folder,
+    "llama": llama_folder,
+    "llama1b": llama1b_folder,
+    "bert": bert_folder,
+    "qwen3e": qwen3_embedding_folder,
+}

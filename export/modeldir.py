@@ -29,6 +29,7 @@ import onnx
 import onnxruntime
 import torch
 
+from export.onnx import store
 from export.onnx.graphs import OPSET
 from service.manifest import GraphSpec, Manifest, ModelDir, ModelDirError, TensorSpec, load_model_dir, sha256_file
 
@@ -154,6 +155,7 @@ def write_manifest(staging: Path, *, graphs: list[GraphFile], **fields: Any) -> 
                 inputs=g.inputs,
                 outputs=g.outputs,
                 parity=g.parity,
+                data=_data(g.path),
             )
         )
     tokenizer = {
@@ -165,6 +167,12 @@ def write_manifest(staging: Path, *, graphs: list[GraphFile], **fields: Any) -> 
     (staging / "model.json").write_text(manifest.to_json(), encoding="utf-8")
     load_model_dir(staging)  # the service's own check, before anything is moved into place
     return manifest
+
+
+def _data(graph: Path) -> dict[str, str]:
+    """The manifest's entry for a graph's external data file (export/onnx/store.py), if it has one."""
+    data = store.data_file(graph)
+    return {"file": data.name, "sha256": sha256_file(data)} if data.exists() else {}
 
 
 def publish(staging: Path, out: Path) -> ModelDir:
@@ -181,4 +189,8 @@ def publish(staging: Path, out: Path) -> ModelDir:
 
 
 def file_sizes(model_dir: ModelDir) -> dict[str, int]:
-    return {g.file: model_dir.file(g.file).stat().st_size for g in model_dir.manifest.graphs}
+    """Each graph's bytes on disk, its external data file's included."""
+    return {
+        g.file: sum(model_dir.file(f).stat().st_size for f in (g.file, g.data.get("file")) if f)
+        for g in model_dir.manifest.graphs
+    }

@@ -54,6 +54,9 @@ class GraphSpec:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     parity: dict[str, Any] = field(default_factory=dict)  # figures measured by the gate at export
+    # {"file", "sha256"} of the file holding the graph's tensors, for a graph past protobuf's 2 GiB
+    # (onnx's external data format, export/onnx/store.py); empty: they are inside `file`
+    data: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def from_dict(d: dict) -> GraphSpec:
@@ -65,6 +68,7 @@ class GraphSpec:
             inputs=[TensorSpec(**t) for t in d["inputs"]],
             outputs=[TensorSpec(**t) for t in d["outputs"]],
             parity=d.get("parity", {}),
+            data=d.get("data", {}),
         )
 
 
@@ -140,6 +144,7 @@ def load_model_dir(path: str | Path, verify_hashes: bool = True) -> ModelDir:
         raise ModelDirError(f"{manifest_path}: unreadable ({e})") from e
     _check_manifest(manifest, manifest_path)
     files = [(g.file, g.sha256) for g in manifest.graphs] + [(manifest.tokenizer["file"], manifest.tokenizer["sha256"])]
+    files += [(g.data["file"], g.data["sha256"]) for g in manifest.graphs if g.data]
     files += [(t["file"], t["sha256"]) for t in (manifest.chat_template or {}).get("templates", {}).values()]
     for name, expected in files:
         f = inside(path, name, manifest_path)
@@ -188,6 +193,8 @@ def _check_manifest(m: Manifest, where: Path) -> None:
             raise ModelDirError(f"{where}: graph {g.file}: unknown role/variant {g.role}/{g.variant}")
         if Path(g.file).name != g.file:
             raise ModelDirError(f"{where}: graph file {g.file!r} must be a plain file name inside the directory")
+        if g.data and (not {"file", "sha256"} <= set(g.data) or Path(g.data["file"]).name != g.data["file"]):
+            raise ModelDirError(f"{where}: graph {g.file}: 'data' needs 'file' (a plain file name) and 'sha256'")
     if not {"file", "sha256"} <= set(m.tokenizer):
         raise ModelDirError(f"{where}: tokenizer entry needs 'file' and 'sha256'")
     if m.kind == "embedding" and (m.pooling not in POOLINGS or not m.embedding_dim):

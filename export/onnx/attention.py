@@ -143,8 +143,8 @@ def export_attention(model: Model, path: Path, example) -> tuple[list[TensorSpec
     inputs, outputs = attention_specs(model)
     feeds = _feeds(model, example)
     args = tuple(torch.from_numpy(feeds[t.name]) for t in inputs)
-    ox._export(_graph(model), args, path, inputs, outputs, check=False)
-    ox._rewrite(path, outputs, tied=False)  # the heads axis, which shape inference leaves unnamed
+    exported = ox._export(_graph(model), args, path, inputs, outputs, check=False)
+    ox._rewrite(exported, path, outputs, tied=False)  # the heads axis, which shape inference leaves unnamed
     return inputs, outputs
 
 

@@ -15,6 +15,7 @@ bottom; `graph_io` reads back what a graph file declares.
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,7 @@ from torch import nn
 from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
 from export.models.families import Encoder
 from export.models.seq2seq import Translator
+from export.onnx import store
 from export.onnx.tied import share_tied_table
 from service.manifest import TensorSpec
 
@@ -244,17 +246,27 @@ def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tup
 
 def _export(
     module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec], check: bool = True
-) -> None:
-    """torch.onnx.export of module; `check`: run the ONNX checker now (else the caller's rewrite does:
-    each load and check of a 500 MB file costs seconds)."""
+) -> Path:
+    """torch.onnx.export of module -> where the export lies. `check`: run the ONNX checker now (else
+    the caller's `_rewrite` does: each load and check of a 500 MB file costs seconds). A module whose
+    weights pass store's inline limit (a 1B model) is exported into a scratch folder beside path,
+    where torch writes each tensor to a file of its own; `_rewrite` (called here when `check`) saves
+    it at path with its tensors in one data file (export/onnx/store.py) and removes the folder."""
     dynamic_axes = {t.name: {i: a for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs + outputs}
+    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    target = path
+    if weights > store.inline_limit():
+        scratch = path.parent / f".{path.name}.export"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        target = scratch / path.name
     with torch.no_grad(), warnings.catch_warnings():
         # head_dim (a fixed model size) is read from a shape in the attention scale: expected.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(
             module.eval(),
             args,
-            str(path),
+            str(target),
             input_names=[t.name for t in inputs],
             output_names=[t.name for t in outputs],
             dynamic_axes=dynamic_axes,
@@ -262,9 +274,13 @@ def _export(
             dynamo=False,
             do_constant_folding=True,
         )
+    log.info("exported %s (%.1f MB of weights)", path.name, weights / 1e6)
     if check:
-        onnx.checker.check_model(str(path))
-    log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
+        if target != path:
+            _rewrite(target, path, tied=False)
+        else:
+            onnx.checker.check_model(str(path))
+    return target
 
 
 def _example_ids(vocab: int, batch: int, length: int) -> torch.Tensor:
@@ -291,24 +307,32 @@ def export_decoder(model: GPTDecoder, path: Path) -> tuple[list[TensorSpec], lis
     total = torch.tensor(_P + _T, dtype=torch.int32)
     at = torch.randint(0, _T, (_B, _L), generator=torch.Generator().manual_seed(0))  # (B, L)
     past = _example_kv(_B, cfg.kv_heads, _S + _P + _T, cfg.head_size, 2 * cfg.n_layers)
-    _export(DecoderGraph(model), (ids, positions, seqlens, total, at, *past), path, inputs, outputs, check=False)
-    _rewrite(path, outputs)  # the custom op's outputs carry no shape of their own
+    exported = _export(DecoderGraph(model), (ids, positions, seqlens, total, at, *past), path, inputs, outputs, False)
+    _rewrite(exported, path, outputs)  # the custom op's outputs carry no shape of their own
     return inputs, outputs
 
 
-def _rewrite(path: Path, outputs: list[TensorSpec] | None = None, tied: bool = True) -> None:
-    """One load, rewrite, save and check of an exported graph: the contract's output shapes
-    (`outputs`, where the export cannot give them) and the tied embedding table stored once
-    (export/onnx/tied.py), where the head is tied."""
-    model = onnx.load(str(path))
+def _rewrite(src: Path, dst: Path, outputs: list[TensorSpec] | None = None, tied: bool = True) -> None:
+    """One load, rewrite, save and check of an exported graph (src, saved at dst): the contract's
+    output shapes (`outputs`, where the export cannot give them) and the tied embedding table stored
+    once (export/onnx/tied.py), where the head is tied. A src in a scratch folder (`_export`) is
+    saved at dst with its tensors in one data file when it is that big, and the folder removed."""
+    model = store.load(src)
     if outputs is not None:
         _declare_output_shapes(model, outputs)
     tied = tied and share_tied_table(model)
-    if outputs is not None or tied:
-        onnx.save(model, str(path))
-    onnx.checker.check_model(str(path))
+    if outputs is not None or tied or src != dst:
+        store.save(model, dst)
+    del model
+    if src != dst:
+        shutil.rmtree(src.parent, ignore_errors=True)
+    onnx.checker.check_model(str(dst))
     if tied:
-        log.info("%s: the tied head reads the embedding table (%.1f MB)", path.name, path.stat().st_size / 1e6)
+        log.info("%s: the tied head reads the embedding table (%.1f MB)", dst.name, _size(dst) / 1e6)
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in store.files(path))
 
 
 def _declare_output_shapes(model: onnx.ModelProto, outputs: list[TensorSpec]) -> None:
@@ -338,8 +362,8 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
     cross = _example_kv(_B, heads, _S, hd, 2 * n)
     past = _example_kv(_B, heads, _P, hd, 2 * n)
     args = (tgt, mask, positions, torch.ones_like(src), *cross, *past)
-    _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"], check=False)
-    _rewrite(decoder_path)
+    exported = _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"], check=False)
+    _rewrite(exported, decoder_path)
     return specs
 
 
@@ -356,7 +380,9 @@ def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model:
     from onnxruntime.transformers.optimizer import optimize_model
 
     model = optimize_model(str(src), model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
-    model.save_model_to_file(str(dst))
+    store.data_file(dst).unlink(missing_ok=True)
+    big = store.external(model.model)  # its tensors beside it, as store.save does (same file name)
+    model.save_model_to_file(str(dst), use_external_data_format=big, size_threshold=store.MIN_EXTERNAL_TENSOR)
     counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
     log.info("optimized %s -> %s: %s", src.name, dst.name, counts)
     return counts
@@ -370,8 +396,8 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=keep_io_types)
-    onnx.save(model, str(dst))
+    model = convert_float_to_float16(store.load(src), keep_io_types=keep_io_types)
+    store.save(model, dst)
 
 
 def make_int8(src: Path, dst: Path, tables: bool = True, keep_down: bool = False) -> dict:

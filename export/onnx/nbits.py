@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx
 
+from export.onnx import store
 from export.onnx.tied import untied_matmul
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,10 @@ def _quantize(model: onnx.ModelProto, bits: int, exclude: list[str]) -> onnx.Mod
 
 def quantize_nbits(src: Path, dst: Path) -> dict:
     """src (fp32 ONNX) -> dst with MatMulNBits; -> the settings and how many MatMuls were rewritten."""
-    model = untied_matmul(onnx.load(str(src)))
+    model = untied_matmul(store.load(src))
     head = _head_nodes(model)
     model = _quantize(_quantize(model, BITS, exclude=head), HEAD_BITS, exclude=[])  # the head is all that is left
-    onnx.save(model, str(dst))
+    store.save(model, dst)
     rewritten = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
     settings = {
         "bits": BITS,

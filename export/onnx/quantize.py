@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.onnx import store
 from export.onnx.tied import untied_matmul
 
 WEIGHT_BITS = 7
@@ -27,7 +28,7 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, keep_
     """src (fp32 ONNX) -> dst with row-wise int8 MatMuls; returns how many MatMuls were rewritten.
     keep_down: the products that narrow their input (a (K, N) weight with K > N: a feed-forward
     block's down projection, which reads its widest activations, after the GELU) stay fp32."""
-    model = untied_matmul(onnx.load(str(src)))  # the tied head's own int8 copy, not the fp32 table
+    model = untied_matmul(store.load(src))  # the tied head's own int8 copy, not the fp32 table
     graph = model.graph
     weights = {i.name: i for i in graph.initializer if len(i.dims) == 2 and i.data_type == TensorProto.FLOAT}
     qmax = 2 ** (weight_bits - 1) - 1
@@ -92,5 +93,5 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, keep_
     graph.initializer.extend(kept + [c for c in added if c.name in still_used])
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    onnx.save(model, str(dst))
+    store.save(model, dst)
     return sum(1 for n in nodes if n.op_type == "MatMulIntegerToFloat")

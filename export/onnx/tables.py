@@ -26,6 +26,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.onnx import store
+
 log = logging.getLogger(__name__)
 
 BLOCK = 32
@@ -131,8 +133,8 @@ def quantize_tables(model: onnx.ModelProto) -> dict:
 
 def quantize_tables_file(path: Path) -> dict:
     """quantize_tables on an ONNX file, rewritten in place (when it had an eligible table)."""
-    model = onnx.load(str(path))
+    model = store.load(path)
     figures = quantize_tables(model)
     if figures["tables"]:
-        onnx.save(model, str(path))
+        store.save(model, path)
     return figures
