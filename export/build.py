@@ -21,6 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from export import memory
 from export.gate import parity, speed
 from export.kinds import KINDS, Kind, Request
 from export.modeldir import TOKENIZER_FILE, GraphFile, publish, staging_dir, write_manifest
@@ -42,6 +43,7 @@ def _parity_figures(figures: dict, attention: dict) -> dict:
         **figures,
         "attention_max_abs_diff": attention["attention_max_abs_diff"],
         "attention_ok": attention["ok"],
+        **({"attention_skipped": attention["skipped"]} if "skipped" in attention else {}),
     }
     return {
         **figures,
@@ -62,7 +64,10 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
     MatMuls (the optimized graph folds them into one fused Attention node that the row-wise
     quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, graphs.make_int8).
     int4 (block-wise weight-only `MatMulNBits`, graphs.make_int4) is built for generation models
-    only (`kind.decoder_only`) and from the optimized graph too; other kinds skip it. Embedding
+    only (`kind.decoder_only`) and from the optimized graph too; other kinds skip it. A model whose
+    fp32 graph is past 2 GiB (export/onnx/store.py) gets no optimized
+    graph: the optimizer's shape inference refuses such a model, so nothing is fused (a 1.1B
+    Llama: {} fused, a decode step 685 against fp32's 705 ms), and its variants start from fp32. Embedding
     tables are 8-bit in int8 and int4 (export/onnx/tables.py) except a translator's: tatoeba-en-fr's
     int8 batch-invariance check went from 1.9e-6 to 0.028 with them (its fp32 attention over padded
     sources already differs from a lone source by ~1e-6, and the new inputs flipped an int8
@@ -74,6 +79,12 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
     for variant in [v for v in VARIANT_ORDER if v in variants]:
         if variant == "int4" and not kind.decoder_only:
             log.info("int4: built for generation models only; skipped for this model")
+            continue
+        if variant == "optimized" and any(store.past_protobuf(p) for p in fp32.values()):
+            log.info(
+                "optimized: skipped for a graph past 2 GiB: onnxruntime's optimizer fuses nothing there (its "
+                "shape inference refuses a model that large), so it would be a copy of the fp32 graph"
+            )
             continue
         paths = {role: staging / f"{role}.{variant}.onnx" for role in fp32}
         started = time.perf_counter()
@@ -91,6 +102,7 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 tables = kind.architecture != "seq2seq"
                 src = base[role] if kind.decoder_io else fp32[role]
                 extra.setdefault("tables", {})[role] = ox.make_int8(src, dst, tables=tables)
+        memory.release()  # the source graph's copy, loaded to build this one
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         if variant == "int8" and not kind.decoder_io and figures.get("quality_ok") is False:
             figures = _int8_down_fp32(kind, fp32, paths, figures, started)
@@ -101,6 +113,7 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
                 figures.get("quality", figures),
             )
         graphs += [GraphFile(role, variant, p, *ox.graph_io(p), figures) for role, p in paths.items()]
+        memory.release()  # the gate's sessions
         if variant == "optimized":
             base = paths
     return graphs
@@ -142,6 +155,7 @@ def _graphs(kind: Kind, staging: Path, variants) -> tuple[list[GraphFile], dict]
     started = time.perf_counter()
     fp32 = {role: staging / file for role, file in kind.files.items()}
     kind.export(fp32)
+    memory.release()  # the export's protobuf
     figures = kind.measure("fp32", fp32)
     figures["export_seconds"] = round(time.perf_counter() - started, 2)
     graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]

@@ -92,6 +92,9 @@ def load(path: str | Path, options: Options = Options()) -> Converted:
     from export.convert import reference
 
     converted.source["reference"] = reference.check(folder, converted)
+    from export import memory
+
+    memory.release()  # transformers' own copy of the model, used by the check
     converted.chat_template = _chat_template(folder, converted, options.chat_template)
     return converted
 

@@ -49,10 +49,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    from export import memory
     from export.cli import _variant_list
     from export.gate import gpu_gate
 
     args = _parser().parse_args(argv)
+    memory.settle()  # a 1B checkpoint's copies given back between stages (export/memory.py)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("export").setLevel(logging.INFO)
     name = args.name or default_name(args.path)

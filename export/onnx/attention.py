@@ -29,6 +29,7 @@ from export.models.families import Encoder
 from export.models.layers import MultiHeadAttention
 from export.models.seq2seq import Translator
 from export.onnx import graphs as ox
+from export.onnx import store
 from service.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -193,8 +194,18 @@ def attention_parity(model: Model, path: Path, batches) -> dict:
 
 
 def attention_graph(model: Model, staging: Path, batches) -> tuple[list[GraphFile], dict]:
-    """Export + gate: ([the `attention` graph (fp32)] or [] when over the limit, its figures)."""
+    """Export + gate: ([the `attention` graph (fp32)] or [] when over the limit, its figures). A
+    model past 2 GiB of weights (a 1B decoder) has none: the graph would be another full copy
+    of its weights, on disk and in the export's memory (the 1.1B conversion peaked at 23.5 GB with
+    one), for an inspection door such models are rarely asked for."""
     path = staging / FILE
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if weights >= store.PROTOBUF_LIMIT:
+        log.info(
+            "no attention graph: %.1f GB of weights (another copy of them); served without inspection", weights / 1e9
+        )
+        reason = f"{weights} bytes of weights, past 2 GiB: not built"
+        return [], {"ok": False, "attention_max_abs_diff": None, "limit": None, "skipped": reason}
     export_attention(model, path, batches[0])
     figures = attention_parity(model, path, batches)
     if not figures["ok"]:
@@ -204,6 +215,7 @@ def attention_graph(model: Model, staging: Path, batches) -> tuple[list[GraphFil
             figures["attention_max_abs_diff"],
             figures["limit"],
         )
-        path.unlink()
+        for f in store.files(path):
+            f.unlink()
         return [], figures
     return [GraphFile("attention", "fp32", path, *ox.graph_io(path), figures)], figures

@@ -383,6 +383,8 @@ def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model:
     store.data_file(dst).unlink(missing_ok=True)
     big = store.external(model.model)  # its tensors beside it, as store.save does (same file name)
     model.save_model_to_file(str(dst), use_external_data_format=big, size_threshold=store.MIN_EXTERNAL_TENSOR)
+    if big:
+        store.data_file(dst).chmod(0o644)
     counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
     log.info("optimized %s -> %s: %s", src.name, dst.name, counts)
     return counts

@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import _get_all_tensors
 
+PROTOBUF_LIMIT = 1 << 31  # protobuf's largest message: 2 GiB
 # Below protobuf's 2 GiB with room for the graph itself (node lists, names, shapes).
 INLINE_LIMIT = 3 << 29  # 1.5 GiB
 MIN_EXTERNAL_TENSOR = 1024  # smaller tensors (scalars, shapes) stay in the graph
@@ -66,6 +67,7 @@ def save(model: onnx.ModelProto, path: Path | str) -> Path | None:
         size_threshold=MIN_EXTERNAL_TENSOR,
         convert_attribute=True,
     )
+    data.chmod(0o644)  # onnx writes it private; a server running as another user reads it (as the graph)
     return data
 
 
@@ -78,3 +80,9 @@ def files(path: Path) -> list[Path]:
     """The files a saved graph consists of: itself, and its data file when it has one."""
     data = data_file(path)
     return [path, data] if data.exists() else [path]
+
+
+def past_protobuf(path: Path) -> bool:
+    """Whether a saved graph with its tensors is too large to be one protobuf message (tools that
+    serialize the whole model, such as onnx's shape inference, refuse it)."""
+    return sum(f.stat().st_size for f in files(path)) >= PROTOBUF_LIMIT

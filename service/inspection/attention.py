@@ -68,6 +68,7 @@ class AttentionInspector:
         self.spec = next((g for g in m.graphs if g.role == ATTENTION_ROLE), None)
         self.gate_refused = m.parity.get("attention_ok") is False  # the export left the graph out
         self.gate_diff = m.parity.get("attention_max_abs_diff")
+        self.skipped = m.parity.get("attention_skipped")  # not built (a model past 2 GiB of weights)
         self.outputs = (
             []
             if self.spec is None
@@ -86,6 +87,11 @@ class AttentionInspector:
 
     def check(self, query: AttentionQuery) -> None:
         """Before any work: the graph exists, the text and target apply, the layers and heads exist."""
+        if self.spec is None and self.skipped:
+            raise FailedPrecondition(
+                f"model {self.name!r} is served without attention inspection: the export builds no "
+                f"attention graph for a model this large ({self.skipped})"
+            )
         if self.spec is None and self.gate_refused:
             raise FailedPrecondition(
                 f"model {self.name!r} is served without attention inspection: its attention "

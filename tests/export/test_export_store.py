@@ -115,3 +115,29 @@ async def test_models_with_data_files_serve_the_same_answers(outside_root, tiny_
         answers.append(("".join(c.text for c in chunks), [list(e.values) for e in embedded.embeddings]))
         await asyncio.sleep(0)
     assert answers[0][0] and answers[0] == answers[1]
+
+
+async def test_a_model_past_protobufs_limit_builds_what_it_can(tmp_path, monkeypatch, start_server):
+    """What a 1B decoder gets, on tiny-gpt with the limit at 0: no optimized graph (the optimizer's
+    shape inference refuses such a model), int8 from fp32, decode timings one variant at a time,
+    and no attention graph, which the inspection door says (FAILED_PRECONDITION, not INTERNAL)."""
+    import grpc
+
+    from service.proto import inference_pb2 as pb
+    from service.proto import inference_pb2_grpc as pb_grpc
+
+    monkeypatch.setenv("TS_ONNX_INLINE_BYTES", "0")
+    monkeypatch.setattr(store, "PROTOBUF_LIMIT", 0)
+    md = build_tiny("generation", tmp_path / "tiny-gpt", ("optimized", "int8"))
+    m = md.manifest
+    assert sorted(g.variant for g in m.graphs) == ["fp32", "int8"]
+    assert m.parity["attention_ok"] is False and "past 2 GiB" in m.parity["attention_skipped"]
+    assert m.parity["speed"]["alternated"] is False and set(m.parity["speed"]["step_us"]) == {"fp32", "int8"}
+    assert m.graph("decoder", "int8").parity["quality"]["tokens"] > 0
+    srv = await start_server(tmp_path)
+    chunks = await generate_stream(srv, "Once upon a time", max_new_tokens=8)
+    assert sum(len(c.token_ids) for c in chunks) > 0
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await pb_grpc.InspectionServiceStub(srv.channel).Attention(pb.AttentionRequest(text="a big model", model="tiny-gpt"))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "for a model this large" in err.value.details()
