@@ -138,6 +138,8 @@ async def test_a_model_past_protobufs_limit_builds_what_it_can(tmp_path, monkeyp
     chunks = await generate_stream(srv, "Once upon a time", max_new_tokens=8)
     assert sum(len(c.token_ids) for c in chunks) > 0
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await pb_grpc.InspectionServiceStub(srv.channel).Attention(pb.AttentionRequest(text="a big model", model="tiny-gpt"))
+        await pb_grpc.InspectionServiceStub(srv.channel).Attention(
+            pb.AttentionRequest(text="a big model", model="tiny-gpt")
+        )
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "for a model this large" in err.value.details()
