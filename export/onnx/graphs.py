@@ -398,7 +398,13 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = convert_float_to_float16(store.load(src), keep_io_types=keep_io_types)
+    if not store.past_protobuf(src):
+        model = convert_float_to_float16(store.load(src), keep_io_types=keep_io_types)
+    else:  # its shape inference serializes the model: run onnx's on the files instead
+        typed = dst.with_name(f".{src.name}.typed.onnx")  # beside src: its data file's name still resolves
+        onnx.shape_inference.infer_shapes_path(str(src), str(typed))
+        model = convert_float_to_float16(store.load(typed), keep_io_types=keep_io_types, disable_shape_infer=True)
+        typed.unlink()
     store.save(model, dst)
 
 

@@ -119,7 +119,7 @@ async def test_models_with_data_files_serve_the_same_answers(outside_root, tiny_
 
 async def test_a_model_past_protobufs_limit_builds_what_it_can(tmp_path, monkeypatch, start_server):
     """What a 1B decoder gets, on tiny-gpt with the limit at 0: no optimized graph (the optimizer's
-    shape inference refuses such a model), int8 from fp32, decode timings one variant at a time,
+    shape inference refuses such a model), fp16 typed from the files, int8 from fp32, decode timings one variant at a time,
     and no attention graph, which the inspection door says (FAILED_PRECONDITION, not INTERNAL)."""
     import grpc
 
@@ -128,9 +128,10 @@ async def test_a_model_past_protobufs_limit_builds_what_it_can(tmp_path, monkeyp
 
     monkeypatch.setenv("TS_ONNX_INLINE_BYTES", "0")
     monkeypatch.setattr(store, "PROTOBUF_LIMIT", 0)
-    md = build_tiny("generation", tmp_path / "tiny-gpt", ("optimized", "int8"))
+    md = build_tiny("generation", tmp_path / "tiny-gpt", ("optimized", "fp16", "int8"))
     m = md.manifest
-    assert sorted(g.variant for g in m.graphs) == ["fp32", "int8"]
+    assert sorted(g.variant for g in m.graphs) == ["fp16", "fp32", "int8"]
+    assert m.graph("decoder", "fp16").parity["greedy_identical"]  # typed by onnx's shape inference on the files
     assert m.parity["attention_ok"] is False and "past 2 GiB" in m.parity["attention_skipped"]
     assert m.parity["speed"]["alternated"] is False and set(m.parity["speed"]["step_us"]) == {"fp32", "int8"}
     assert m.graph("decoder", "int8").parity["quality"]["tokens"] > 0
