@@ -119,8 +119,9 @@ async def test_models_with_data_files_serve_the_same_answers(outside_root, tiny_
 
 async def test_a_model_past_protobufs_limit_builds_what_it_can(tmp_path, monkeypatch, start_server):
     """What a 1B decoder gets, on tiny-gpt with the limit at 0: no optimized graph (the optimizer's
-    shape inference refuses such a model), fp16 typed from the files, int8 from fp32, decode timings one variant at a time,
-    and no attention graph, which the inspection door says (FAILED_PRECONDITION, not INTERNAL)."""
+    shape inference refuses such a model), fp16 typed from the files, int8 from fp32, decode
+    timings one variant at a time, and no attention graph, which the inspection door says
+    (FAILED_PRECONDITION, not INTERNAL)."""
     import grpc
 
     from service.proto import inference_pb2 as pb
