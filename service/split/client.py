@@ -51,7 +51,6 @@ class EngineClient:
         self._calls: dict[int, tuple[asyncio.Future, Any]] = {}  # id -> (its future, the result's decoder)
         self.generations: dict[int, RemoteGeneration] = {}
         self._up = asyncio.Event()
-        self._pending: list[bytes] = []  # messages of this loop turn, sent as one (`_flush`)
         self._greeting: asyncio.Task | None = asyncio.create_task(self._greet(), name="engine-hello")
 
     async def connected(self, timeout: float) -> wire.Welcome:
@@ -61,16 +60,7 @@ class EngineClient:
         return self.welcome
 
     def send(self, message: wire.ToEngine) -> None:
-        """Queues a message; what this loop turn queued goes as one zmq message, a frame each (32
-        concurrent callers: one wake-up and one receive in the engine per turn, not one per call)."""
-        self._pending.append(wire.ENCODER.encode(message))
-        if len(self._pending) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        frames, self._pending = self._pending, []
-        if frames and not self.io.socket.closed:
-            self.io.send(frames)
+        self.io.send([wire.ENCODER.encode(message)])
 
     async def call(self, core: str, method: str, query: Any, deadline: float | None) -> Any:
         """One unary core call in the engine: its result, or the ServiceError it raised there."""

@@ -66,15 +66,13 @@ class Engine:
         self._flush_due = False
 
     def _receive(self, frames: list) -> None:
-        """One zmq message from a front end: its identity, then every message of its loop turn."""
-        identity = bytes(frames[0].buffer)
-        for payload in frames[1:]:
-            try:
-                message = wire.TO_ENGINE.decode(payload.buffer)
-            except Exception:
-                log.exception("undecodable message from a front end; dropped")
-                continue
-            self._handle(identity, message)
+        identity, payload = frames
+        try:
+            message = wire.TO_ENGINE.decode(payload.buffer)
+        except Exception:
+            log.exception("undecodable message from a front end; dropped")
+            return
+        self._handle(bytes(identity.buffer), message)
 
     def _handle(self, identity: bytes, message: wire.ToEngine) -> None:
         if isinstance(message, wire.Hello):

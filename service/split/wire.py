@@ -1,13 +1,11 @@
 """The messages between front ends and the engine core, as msgspec structs over pyzmq.
 
 A front end's DEALER socket talks to the engine's ROUTER. Every message is one msgpack array whose
-first element names its struct (msgspec's tagged union); what a front end sends in one turn of its
-event loop travels as one zmq message of one frame per message (service/split/client.py). A core
-call carries its query as raw msgpack, decoded on the engine with the type its (core, method) names
-in `CALLS`; results, chunks and errors come back in one `Batch` per engine loop turn and front end
-(one per decode step, never one per token). numpy arrays travel as raw bytes with their dtype and
-shape (msgpack extension 1); errors as the gRPC status name of their `ServiceError` class and its
-message.
+first element names its struct (msgspec's tagged union). A core call carries its query as raw
+msgpack, decoded on the engine with the type its (core, method) names in `CALLS`; results, chunks
+and errors come back in one `Batch` per engine loop turn and front end (one per decode step, never
+one per token). numpy arrays travel as raw bytes with their dtype and shape (msgpack extension 1);
+errors as the gRPC status name of their `ServiceError` class and its message.
 """
 
 from __future__ import annotations
