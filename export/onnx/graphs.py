@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 OPSET = 17
 # Example sizes used only for tracing; all different so the exporter cannot confuse the axes.
 _B, _T, _P, _S, _L = 2, 5, 3, 7, 4
+# GroupQueryAttention rotates only heads of a multiple of 16 values (every real model's: 64, 128);
+# smaller heads (the tests' tiny models) get their rotary positions as plain ops before it.
+ROTARY_HEAD_MULTIPLE = 16
 
 
 def _flat(pairs) -> list[torch.Tensor]:
@@ -70,30 +73,37 @@ class EncoderGraph(nn.Module):
 
 class _GroupQueryAttention(torch.autograd.Function):
     """Export only: emits com.microsoft GroupQueryAttention on packed QKV (batch, T, (nh + 2 nkv) hs)
-    with no separate key and value inputs. Its PyTorch forward returns tensors of the right shapes
-    for tracing, not attention: what the graph computes is checked against `GPTDecoder` by the
-    parity gate."""
+    with no separate key and value inputs; with `cos` / `sin` caches (max_positions, hs / 2), its
+    own rotary positions (`do_rotary`, non-interleaved: rotate_half's halves) at `position_ids`.
+    Its PyTorch forward returns tensors of the right shapes for tracing, not attention: what the
+    graph computes is checked against `GPTDecoder` by the parity gate."""
 
     @staticmethod
-    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):
+    def forward(ctx, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads, cos, sin, position_ids):
         head_size = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
         return qkv[..., : n_heads * head_size].clone(), past_k.clone(), past_v.clone()
 
     @staticmethod
-    def symbolic(g, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads):
-        absent = [g.op("prim::Constant") for _ in range(2)]  # optional inputs left empty ("")
-        for node in absent:
+    def symbolic(g, qkv, past_k, past_v, seqlens_k, total_length, n_heads, n_kv_heads, cos, sin, position_ids):
+        def absent():  # an optional input left empty ("")
+            node = g.op("prim::Constant")
             node.setType(torch._C.OptionalType.ofTensor())
+            return node
+
+        rotary = [] if cos is None else [cos, sin, position_ids]
         return g.op(
             "com.microsoft::GroupQueryAttention",
             qkv,
-            *absent,
+            absent(),
+            absent(),
             past_k,
             past_v,
             seqlens_k,
             total_length,
+            *rotary,
             num_heads_i=n_heads,
             kv_num_heads_i=n_kv_heads,
+            **({"do_rotary_i": 1, "rotary_interleaved_i": 0} if rotary else {}),
             outputs=3,
         )
 
@@ -128,9 +138,10 @@ class DecoderGraph(nn.Module):
     last token, scoring and speculation for every position (a 512-token prefill at a 152k
     vocabulary no longer computes and returns 311 MB of logits it drops). Each block's query, key
     and value projections run as one product on the concatenated weights (one GEMM instead of
-    three; one activation quantisation in int8). Rotary positions are plain ops on that product,
-    from `position_ids`, before GroupQueryAttention (after Qwen3's per-head query / key norms,
-    where the model has them)."""
+    three; one activation quantisation in int8). Rotary positions run inside GroupQueryAttention
+    (`do_rotary` with the model's cos / sin tables and `position_ids`), after Qwen3's per-head query
+    / key norms where the model has them: no rotate-half slices, concatenations and shape glue per
+    layer in the graph."""
 
     def __init__(self, model: GPTDecoder):
         super().__init__()
@@ -151,17 +162,31 @@ class DecoderGraph(nn.Module):
     def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past):
         m = self.model
         x = m.embed(input_ids, position_ids)  # (B, T, C)
-        rotary = m.rotary.tables(position_ids) if m.rotary is not None else None  # (B, T, hs) x 2
+        cos = sin = tables = None
+        if m.rotary is not None and m.rotary.cos.shape[-1] % ROTARY_HEAD_MULTIPLE == 0:
+            half = m.rotary.cos.shape[-1] // 2  # (max_positions, hs / 2): rotate_half's tables hold each half twice
+            cos, sin = m.rotary.cos[:, :half].contiguous(), m.rotary.sin[:, :half].contiguous()
+        elif m.rotary is not None:  # a head size GroupQueryAttention cannot rotate: plain ops before it
+            tables = m.rotary.tables(position_ids)  # (B, T, hs) x 2
         present = []
         for block, qkv, (past_k, past_v) in zip(m.blocks, self.qkv, _pairs(past)):
             attn, h = block.attn, block.ln_attn(x)
             packed = qkv(h)  # (B, T, (nh + 2 nkv) hs)
             if attn.q_norm is not None:
                 packed = _qk_normed(packed, attn)
-            if rotary is not None:
-                packed = _rotated(packed, *rotary, attn.n_heads, attn.n_kv_heads)
+            if tables is not None:
+                packed = _rotated(packed, *tables, attn.n_heads, attn.n_kv_heads)
             y, k, v = _GroupQueryAttention.apply(
-                packed, past_k, past_v, seqlens_k, total_sequence_length, attn.n_heads, attn.n_kv_heads
+                packed,
+                past_k,
+                past_v,
+                seqlens_k,
+                total_sequence_length,
+                attn.n_heads,
+                attn.n_kv_heads,
+                cos,
+                sin,
+                position_ids if cos is not None else None,
             )
             x = x + block.dropout(attn.out(y))
             x = x + block.ffn(block.ln_ffn(x))
