@@ -298,3 +298,23 @@ async def test_every_end_token_of_an_eos_list_stops_generation(checkpoints, tmp_
     sdk = openai.AsyncOpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
     reply = await sdk.completions.create(model="llama3", prompt=prompt, max_tokens=NEW_TOKENS, temperature=0)
     assert reply.choices[0].finish_reason == "stop" and reply.choices[0].text == unary.text
+
+
+def test_rotary_runs_inside_group_query_attention_where_the_head_allows(converted):
+    """Heads of a multiple of 16 values (Mistral's here, every real model's) get their rotary
+    positions from GroupQueryAttention (export/onnx/graphs.py), with no rotate-half ops left in
+    the graph; the tiny Llama's heads of 8 keep the plain ops. Both generate transformers' tokens
+    (the test above)."""
+    import onnx
+
+    def graph(name: str) -> onnx.GraphProto:
+        return onnx.load(str(converted / name / "decoder.onnx")).graph
+
+    fused, plain = graph("mistral"), graph("llama")
+    for g, rotary in ((fused, 1), (plain, 0)):
+        gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
+        assert gqa and all({a.name: a.i for a in n.attribute}.get("do_rotary", 0) == rotary for n in gqa), rotary
+    assert all(
+        len(n.input) >= 10 and n.input[9] == "position_ids" for n in fused.node if n.op_type == "GroupQueryAttention"
+    )
+    assert sum(n.op_type == "Slice" for n in fused.node) < sum(n.op_type == "Slice" for n in plain.node)
