@@ -130,54 +130,52 @@ def gpt2_folder(folder: Path) -> dict:
     return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 
-def llama_folder(folder: Path) -> dict:
+def _llama(folder: Path, vocab_size: int, **shape) -> dict:
+    """A random LlamaForCausalLM of the given shape with a byte-level BPE filled up to vocab_size."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    eot = byte_bpe(folder, 49152).convert_tokens_to_ids(EOT)
+    eot = byte_bpe(folder, vocab_size).convert_tokens_to_ids(EOT)
     cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=2048,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        **shape,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(folder)
+    return {"params_m": round(model.num_parameters() / 1e6, 1)}
+
+
+def llama_folder(folder: Path) -> dict:
+    return _llama(
+        folder,
+        49152,
         hidden_size=576,
         num_hidden_layers=30,
         num_attention_heads=9,
         num_key_value_heads=3,
         intermediate_size=1536,
-        vocab_size=49152,
         tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        max_position_embeddings=2048,
-        bos_token_id=eot,
-        eos_token_id=eot,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(folder)
-    return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 
 def llama1b_folder(folder: Path) -> dict:
     """TinyLlama-1.1B's shape (22 layers, 32 heads of 64, 4 KV heads, FFN 5632, untied 32k
     vocabulary): 1.1B parameters, 4.4 GB in fp32, past protobuf's 2 GiB (external data)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    eot = byte_bpe(folder, 32000).convert_tokens_to_ids(EOT)
-    cfg = LlamaConfig(
+    return _llama(
+        folder,
+        32000,
         hidden_size=2048,
         num_hidden_layers=22,
         num_attention_heads=32,
         num_key_value_heads=4,
         intermediate_size=5632,
-        vocab_size=32000,
         tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        max_position_embeddings=2048,
-        bos_token_id=eot,
-        eos_token_id=eot,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(folder)
-    return {"params_m": round(model.num_parameters() / 1e6, 1)}
 
 
 def bert_folder(folder: Path) -> dict:

@@ -93,7 +93,9 @@ def session(path: Path, prepack: bool | None = None) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1
-    if not (prepack if prepack is not None else not store.data_file(Path(path)).exists()):
+    if prepack is None:
+        prepack = not store.data_file(Path(path)).exists()
+    if not prepack:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 

@@ -199,7 +199,7 @@ def attention_graph(model: Model, staging: Path, batches) -> tuple[list[GraphFil
     of its weights, on disk and in the export's memory (the 1.1B conversion peaked at 23.5 GB with
     one), for an inspection door such models are rarely asked for."""
     path = staging / FILE
-    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    weights = ox.weight_bytes(model)
     if weights >= store.PROTOBUF_LIMIT:
         log.info(
             "no attention graph: %.1f GB of weights (another copy of them); served without inspection", weights / 1e9

@@ -269,6 +269,11 @@ def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tup
     return {"encoder": (enc_in, cross), "decoder": (dec_in, dec_out)}
 
 
+def weight_bytes(module: nn.Module) -> int:
+    """The bytes of a module's parameters and buffers: what its exported graph will hold."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
 def _export(
     module: nn.Module, args: tuple, path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec], check: bool = True
 ) -> Path:
@@ -278,7 +283,7 @@ def _export(
     where torch writes each tensor to a file of its own; `_rewrite` (called here when `check`) saves
     it at path with its tensors in one data file (export/onnx/store.py) and removes the folder."""
     dynamic_axes = {t.name: {i: a for i, a in enumerate(t.shape) if isinstance(a, str)} for t in inputs + outputs}
-    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    weights = weight_bytes(module)
     target = path
     if weights > store.inline_limit():
         scratch = path.parent / f".{path.name}.export"
