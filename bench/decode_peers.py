@@ -9,7 +9,10 @@ it beside the service on one Hugging Face folder and its conversion, one thread 
 - ctranslate2 (`--ct2-types`, e.g. int8,float32): the folder converted by CTranslate2's own
   converter (cached under --work), `Generator(intra_threads=T)`; one stream through
   `generate_tokens` (its first token timed), N streams as one `generate_batch` of N prompts
-  (its static batch: what a CTranslate2 user runs), exactly `--new-tokens` tokens each.
+  (its static batch: what a CTranslate2 user runs), exactly `--new-tokens` tokens each;
+- onnxruntime-genai (`--genai-python`, the interpreter of a virtual environment holding it, since it
+  pins its own onnxruntime; `--genai-types`, e.g. int4): the folder converted by its own model
+  builder, greedy, one stream and N streams as one batch (bench/genai_side.py).
 Prompts are `--prompt-tokens` seeded random token ids, the same for every side. Reported per side
 and stream count: tokens/s (generated tokens over wall time), time to first token at one stream,
 CPU seconds per token (the server's process tree from /proc; the peer's own process time), and,
@@ -24,13 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import ServiceProcess, conditions, emit, run_worker, summary
+from bench.common import ROOT, ServiceProcess, conditions, emit, run_worker, summary
 from bench.procstat import cpu_seconds
 
 
@@ -134,6 +138,31 @@ def ct2_side(args, compute_type: str) -> dict:
     return out
 
 
+def genai_dir(args, precision: str) -> Path:
+    """The folder converted by onnxruntime-genai's builder (once per precision, under --work); its
+    genai_config.json set to --threads intra-op threads."""
+    out = args.work / f"genai-{precision}"
+    cmd = [args.genai_python, "-m", "bench.genai_side", "build", "--hf", str(args.hf), "--out", str(out)]
+    cmd += ["--precision", precision, "--threads", str(args.threads)]
+    done = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    built = json.loads(done.stdout.strip().splitlines()[-1])["built_s"]
+    if built:
+        print(f"genai {precision}: converted in {built:.1f}s", file=sys.stderr)
+    return out
+
+
+def genai_side(args, precision: str) -> dict:
+    """One onnxruntime-genai round, in the genai interpreter, on the same prompt ids as the others."""
+    work = args.work / "prompts.json"
+    work.write_text(json.dumps(prompts(args.vocab, max(args.streams), args.prompt_tokens)))
+    cmd = [args.genai_python, "-m", "bench.genai_side", "run", "--model", str(args.work / f"genai-{precision}")]
+    cmd += ["--prompts", str(work), "--streams", ",".join(map(str, args.streams)), "--new-tokens", str(args.new_tokens)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def weight_bytes(args) -> int:
     """Bytes a decode step reads from the served file: every initializer but the Gather tables'
     (a token reads one row of those)."""
@@ -175,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--variant", default="int8")
     p.add_argument("--ct2-types", default="int8,float32")
+    p.add_argument("--genai-python", help="an interpreter with onnxruntime-genai (its own venv): adds its sides")
+    p.add_argument("--genai-types", default="int4")
     p.add_argument("--streams", default="1,8")
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -190,14 +221,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
     sides = ["service", *(f"ct2:{t}" for t in args.ct2_types.split(",") if t)]
-    for side in sides[1:]:
-        ct2_dir(args, side.split(":", 1)[1])  # converted before any timing
+    if args.genai_python:
+        sides += [f"genai:{t}" for t in args.genai_types.split(",") if t]
+    for side in sides[1:]:  # converted before any timing
+        kind, kind_type = side.split(":", 1)
+        (ct2_dir if kind == "ct2" else genai_dir)(args, kind_type)
     passed = list(argv if argv is not None else sys.argv[1:])
     before = conditions()
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
-            runs[side].append(run_worker("bench.decode_peers", *passed, "--side", side, timeout=1800))
+            if side.startswith("genai:"):
+                runs[side].append(genai_side(args, side.split(":", 1)[1]))
+            else:
+                runs[side].append(run_worker("bench.decode_peers", *passed, "--side", side, timeout=1800))
             print(f"round {r + 1} {side}: {json.dumps(runs[side][-1])}", file=sys.stderr)
     result: dict = {"variant": args.variant, "threads": args.threads, "new_tokens": args.new_tokens, "sides": {}}
     for side, rounds in runs.items():
