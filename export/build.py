@@ -28,6 +28,7 @@ from export.modeldir import TOKENIZER_FILE, GraphFile, publish, staging_dir, wri
 from export.onnx import graphs as ox
 from export.onnx import store
 from export.onnx.attention import attention_graph
+from export.onnx.nbits import Int4Settings
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,9 @@ def _parity_figures(figures: dict, attention: dict) -> dict:
     }
 
 
-def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind) -> list[GraphFile]:
+def _derive_variants(
+    variants, fp32: dict[str, Path], staging: Path, kind: Kind, int4: Int4Settings | None = None
+) -> list[GraphFile]:
     """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
 
     fp16 starts from the optimized graph when it was built (fused graphs run faster), and so does a
@@ -64,7 +67,8 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
     MatMuls (the optimized graph folds them into one fused Attention node that the row-wise
     quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, graphs.make_int8).
     int4 (block-wise weight-only `MatMulNBits`, graphs.make_int4) is built for generation models
-    only (`kind.decoder_only`) and from the optimized graph too; other kinds skip it. A model whose
+    only (`kind.decoder_only`) and from the optimized graph too, with `int4`'s settings (None: the
+    defaults); other kinds skip it. A model whose
     fp32 graph is past 2 GiB (export/onnx/store.py) gets no optimized
     graph: the optimizer's shape inference refuses such a model, so nothing is fused (a 1.1B
     Llama: {} fused, a decode step 685 against fp32's 705 ms), and its variants start from fp32. Embedding
@@ -95,7 +99,7 @@ def _derive_variants(variants, fp32: dict[str, Path], staging: Path, kind: Kind)
             elif variant == "fp16":
                 ox.make_fp16(base[role], dst, keep_io_types=not kind.decoder_io)
             elif variant == "int4":
-                extra["int4"] = ox.make_int4(base[role], dst)
+                extra["int4"] = ox.make_int4(base[role], dst, int4)
             else:
                 extra["int8_method"] = "rowwise"
                 # A translator's int8 keeps fp32 tables: its batch check failed with 8-bit ones (docstring).
@@ -150,7 +154,7 @@ def _int8_down_fp32(kind: Kind, fp32: dict[str, Path], paths: dict[str, Path], f
     }
 
 
-def _graphs(kind: Kind, staging: Path, variants) -> tuple[list[GraphFile], dict]:
+def _graphs(kind: Kind, staging: Path, variants, int4: Int4Settings | None = None) -> tuple[list[GraphFile], dict]:
     """fp32 graphs, gated; their variants; the attention graph -> (GraphFiles, the model's parity figures)."""
     started = time.perf_counter()
     fp32 = {role: staging / file for role, file in kind.files.items()}
@@ -159,7 +163,7 @@ def _graphs(kind: Kind, staging: Path, variants) -> tuple[list[GraphFile], dict]
     figures = kind.measure("fp32", fp32)
     figures["export_seconds"] = round(time.perf_counter() - started, 2)
     graphs = [GraphFile(role, "fp32", p, *ox.graph_io(p), figures) for role, p in fp32.items()]
-    graphs += _derive_variants(variants, fp32, staging, kind)
+    graphs += _derive_variants(variants, fp32, staging, kind, int4)
     module, batches = kind.attention
     attention_graphs, attention = attention_graph(module, staging, batches)
     model_figures = _parity_figures(figures, attention)
@@ -184,18 +188,20 @@ def build_model_dir(
     quality_sample: tuple[str, Sequence[Any]] | None = None,
     device: str = "cpu",
     chat_template: Any = None,
+    int4: Int4Settings | None = None,
 ) -> ModelDir:
     """A model of the kind -> the model directory out, through the gate. max_input_tokens: an
     embedding model's is its config's max_length; max_output_tokens: generation and translation
     only; quality_sample and device: export.kinds.Request; chat_template (generation only):
-    export/convert/chat_template.ChatTemplates, its files stored beside the graphs."""
+    export/convert/chat_template.ChatTemplates, its files stored beside the graphs; int4: the int4
+    variant's quantiser settings (export/onnx/nbits.py; None: its defaults)."""
     if chat_template is not None and kind != "generation":
         raise ValueError(f"a {kind} model has no chat template (generation models do)")
     request = Request(special_tokens, max_input_tokens, max_output_tokens, quality_sample, device)
     part = KINDS[kind](model, tokenizer, request)
     staging = staging_dir(out)
     try:
-        graphs, figures = _graphs(part, staging, variants)
+        graphs, figures = _graphs(part, staging, variants, int4)
         tokenizer.save(str(staging / TOKENIZER_FILE))
         fields = dict(part.fields)  # after the graphs: a kind may set fields while it exports
         extra = {**(extra or {}), **fields.pop("extra", {})}
@@ -219,7 +225,14 @@ def build_model_dir(
 
 
 def build_converted(
-    converted, out: Path, *, name: str, variants=(), device: str = "cpu", extra: dict | None = None
+    converted,
+    out: Path,
+    *,
+    name: str,
+    variants=(),
+    device: str = "cpu",
+    extra: dict | None = None,
+    int4: Int4Settings | None = None,
 ) -> ModelDir:
     """A checkpoint converted onto our modules (export/convert/) -> a model directory, through the gate."""
     c = converted
@@ -239,4 +252,5 @@ def build_converted(
         max_output_tokens=c.max_output_tokens,
         device=device,
         chat_template=c.chat_template,
+        int4=int4,
     )

@@ -22,6 +22,7 @@ from types import ModuleType
 from export.convert import bert, classifier, gpt2, llama, marian, modernbert, prompts, splade
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
+from export.onnx.nbits import Int4Settings
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Options:
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
     chat_template: Path | None = None  # generation: a Jinja file instead of the folder's template
+    int4: Int4Settings | None = None  # generation: the int4 variant's quantiser (None: its defaults)
 
 
 def family(folder: HFFolder, kind: str | None) -> tuple[ModuleType, str]:
@@ -134,7 +136,9 @@ def convert(
     converted = load(path, options)
     name = name or default_name(path)
     log.info("converting %s (%s, %s) into %s", path, converted.source.get("architecture"), converted.kind, out)
-    return build_converted(converted, Path(out), name=name, variants=variants, device=device, extra=extra)
+    return build_converted(
+        converted, Path(out), name=name, variants=variants, device=device, extra=extra, int4=options.int4
+    )
 
 
 __all__ = ["ARCHITECTURES", "ConversionError", "Converted", "Options", "convert", "load"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from export.convert import KINDS, ConversionError, Options, convert, default_name
 from export.gate import parity
+from export.onnx import nbits
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, from {','.join(VARIANT_ORDER)}")
     p.add_argument(
+        "--int4-block-size",
+        type=int,
+        default=nbits.BLOCK_SIZE,
+        choices=nbits.BLOCK_SIZES,
+        help="generation, int4: weights per scale along the input axis (larger: fewer bytes, coarser)",
+    )
+    p.add_argument(
+        "--int4-head-bits",
+        type=int,
+        default=nbits.HEAD_BITS,
+        choices=(4, 8),
+        help="generation, int4: bits of the vocabulary projection",
+    )
+    p.add_argument(
+        "--int4-symmetric",
+        action="store_true",
+        help="generation, int4: no zero point per block (onnxruntime-genai's int4 is 32, symmetric, a 4-bit head)",
+    )
+    p.add_argument(
         "--device",
         default="auto",
         choices=["auto", "cpu", "cuda"],
@@ -64,6 +84,7 @@ def main(argv: list[str]) -> int:
         max_input_tokens=args.max_input_tokens,
         max_output_tokens=args.max_output_tokens,
         chat_template=args.chat_template,
+        int4=nbits.Int4Settings(args.int4_block_size, args.int4_head_bits, args.int4_symmetric),
     )
     try:
         convert(

@@ -456,14 +456,15 @@ def make_int8(src: Path, dst: Path, tables: bool = True, keep_down: bool = False
     return quantize_tables_file(dst) if tables else {"tables": 0}
 
 
-def make_int4(src: Path, dst: Path) -> dict:
+def make_int4(src: Path, dst: Path, settings=None) -> dict:
     """4-bit block-wise weights for the CPU (export/onnx/nbits.py): onnxruntime's `MatMulNBits`
-    with int8 compute, embedding tables at 8 bits (export/onnx/tables.py); -> its settings (bits,
-    block size, accuracy level, MatMuls rewritten, tables)."""
+    with int8 compute, embedding tables at 8 bits (export/onnx/tables.py); settings: an
+    nbits.Int4Settings (None: the defaults); -> its settings (bits, head bits, block size,
+    symmetric, accuracy level, MatMuls rewritten, tables)."""
     from export.onnx.nbits import quantize_nbits
     from export.onnx.tables import quantize_tables_file
 
-    return {**quantize_nbits(src, dst), "tables": quantize_tables_file(dst)}
+    return {**quantize_nbits(src, dst, settings), "tables": quantize_tables_file(dst)}
 
 
 _ONNX_DTYPES = {

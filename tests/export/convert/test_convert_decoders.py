@@ -318,3 +318,32 @@ def test_rotary_runs_inside_group_query_attention_where_the_head_allows(converte
         len(n.input) >= 10 and n.input[9] == "position_ids" for n in fused.node if n.op_type == "GroupQueryAttention"
     )
     assert sum(n.op_type == "Slice" for n in fused.node) < sum(n.op_type == "Slice" for n in plain.node)
+
+
+def test_int4_settings_from_the_command_line_reach_the_graph_and_the_manifest(checkpoints, tmp_path):
+    """`--int4-block-size`, `--int4-head-bits`, `--int4-symmetric` (export/onnx/nbits.py): every
+    MatMulNBits takes the block size, the vocabulary projection the head's bits, symmetric blocks
+    have no zero points; the manifest records the settings beside the gate's verdict on them."""
+    import onnx
+
+    from export.convert.cli import main
+    from export.onnx.nbits import Int4Settings
+    from service.manifest import load_model_dir
+
+    out = tmp_path / "models"
+    flags = ["--variants", "int4", "--int4-block-size", "64", "--int4-head-bits", "4", "--int4-symmetric"]
+    assert main(["convert", str(checkpoints["mistral"]), "--out", str(out), "--name", "m", *flags]) == 0
+    model_dir = load_model_dir(out / "m")
+    spec = model_dir.manifest.graph("decoder", "int4")
+    settings = spec.parity["int4"]
+    assert (settings["block_size"], settings["head_bits"], settings["symmetric"]) == (64, 4, True)
+    assert "quality" in spec.parity and "quality_ok" in spec.parity  # judged by the gate like any int4
+    nodes = [n for n in onnx.load(str(model_dir.file(spec.file))).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nodes) == settings["matmuls"] > 1
+    attrs = [{a.name: a.i for a in n.attribute} for n in nodes]
+    assert all(a["block_size"] == 64 for a in attrs)
+    assert sorted(a["bits"] for a in attrs)[-1] == 4  # the head too
+    assert all(len(n.input) < 4 or not n.input[3] for n in nodes)  # no zero points
+    for bad in ({"block_size": 48}, {"head_bits": 6}):
+        with pytest.raises(ValueError):
+            Int4Settings(**bad)
