@@ -240,7 +240,9 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
     """The Step of a GroupQueryAttention decoder (export/onnx/graphs.py): takes the same
     left-padded batches as the other steps and returns the same logits, while the graph sees each
     row left-aligned in a KV buffer of max_length slots with its length in `seqlens_k`. The
-    "past" it hands back is (buffers, lengths)."""
+    "past" it hands back is (buffers, lengths), the buffers in the graph's own float type: an fp16
+    graph's 1,024-slot buffers cast to fp32 and back every step took 24 s of a GPT-2 small
+    conversion's gate."""
     spec = sess.get_inputs()[len(sess.get_inputs()) - 1].shape  # (batch, H, max_sequence, D)
     every = "logits_positions" in float_type  # the graph projects only where asked: every position here
 
@@ -250,12 +252,12 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
             "position_ids": pos,
             "seqlens_k": (lengths_after - 1).astype(np.int32),
             "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
-            **{n: b.astype(float_type[n], copy=False) for n, b in zip(past_names, buffers)},  # no copy of fp32 caches
+            **dict(zip(past_names, buffers)),  # already in the graph's type (kept so between steps)
         }
         if every:
             feeds["logits_positions"] = np.ascontiguousarray(np.broadcast_to(np.arange(ids.shape[1]), ids.shape))
         logits, *present = sess.run(None, feeds)
-        return logits.astype(np.float32, copy=False), [p.astype(np.float32, copy=False) for p in present]
+        return logits.astype(np.float32, copy=False), present  # the buffers stay in the graph's type
 
     def step(ids, mask, pos, past):
         rows, new = ids.shape
@@ -264,7 +266,7 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
             aligned_ids, aligned_pos = np.zeros_like(ids), np.zeros_like(pos)
             for b, n in enumerate(lengths):
                 aligned_ids[b, :n], aligned_pos[b, :n] = ids[b, new - n :], pos[b, new - n :]
-            buffers = [np.zeros((rows, spec[1], max_length, spec[3]), np.float32) for _ in past_names]
+            buffers = [np.zeros((rows, spec[1], max_length, spec[3]), float_type[n]) for n in past_names]
             out, present = run(aligned_ids, aligned_pos, lengths, buffers)
             logits = np.zeros_like(out)
             for b, n in enumerate(lengths):
