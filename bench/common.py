@@ -33,9 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 M = TypeVar("M")
 
 
-def run_worker(module: str, *args: str, timeout: float = 900) -> dict:
-    """Runs `python -m module args` from the repository root; returns its last stdout line as JSON."""
-    cmd = [sys.executable, "-m", module, *args]
+def run_worker(module: str, *args: str, timeout: float = 900, python: str = sys.executable) -> dict:
+    """Runs `python -m module args` from the repository root (python: another interpreter, e.g. a
+    peer's own venv); returns its last stdout line as JSON."""
+    cmd = [python, "-m", module, *args]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:

@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, ServiceProcess, conditions, emit, run_worker, summary
+from bench.common import ServiceProcess, conditions, emit, run_worker, summary
 from bench.procstat import cpu_seconds
 
 
@@ -142,10 +141,8 @@ def genai_dir(args, precision: str) -> Path:
     """The folder converted by onnxruntime-genai's builder (once per precision, under --work); its
     genai_config.json set to --threads intra-op threads."""
     out = args.work / f"genai-{precision}"
-    cmd = [args.genai_python, "-m", "bench.genai_side", "build", "--hf", str(args.hf), "--out", str(out)]
-    cmd += ["--precision", precision, "--threads", str(args.threads)]
-    done = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
-    built = json.loads(done.stdout.strip().splitlines()[-1])["built_s"]
+    flags = ["--hf", str(args.hf), "--out", str(out), "--precision", precision, "--threads", str(args.threads)]
+    built = run_worker("bench.genai_side", "build", *flags, python=args.genai_python)["built_s"]
     if built:
         print(f"genai {precision}: converted in {built:.1f}s", file=sys.stderr)
     return out
@@ -155,12 +152,9 @@ def genai_side(args, precision: str) -> dict:
     """One onnxruntime-genai round, in the genai interpreter, on the same prompt ids as the others."""
     work = args.work / "prompts.json"
     work.write_text(json.dumps(prompts(args.vocab, max(args.streams), args.prompt_tokens)))
-    cmd = [args.genai_python, "-m", "bench.genai_side", "run", "--model", str(args.work / f"genai-{precision}")]
-    cmd += ["--prompts", str(work), "--streams", ",".join(map(str, args.streams)), "--new-tokens", str(args.new_tokens)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    flags = ["--model", str(args.work / f"genai-{precision}"), "--prompts", str(work)]
+    flags += ["--streams", ",".join(map(str, args.streams)), "--new-tokens", str(args.new_tokens)]
+    return run_worker("bench.genai_side", "run", *flags, timeout=1800, python=args.genai_python)
 
 
 def weight_bytes(args) -> int:

@@ -56,14 +56,12 @@ def _batches(encoded: list, formation: str) -> list[list]:
     return [encoded[s : s + size] for s in range(0, len(encoded), size)]
 
 
-def _computed(engine, batch: list) -> int:
-    """Tokens the engine's graph computes for the batch."""
-    from service.engine.packing import pack
+def _computed_tokens(model: str) -> float:
+    """Tokens the engines have computed so far, padding and alignment tails included: what they
+    count in `ts_batch_tokens` (in-process, no multiprocess directory)."""
+    from prometheus_client import REGISTRY
 
-    lengths = [len(e) for e in batch]
-    if hasattr(engine, "row_tokens"):  # a packed engine packs rows of at least its longest input
-        return pack([e.ids for e in batch], max(engine.row_tokens, *lengths), 0, engine.align).computed_tokens
-    return len(batch) * max(lengths)
+    return REGISTRY.get_sample_value("ts_batch_tokens_sum", {"model": model}) or 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,25 +85,27 @@ def main(argv: list[str] | None = None) -> int:
     real = sum(len(e) for e in encoded)
     formations = ["sorted-16", *(f"arrival-{b}" for b in args.arrival.split(","))]
     cases = [(layout, f) for layout in engines for f in formations]
+    model = json.loads((args.model_dir / "model.json").read_text())["name"]  # the engines' metrics label
     times: dict = {c: [] for c in cases}
+    computed: dict = {}
     for engine in engines.values():
         engine.forward(encoded[:16])  # warm-up
     for r in range(args.rounds):
         for case in cases if r % 2 == 0 else cases[::-1]:
             engine, batches = engines[case[0]], _batches(encoded, case[1])
-            wall, cpu = time.perf_counter(), time.process_time()
+            tokens, wall, cpu = _computed_tokens(model), time.perf_counter(), time.process_time()
             for batch in batches:
                 engine.forward(batch)
             times[case].append((time.perf_counter() - wall, time.process_time() - cpu))
+            computed[case] = _computed_tokens(model) - tokens
     result = {}
     for layout, formation in cases:
         walls = [w for w, _ in times[layout, formation]]
         cpus = [c for _, c in times[layout, formation]]
-        computed = sum(_computed(engines[layout], b) for b in _batches(encoded, formation))
         result[f"{layout}/{formation}"] = {
             "sentences_per_s": round(len(texts) / statistics.median(walls), 1),
             "cpu_ms_per_sentence": round(statistics.median(cpus) / len(texts) * 1e3, 2),
-            "computed_over_real_tokens": round(computed / real, 2),
+            "computed_over_real_tokens": round(computed[layout, formation] / real, 2),
         }
     out = {"model_dir": str(args.model_dir), "variant": args.variant, "threads": args.threads, "cases": result}
     out["conditions"] = {"before": before, "after": conditions()}

@@ -28,7 +28,7 @@ from export.modeldir import TOKENIZER_FILE, GraphFile, publish, staging_dir, wri
 from export.onnx import graphs as ox
 from export.onnx import store
 from export.onnx.attention import attention_graph
-from export.onnx.nbits import Int4Settings
+from export.onnx.nbits import DEFAULT_INT4, Int4Settings
 from service.manifest import ModelDir
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def _parity_figures(figures: dict, attention: dict) -> dict:
 
 
 def _derive_variants(
-    variants, fp32: dict[str, Path], staging: Path, kind: Kind, int4: Int4Settings | None = None
+    variants, fp32: dict[str, Path], staging: Path, kind: Kind, int4: Int4Settings = DEFAULT_INT4
 ) -> list[GraphFile]:
     """Build the requested variants of every role's fp32 graph; measure each; -> GraphFiles.
 
@@ -67,8 +67,8 @@ def _derive_variants(
     MatMuls (the optimized graph folds them into one fused Attention node that the row-wise
     quantiser leaves alone). int8 is row-wise for every kind (batch-invariant, graphs.make_int8).
     int4 (block-wise weight-only `MatMulNBits`, graphs.make_int4) is built for generation models
-    only (`kind.decoder_only`) and from the optimized graph too, with `int4`'s settings (None: the
-    defaults); other kinds skip it. A model whose
+    only (`kind.decoder_only`) and from the optimized graph too, with `int4`'s settings; other kinds
+    skip it. A model whose
     fp32 graph is past 2 GiB (export/onnx/store.py) gets no optimized
     graph: the optimizer's shape inference refuses such a model, so nothing is fused (a 1.1B
     Llama: {} fused, a decode step 685 against fp32's 705 ms), and its variants start from fp32. Embedding
@@ -154,7 +154,7 @@ def _int8_down_fp32(kind: Kind, fp32: dict[str, Path], paths: dict[str, Path], f
     }
 
 
-def _graphs(kind: Kind, staging: Path, variants, int4: Int4Settings | None = None) -> tuple[list[GraphFile], dict]:
+def _graphs(kind: Kind, staging: Path, variants, int4: Int4Settings = DEFAULT_INT4) -> tuple[list[GraphFile], dict]:
     """fp32 graphs, gated; their variants; the attention graph -> (GraphFiles, the model's parity figures)."""
     started = time.perf_counter()
     fp32 = {role: staging / file for role, file in kind.files.items()}
@@ -188,13 +188,13 @@ def build_model_dir(
     quality_sample: tuple[str, Sequence[Any]] | None = None,
     device: str = "cpu",
     chat_template: Any = None,
-    int4: Int4Settings | None = None,
+    int4: Int4Settings = DEFAULT_INT4,
 ) -> ModelDir:
     """A model of the kind -> the model directory out, through the gate. max_input_tokens: an
     embedding model's is its config's max_length; max_output_tokens: generation and translation
     only; quality_sample and device: export.kinds.Request; chat_template (generation only):
     export/convert/chat_template.ChatTemplates, its files stored beside the graphs; int4: the int4
-    variant's quantiser settings (export/onnx/nbits.py; None: its defaults)."""
+    variant's quantiser settings (export/onnx/nbits.py)."""
     if chat_template is not None and kind != "generation":
         raise ValueError(f"a {kind} model has no chat template (generation models do)")
     request = Request(special_tokens, max_input_tokens, max_output_tokens, quality_sample, device)
@@ -232,7 +232,7 @@ def build_converted(
     variants=(),
     device: str = "cpu",
     extra: dict | None = None,
-    int4: Int4Settings | None = None,
+    int4: Int4Settings = DEFAULT_INT4,
 ) -> ModelDir:
     """A checkpoint converted onto our modules (export/convert/) -> a model directory, through the gate."""
     c = converted

@@ -22,7 +22,7 @@ from types import ModuleType
 from export.convert import bert, classifier, gpt2, llama, marian, modernbert, prompts, splade
 from export.convert.errors import ConversionError, Converted, refuse
 from export.convert.folder import HFFolder
-from export.onnx.nbits import Int4Settings
+from export.onnx.nbits import DEFAULT_INT4, Int4Settings
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Options:
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
     chat_template: Path | None = None  # generation: a Jinja file instead of the folder's template
-    int4: Int4Settings | None = None  # generation: the int4 variant's quantiser (None: its defaults)
+    int4: Int4Settings = DEFAULT_INT4  # generation: the int4 variant's quantiser settings
 
 
 def family(folder: HFFolder, kind: str | None) -> tuple[ModuleType, str]:

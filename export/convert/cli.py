@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         "--int4-head-bits",
         type=int,
         default=nbits.HEAD_BITS,
-        choices=(4, 8),
+        choices=nbits.HEAD_BITS_CHOICES,
         help="generation, int4: bits of the vocabulary projection",
     )
     p.add_argument(

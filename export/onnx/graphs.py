@@ -29,6 +29,7 @@ from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
 from export.models.families import Encoder
 from export.models.seq2seq import Translator
 from export.onnx import store
+from export.onnx.nbits import DEFAULT_INT4, Int4Settings, quantize_nbits
 from export.onnx.tied import share_tied_table
 from service.manifest import TensorSpec
 
@@ -456,12 +457,11 @@ def make_int8(src: Path, dst: Path, tables: bool = True, keep_down: bool = False
     return quantize_tables_file(dst) if tables else {"tables": 0}
 
 
-def make_int4(src: Path, dst: Path, settings=None) -> dict:
+def make_int4(src: Path, dst: Path, settings: Int4Settings = DEFAULT_INT4) -> dict:
     """4-bit block-wise weights for the CPU (export/onnx/nbits.py): onnxruntime's `MatMulNBits`
-    with int8 compute, embedding tables at 8 bits (export/onnx/tables.py); settings: an
-    nbits.Int4Settings (None: the defaults); -> its settings (bits, head bits, block size,
+    with int8 compute, embedding tables at 8 bits (export/onnx/tables.py), with the quantiser
+    settings given; -> its settings (bits, head bits, block size,
     symmetric, accuracy level, MatMuls rewritten, tables)."""
-    from export.onnx.nbits import quantize_nbits
     from export.onnx.tables import quantize_tables_file
 
     return {**quantize_nbits(src, dst, settings), "tables": quantize_tables_file(dst)}

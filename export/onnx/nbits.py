@@ -33,6 +33,7 @@ HEAD_BITS = 8
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4  # int8 compute: onnxruntime's integer kernels (0: fp32 compute)
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # what MatMulNBits takes: a power of two from 16
+HEAD_BITS_CHOICES = (4, 8)
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,11 @@ class Int4Settings:
     def __post_init__(self):
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"int4 block size {self.block_size}: one of {', '.join(map(str, BLOCK_SIZES))}")
-        if self.head_bits not in (4, 8):
+        if self.head_bits not in HEAD_BITS_CHOICES:
             raise ValueError(f"int4 head bits {self.head_bits}: 4 or 8")
+
+
+DEFAULT_INT4 = Int4Settings()
 
 
 def _head_nodes(model: onnx.ModelProto) -> list[str]:
@@ -78,9 +82,8 @@ def _quantize(model: onnx.ModelProto, bits: int, exclude: list[str], settings: I
     return quantizer.model.model
 
 
-def quantize_nbits(src: Path, dst: Path, settings: Int4Settings | None = None) -> dict:
+def quantize_nbits(src: Path, dst: Path, chosen: Int4Settings = DEFAULT_INT4) -> dict:
     """src (fp32 ONNX) -> dst with MatMulNBits; -> the settings and how many MatMuls were rewritten."""
-    chosen = settings or Int4Settings()
     model = untied_matmul(store.load(src))
     head = _head_nodes(model)
     model = _quantize(model, BITS, head, chosen)
