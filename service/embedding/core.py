@@ -44,6 +44,13 @@ class EmbeddingCore:
     async def embed(self, query: EmbedQuery, deadline: float | None = None) -> Embeddings:
         """Validates, admits (the model's queue places, before tokenizing) and embeds; raises ServiceError."""
         start = time.perf_counter()
+        model, texts = self.checked(query)
+        r = await model.embed(texts, query.normalize, query.truncate, query.dimensions, deadline)
+        timings = Timings.of_seconds(time.perf_counter() - start, r.tokenize_s, r.queue_s, r.inference_s)
+        return Embeddings(model.name, r.embeddings, r.input_tokens, timings)
+
+    def checked(self, query: EmbedQuery) -> tuple[EmbeddingModel, list[str]]:
+        """The query's inputs checked, its model (labelling the call) and its texts with their prompt."""
         check_inputs(
             query.inputs,
             self.settings.embed_max_inputs,
@@ -53,7 +60,4 @@ class EmbeddingCore:
         )
         model = cast("EmbeddingModel", self.registry.get("embedding", query.model))
         label_model(model.name)
-        texts = model.prompts.apply(query.inputs, query.prompt_name, query.prompt)
-        r = await model.embed(texts, query.normalize, query.truncate, query.dimensions, deadline)
-        timings = Timings.of_seconds(time.perf_counter() - start, r.tokenize_s, r.queue_s, r.inference_s)
-        return Embeddings(model.name, r.embeddings, r.input_tokens, timings)
+        return model, model.prompts.apply(query.inputs, query.prompt_name, query.prompt)

@@ -85,6 +85,14 @@ async def admit_and_encode(
     return encoded, time.perf_counter() - start
 
 
+def check_dimensions(model: str, dimension: int, dimensions: int) -> None:
+    """Refuses a truncation to more dimensions than the model's."""
+    if dimensions > dimension:
+        raise InvalidArgument(
+            f"dimensions={dimensions} is larger than model {model!r}'s {dimension}; use 0 (full) or 1..{dimension}"
+        )
+
+
 @dataclass(frozen=True)
 class EmbedResult:
     embeddings: np.ndarray  # (N, D) float32, in input order
@@ -152,11 +160,7 @@ class EmbeddingModel:
         deadline: float | None = None,
     ) -> EmbedResult:
         """Embeds texts; `deadline` is a time.monotonic() instant after which queued work is dropped."""
-        if dimensions > self.dimension:
-            raise InvalidArgument(
-                f"dimensions={dimensions} is larger than model {self.name!r}'s "
-                f"{self.dimension}; use 0 (full) or 1..{self.dimension}"
-            )
+        check_dimensions(self.name, self.dimension, dimensions)
         encoded, tokenize_s = await admit_and_encode(self.batcher, self.tokenizer, texts, truncate)
         outcome = await self.batcher.enqueue(encoded, deadline)
         vectors = postprocess(outcome.outputs, normalize, dimensions)

@@ -68,6 +68,11 @@ class EngineClient:
         raw = msgspec.Raw(wire.ENCODER.encode(query))
         return await self._ask(lambda id: wire.Call(self.epoch, id, core, method, raw, deadline), wire.RESULTS[key])
 
+    async def embed(self, model: str, encoded: list, deadline: float | None) -> wire.Embedded:
+        """A tokenized embedding call (service/engine/tokenization.py `Encoded`s) queued in the engine."""
+        ids, types = [e.ids for e in encoded], [e.type_ids for e in encoded]
+        return await self._ask(lambda id: wire.Embed(self.epoch, id, model, ids, types, deadline), None)
+
     async def generate(self, queries: list, deadline: float | None) -> list[RemoteGeneration]:
         started = await self._ask(lambda id: wire.Generate(self.epoch, id, queries, deadline), None)
         out = []
@@ -107,6 +112,10 @@ class EngineClient:
             entry = self._calls.get(result.id)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(entry[1].decode(result.value))
+        for embedded in batch.embedded:
+            entry = self._calls.get(embedded.id)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(embedded)
         for started in batch.started:
             entry = self._calls.get(started.id)
             if entry is not None and not entry[0].done():

@@ -1,7 +1,8 @@
 """A front end's cores: the classes of service/cores.py `Cores` whose compute methods send the call
 to the engine core (service/split/client.py) instead of running it. What the doors read besides
 (models, their info, tokenizers, chat templates) is answered here from the front end's registry
-(service/split/models.py). Every check and refusal of a forwarded call runs in the engine, in the
+(service/split/models.py). An embedding call is checked and tokenized here and only batched and
+computed in the engine. Every check and refusal of another forwarded call runs in the engine, in the
 same code as in one process; a call is labelled here with the model its query names, when it names
 a served one (the engine's own checks decide what the client is told), and refused while this front
 end drains."""
@@ -9,11 +10,14 @@ end drains."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, TypeVar
 
 from service.classification.core import ClassificationCore
 from service.cores import Cores
-from service.embedding.core import EmbeddingCore
+from service.embedding.core import EmbeddingCore, Embeddings
+from service.embedding.engine import postprocess
+from service.embedding.model import check_dimensions
 from service.errors import ServiceError, label_model
 from service.fillmask.core import FillMaskCore
 from service.generation.constraint import Compiled
@@ -26,6 +30,7 @@ from service.runtime import Runtime
 from service.settings import Settings
 from service.sparse.core import SparseEmbeddingCore
 from service.split.client import EngineClient
+from service.timings import Timings
 from service.translation.core import TranslationCore
 
 
@@ -54,10 +59,27 @@ _F = TypeVar("_F", bound=_Forward)
 
 
 class RemoteEmbeddingCore(_Forward, EmbeddingCore):
+    """Checks, tokenizes and post-processes here, in the order one process does (the queue's places
+    are taken in the engine, after tokenizing: a full queue refuses an already tokenized call); the
+    engine batches and computes."""
+
     core, kind = "embedding", "embedding"
 
     async def embed(self, query, deadline=None):
-        return await self._forward("embed", query, deadline)
+        self.registry.gate.check()
+        start = time.perf_counter()
+        model, texts = self.checked(query)
+        check_dimensions(model.name, model.dimension, query.dimensions)
+        model.admission.check(len(texts))
+        tokenized = time.perf_counter()
+        if not query.truncate:
+            model.tokenizer.check_chars(texts, model.name)
+        encoded = await model.tokenizer.encode_async(texts, query.truncate)
+        tokenize_s = time.perf_counter() - tokenized
+        r = await self.client.embed(model.name, encoded, deadline)
+        vectors = postprocess(r.rows, query.normalize, query.dimensions)
+        timings = Timings.of_seconds(time.perf_counter() - start, tokenize_s, r.queue_s, r.inference_s)
+        return Embeddings(model.name, vectors, r.input_tokens, timings)
 
 
 class RemoteTranslationCore(_Forward, TranslationCore):

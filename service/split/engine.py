@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -22,6 +23,7 @@ import msgspec
 import zmq
 
 from service.cores import BACKENDS, Cores
+from service.engine.tokenization import Encoded
 from service.errors import ServiceError, Unavailable
 from service.generation.constraint import Structure
 from service.generation.core import Generation
@@ -44,7 +46,8 @@ class Peer:
     def __init__(self, identity: bytes, pid: int):
         self.identity, self.pid = identity, pid
         self.pidfd = os.pidfd_open(pid)
-        self.tasks: dict[tuple[str, int], asyncio.Task] = {}  # ("call" | "pull", id)
+        # ("call" | "pull", id) -> its task, or an Embed's batcher future (cancelling either stops it)
+        self.tasks: dict[tuple[str, int], asyncio.Future] = {}
         self.generations: dict[int, Generation] = {}
         self.batch: wire.Batch | None = None
         self.gone = False
@@ -81,8 +84,10 @@ class Engine:
         peer = self.peers.get(identity)
         if peer is None:
             return  # a front end that never said hello to this engine: its Hello comes next
-        if isinstance(message, wire.Call | wire.Generate) and message.epoch != self.pid:
+        if isinstance(message, wire.Call | wire.Embed | wire.Generate) and message.epoch != self.pid:
             self._fail(peer, message.id, Unavailable(RESTARTED))
+        elif isinstance(message, wire.Embed):
+            self._embed(peer, message)
         elif isinstance(message, wire.Call):
             peer.tasks["call", message.id] = self._task(peer, ("call", message.id), self._call(peer, message))
         elif isinstance(message, wire.Generate):
@@ -154,6 +159,33 @@ class Engine:
             return
         self._batch(peer).results.append(wire.Result(call.id, msgspec.Raw(wire.ENCODER.encode(value))))
 
+    def _embed(self, peer: Peer, call: wire.Embed) -> None:
+        """Queues a tokenized embedding call in its model's batcher, from this loop turn: the
+        batcher's future answers it (`_embedded`), and cancelling that future drops its inputs."""
+        try:
+            model = self.cores.registry.get("embedding", call.model)
+            encoded = [Encoded(ids, types) for ids, types in zip(call.ids, call.type_ids, strict=True)]
+            model.batcher.admission.take(len(encoded))  # type: ignore[attr-defined]
+            future = model.batcher.enqueue(encoded, call.deadline)  # type: ignore[attr-defined]
+        except Exception as e:
+            self._fail(peer, call.id, e)
+            return
+        key = ("call", call.id)
+        peer.tasks[key] = future
+        future.add_done_callback(functools.partial(self._embedded, peer, key))
+
+    def _embedded(self, peer: Peer, key: tuple[str, int], future: asyncio.Future) -> None:
+        if peer.tasks.get(key) is future:
+            del peer.tasks[key]
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            self._fail(peer, key[1], error)
+            return
+        o = future.result()
+        self._batch(peer).embedded.append(wire.Embedded(key[1], o.outputs, o.input_tokens, o.queue_s, o.inference_s))
+
     async def _generate(self, peer: Peer, call: wire.Generate) -> None:
         try:
             queries = [await self._compiled(q) for q in call.queries]
@@ -216,7 +248,7 @@ class Engine:
     def _batch(self, peer: Peer) -> wire.Batch:
         """The front end's batch of this loop turn; sent by one callback after every task woken now ran."""
         if peer.batch is None:
-            peer.batch = wire.Batch([], [], [], [], [])
+            peer.batch = wire.Batch([], [], [], [], [], [])
         if not self._flush_due:
             self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush)

@@ -43,8 +43,13 @@ def served_models(registry: ModelRegistry) -> list[Served]:
                 "max_queue": m.scheduler.admission.capacity,  # type: ignore[attr-defined]
                 "tokenizer_info": dataclasses.asdict(m.tokenizer_info),  # type: ignore[attr-defined]
             }
+        embedding = None
+        if backend.kind == "embedding":
+            embedding = {"max_queue": backend.batcher.admission.capacity}  # type: ignore[attr-defined]
         path = str(registry.dirs.get(backend.name, ""))
-        served = Served(backend.name, backend.kind, backend.provider, backend.variant, backend.info(), path, generation)
+        info = backend.info()
+        served = Served(backend.name, backend.kind, backend.provider, backend.variant, info, path)
+        served.generation, served.embedding = generation, embedding
         out.append(served)
     return out
 

@@ -1,9 +1,11 @@
 """A front end's models: what each served model is, told by the engine core (`Served`), with no
-session and no weights. A generation model's stand-in keeps what the doors and the cores read in the
-front end: its tokenizer (prompts of chats are rendered and tokenized here), chat template, tool
-parser, structured-output compiler (requests are refused here; the engine compiles again, cached)
-and its limits; its queue's places are taken in the engine (`scheduler.admission` here refuses only
-a call bigger than the queue, and every call while draining)."""
+session and no weights. An embedding model's stand-in keeps its tokenizer and prompts (its calls
+are checked and tokenized here, the engine only batches and computes them). A generation model's
+stand-in keeps what the doors and the cores read in the front end: its tokenizer (prompts of chats
+are rendered and tokenized here), chat template, tool parser, structured-output compiler (requests
+are refused here; the engine compiles again, cached) and its limits. Both take their queue's places
+in the engine (`admission` here refuses only a call bigger than the queue, and every call while
+draining)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Any
 
 from service import tokenizing
 from service.admission import Admission
+from service.embedding.prompts import Prompts
+from service.engine.tokenization import EmbeddingTokenizer
 from service.generation import chat_template
 from service.generation.constraint import Constraints
 from service.generation.model import GenerationModel
@@ -48,6 +52,21 @@ class RemoteModel:
         return {**self._info, "manifest": dict(self._info["manifest"])}
 
 
+class RemoteEmbeddingModel(RemoteModel):
+    """An embedding model's front-end half: its tokenizer and prompts (calls are checked and
+    tokenized here, service/split/cores.py) and its queue's size (`admission` here refuses only a
+    call bigger than the queue, and every call while draining; the engine takes the places)."""
+
+    def __init__(self, served: Served, model_dir: Any, runtime: Runtime):
+        super().__init__(served, model_dir.manifest)
+        m = model_dir.manifest
+        self.tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
+        self.prompts = Prompts.of(m)
+        self.dimension = int(m.embedding_dim or 0)
+        capacity = (served.embedding or {})["max_queue"]
+        self.admission = Admission("embedding", self.name, capacity, "queued inputs", gate=runtime.gate)
+
+
 class RemoteGenerationModel(RemoteModel):
     """A generation model's front-end half (module doc)."""
 
@@ -81,6 +100,8 @@ def build_registry(welcome: Welcome, settings: Settings, runtime: Runtime) -> Mo
         dirs[served.name] = model_dir.path
         if served.kind == "generation":
             backends.append(RemoteGenerationModel(served, model_dir, settings, runtime))
+        elif served.kind == "embedding":
+            backends.append(RemoteEmbeddingModel(served, model_dir, runtime))
         else:
             backends.append(RemoteModel(served, model_dir.manifest))
     registry = ModelRegistry(backends, dict(welcome.defaults), dirs, runtime.gate)

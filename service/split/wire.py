@@ -2,7 +2,8 @@
 
 A front end's DEALER socket talks to the engine's ROUTER. Every message is one msgpack array whose
 first element names its struct (msgspec's tagged union). A core call carries its query as raw
-msgpack, decoded on the engine with the type its (core, method) names in `CALLS`; results, chunks
+msgpack, decoded on the engine with the type its (core, method) names in `CALLS`; an embedding call
+arrives tokenized (`Embed`) and goes straight into the model's batcher; results, chunks
 and errors come back in one `Batch` per engine loop turn and front end (one per decode step, never
 one per token). numpy arrays travel as raw bytes with their dtype and shape (msgpack extension 1);
 errors as the gRPC status name of their `ServiceError` class and its message.
@@ -16,7 +17,6 @@ import msgspec
 import numpy as np
 
 from service.classification.core import Classified, ClassifyQuery, RerankQuery, Scored, ScoreQuery
-from service.embedding.core import Embeddings, EmbedQuery
 from service.errors import ServiceError
 from service.fillmask.core import FilledMasks, FillMaskQuery
 from service.generation.output import Chunk
@@ -29,7 +29,6 @@ ARRAY_EXT = 1
 # (core attribute of service/cores.py Cores, method) -> (query type, result type): every unary core
 # call a door makes; the engine decodes a Call's query with the first, the front end its answer with the second.
 CALLS: dict[tuple[str, str], tuple[type, type]] = {
-    ("embedding", "embed"): (EmbedQuery, Embeddings),
     ("translation", "translate"): (TranslateQuery, Translations),
     ("fill_mask", "fill_mask"): (FillMaskQuery, FilledMasks),
     ("classification", "rerank"): (RerankQuery, Scored),
@@ -67,6 +66,30 @@ class Generate(msgspec.Struct, tag=True, array_like=True):
     deadline: float | None
 
 
+class Embed(msgspec.Struct, tag=True, array_like=True):
+    """An embedding call checked and tokenized by the front end: its inputs' token ids and token type
+    ids, for model `model` (a served name). The engine takes their queue places and queues them in the
+    model's batcher (no task, no tokenizer); answered by `Embedded`, or a `Failure`."""
+
+    epoch: int
+    id: int
+    model: str
+    ids: list[list[int]]
+    type_ids: list[list[int]]
+    deadline: float | None
+
+
+class Embedded(msgspec.Struct, array_like=True):
+    """An `Embed`'s pooled rows, not normalised (the front end truncates and normalises), and where
+    its time went in the engine."""
+
+    id: int
+    rows: np.ndarray  # (N, C) float32, in input order
+    input_tokens: int
+    queue_s: float
+    inference_s: float
+
+
 class Pull(msgspec.Struct, tag=True, array_like=True):
     """Starts sending a generation: its chunks as they come ("stream") or every choice at its end ("collect")."""
 
@@ -99,6 +122,7 @@ class Served(msgspec.Struct, array_like=True):
     info: dict[str, Any]
     path: str
     generation: dict[str, Any] | None = None
+    embedding: dict[str, Any] | None = None  # an embedding model's queue capacity (max_queue)
 
 
 class Result(msgspec.Struct, array_like=True):
@@ -123,13 +147,14 @@ class Batch(msgspec.Struct, tag=True, array_like=True):
     """Engine -> one front end, once per loop turn: what became ready for it."""
 
     results: list[Result] = []
+    embedded: list[Embedded] = []
     failures: list[Failure] = []
     started: list[Started] = []
     chunks: list[tuple[int, Chunk]] = []  # (generation id, the chunks joined since its last message)
     collected: list[tuple[int, list[Chunk]]] = []  # (generation id, one joined chunk per choice)
 
 
-ToEngine = Hello | Call | Generate | Pull | Cancel
+ToEngine = Hello | Call | Embed | Generate | Pull | Cancel
 ToFrontend = Welcome | Batch
 
 

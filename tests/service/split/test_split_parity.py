@@ -47,6 +47,11 @@ UNARY = [  # (stub, method, request)
     (oip_grpc.GRPCInferenceServiceStub, "ModelInfer", kserve_embed()),
     # refusals: the same status and message
     (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=[])),
+    (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=["a"], dimensions=100000)),
+    (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=["a", "b " * 3000], truncate=False)),
+    (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=["a"], prompt_name="nope")),
+    (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=["a"], model="tiny-gpt")),
+    (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=["a b c"], dimensions=4, normalize=False)),
     (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="x", model="nope")),
     (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="x", temperature=-1)),
     (pb_grpc.TranslationServiceStub, "Translate", pb.TranslateRequest(inputs=[""])),
