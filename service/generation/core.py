@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from service.errors import DeadlineExceeded, InvalidArgument, label_model
@@ -81,6 +82,21 @@ class Generation:
     def ready(self) -> list[Chunk]:
         chunks = self._handles[0].ready()
         return [self._shapers[0](c) for c in chunks] if self._shaped else chunks
+
+    def listen(self, on_post: Callable[[], None]) -> None:
+        """Calls `on_post()` on the event loop after each chunk or error the scheduler posts to its
+        one choice: for a reader that takes them with `take()` rather than iterating (the engine
+        core's streams, service/split/engine.py: no task per generation)."""
+        self._handles[0]._box.listener = on_post
+
+    def take(self) -> tuple[Chunk | None, BaseException | None, bool]:
+        """Its one choice's chunks posted so far, joined (None when none), the error posted after
+        them (or None), and whether the generation has ended (its last chunk or its error taken)."""
+        handle = self._handles[0]
+        chunks, error = handle.take()
+        if self._shaped:
+            chunks = [self._shapers[0](c) for c in chunks]
+        return (join_chunks(chunks) if chunks else None), error, handle.ended
 
     async def batches(self):
         """Its one choice's chunks, those that queued up while the previous one was used joined into one."""

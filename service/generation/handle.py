@@ -9,6 +9,7 @@ generation (unary Generate) is woken once, when it ends.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from service.generation.output import Chunk
@@ -24,10 +25,13 @@ class Outbox:
         self.items: list[Chunk | BaseException] = []
         self.waiter: asyncio.Future | None = None  # the caller's, while it waits
         self.wake_at_end = False  # the caller waits for the whole generation: wake it only at its end
+        self.listener: Callable[[], None] | None = None  # told of every post (`Generation.listen`)
 
     def post(self, item: Chunk | BaseException) -> None:
         """A chunk (or the call's error) for the caller; wakes it if it waits."""
         self.items.append(item)
+        if self.listener is not None:
+            self.listener()
         waiter = self.waiter
         wake = not self.wake_at_end or isinstance(item, BaseException) or item.finish_reason is not None
         if waiter is not None and not waiter.done() and wake:
@@ -82,6 +86,24 @@ class GenerationHandle:
             self._ended = item.finish_reason is not None
         self._trim()
         return out
+
+    def take(self) -> tuple[list[Chunk], BaseException | None]:
+        """`ready()`, and the error posted after those chunks, if one was (the generation ends with it)."""
+        out = self.ready()
+        items = self._box.items
+        if self._ended or self._taken == len(items):
+            return out, None
+        error = items[self._taken]  # ready() stops only at an error
+        assert isinstance(error, BaseException)
+        self._taken += 1
+        self._ended = True
+        self._trim()
+        return out, error
+
+    @property
+    def ended(self) -> bool:
+        """Its last chunk or its error was taken."""
+        return self._ended
 
     async def collect(self) -> list[Chunk]:
         """Every chunk of the generation, waking once at its end (not at every step); raises its error."""

@@ -2,8 +2,8 @@
 serving its front ends (service/split/frontend.py) over a pyzmq ROUTER socket.
 
 It runs the real cores (service/cores.py) on what the front ends send (service/split/wire.py):
-a unary call's answer, a generation's chunks as the scheduler posts them (`Generation.batches()`:
-one joined chunk per generation per step) or every choice at its end; what became ready in one
+a unary call's answer, a generation's chunks as the scheduler posts them (`Generation.listen` and
+`take()`: one joined chunk per generation per step, no task per generation) or every choice at its end; what became ready in one
 loop turn goes to each front end as one `Batch`. Each front end says its pid; the engine watches
 it through a pidfd, and when it exits its calls are cancelled and its rows freed at the next step.
 SIGTERM drains: new calls UNAVAILABLE, those in flight finish (within the grace period), exit 0.
@@ -49,6 +49,7 @@ class Peer:
         # ("call" | "pull", id) -> its task, or an Embed's batcher future (cancelling either stops it)
         self.tasks: dict[tuple[str, int], asyncio.Future] = {}
         self.generations: dict[int, Generation] = {}
+        self.posted: set[int] = set()  # streamed generations with chunks posted since the last flush
         self.batch: wire.Batch | None = None
         self.gone = False
 
@@ -94,9 +95,12 @@ class Engine:
             peer.tasks["call", message.id] = self._task(peer, ("call", message.id), self._generate(peer, message))
         elif isinstance(message, wire.Pull):
             generation = peer.generations.get(message.id)
-            if generation is not None:
-                pull = (self._collect if message.collect else self._stream)(peer, message.id, generation)
+            if generation is not None and message.collect:
+                pull = self._collect(peer, message.id, generation)
                 peer.tasks["pull", message.id] = self._task(peer, ("pull", message.id), pull)
+            elif generation is not None:
+                generation.listen(functools.partial(self._posted, peer, message.id))
+                self._posted(peer, message.id)  # what was posted before the pull
         elif isinstance(message, wire.Cancel):
             self._cancel(peer, message.id)
 
@@ -215,15 +219,27 @@ class Engine:
         compiled = await model.constraints.compile(Structure(**spec))  # type: ignore[attr-defined]
         return dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled))
 
-    async def _stream(self, peer: Peer, gid: int, generation: Generation) -> None:
-        try:
-            async for chunk in generation.batches():
+    def _posted(self, peer: Peer, gid: int) -> None:
+        """A streamed generation has a chunk (or its error): taken at this turn's flush."""
+        peer.posted.add(gid)
+        self._flush_soon()
+
+    def _take_posted(self, peer: Peer) -> None:
+        """Each streamed generation's chunks posted since the last flush, joined into one chunk;
+        one that ended (its last chunk, or an error) is done with."""
+        posted, peer.posted = peer.posted, set()
+        for gid in posted:
+            generation = peer.generations.get(gid)
+            if generation is None:
+                continue  # cancelled, or its front end went away
+            chunk, error, ended = generation.take()
+            if chunk is not None:
                 self._batch(peer).chunks.append((gid, chunk))
-        except Exception as e:
-            self._fail(peer, gid, e)
-        finally:
-            generation.cancel()
-            peer.generations.pop(gid, None)
+            if error is not None:
+                self._fail(peer, gid, error)
+            if ended:
+                generation.cancel()
+                del peer.generations[gid]
 
     async def _collect(self, peer: Peer, gid: int, generation: Generation) -> None:
         try:
@@ -249,12 +265,18 @@ class Engine:
         """The front end's batch of this loop turn; sent by one callback after every task woken now ran."""
         if peer.batch is None:
             peer.batch = wire.Batch([], [], [], [], [], [])
+        self._flush_soon()
+        return peer.batch
+
+    def _flush_soon(self) -> None:
         if not self._flush_due:
             self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush)
-        return peer.batch
 
     def _flush(self) -> None:
+        for peer in self.peers.values():
+            if peer.posted:
+                self._take_posted(peer)
         self._flush_due = False
         for peer in self.peers.values():
             if peer.batch is not None:
