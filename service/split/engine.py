@@ -4,8 +4,9 @@ serving its front ends (service/split/frontend.py) over a pyzmq ROUTER socket.
 It runs the real cores (service/cores.py) on what the front ends send (service/split/wire.py):
 a unary call's answer, a generation's chunks as the scheduler posts them (`Generation.listen` and
 `take()`: one joined chunk per generation per step, no task per generation) or every choice at its
-end; what became ready in one loop turn goes to each front end as one `Batch`. Each front end says its pid; the engine watches
-it through a pidfd, and when it exits its calls are cancelled and its rows freed at the next step.
+end; what became ready in one loop turn goes to each front end as one `Batch`. Each front end says
+its pid; the engine watches it through a pidfd, and when it exits its calls are cancelled and its
+rows freed at the next step.
 SIGTERM drains: new calls UNAVAILABLE, those in flight finish (within the grace period), exit 0.
 """
 
