@@ -1,7 +1,8 @@
 """`--frontends 2` when things go away: a cancelled stream frees its row in the engine; a front end
 killed with SIGKILL mid-stream frees every row it held; a killed engine core makes the front ends
 answer UNAVAILABLE at once (no hang), is restarted by the supervisor, and the group serves again;
-SIGTERM with 32 streams in flight lets every one finish and exits 0."""
+SIGTERM with 32 streams in flight lets every one finish and exits 0; embedding calls that expire or
+are refused across the boundary leave the engine's queue empty."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client import generate_request
+from client import embed_request, generate_request
 from service.proto import inference_pb2 as pb
 from service.proto import inference_pb2_grpc as pb_grpc
 from tests.fixtures.server import until
@@ -83,6 +84,30 @@ async def _warm(group: SplitGroup) -> None:
         if min(_accepted(group, before)) > 0:
             return
     raise AssertionError("64 connections never reached both front ends")
+
+
+async def test_embed_calls_past_their_deadline_leave_the_engine_queue_empty(one_row):
+    """A burst of 16-input Embed calls with a short deadline: each one answers OK, DEADLINE_EXCEEDED
+    or RESOURCE_EXHAUSTED (never another status, never a hang), the engine drops what expired in its
+    queue, the queue's depth goes back to 0, and the next call is served."""
+    group = one_row
+
+    async def one(stub, i: int) -> grpc.StatusCode:
+        try:
+            await stub.Embed(embed_request([f"text {i} {j}" for j in range(16)]), timeout=0.1)
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+    async with channel(group.address) as ch:
+        stub = pb_grpc.EmbeddingServiceStub(ch)
+        codes = await asyncio.wait_for(asyncio.gather(*(one(stub, i) for i in range(200))), 60)
+        allowed = {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert set(codes) <= allowed, codes
+        depth = ("ts_queue_depth", (("model", "tiny-embed"),))
+        await until(lambda: group.metrics().get(depth) == 0.0, what="the engine's embedding queue empties")
+        answer = await stub.Embed(embed_request(["after the burst"]), timeout=30)
+        assert len(answer.embeddings) == 1
 
 
 async def test_a_killed_front_end_frees_its_rows(one_row):
