@@ -74,9 +74,7 @@ async def admit_and_encode(
     batcher.admission.take(len(texts))
     start = time.perf_counter()
     try:
-        if not truncate:
-            tokenizer.check_chars(texts, batcher.model)
-        encoded = await tokenizer.encode_async(texts, truncate)
+        encoded = await tokenizer.encode_checked(texts, truncate, batcher.model)
         if check is not None:
             check(encoded)
     except BaseException:

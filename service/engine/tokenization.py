@@ -67,6 +67,13 @@ class EmbeddingTokenizer:
         for i, text in enumerate(texts):
             tokenizing.check_chars(text, self.max_chars, f"inputs[{i}]", model, self.max_tokens, self.too_long_advice)
 
+    async def encode_checked(self, texts: list[str], truncate: bool, model: str) -> list[Encoded]:
+        """encode_async, refusing first (without truncation) an input with more characters than the
+        limit can hold: what a call's tokenizing is, wherever its queue places are taken."""
+        if not truncate:
+            self.check_chars(texts, model)
+        return await self.encode_async(texts, truncate)
+
     async def encode_async(self, texts: list[str], truncate: bool = True) -> list[Encoded]:
         """encode from the event loop: inline when small, in a thread when large (tokenizing.Encoder)."""
         return self._checked(await self._encoders[truncate].encode(texts), truncate)

@@ -87,7 +87,7 @@ class Generation:
         """Calls `on_post()` on the event loop after each chunk or error the scheduler posts to its
         one choice: for a reader that takes them with `take()` rather than iterating (the engine
         core's streams, service/split/engine.py: no task per generation)."""
-        self._handles[0]._box.listener = on_post
+        self._handles[0].listen(on_post)
 
     def take(self) -> tuple[Chunk | None, BaseException | None, bool]:
         """Its one choice's chunks posted so far, joined (None when none), the error posted after

@@ -87,6 +87,10 @@ class GenerationHandle:
         self._trim()
         return out
 
+    def listen(self, on_post: Callable[[], None]) -> None:
+        """Calls `on_post()` after each post to this generation's outbox (a reader that `take`s)."""
+        self._box.listener = on_post
+
     def take(self) -> tuple[list[Chunk], BaseException | None]:
         """`ready()`, and the error posted after those chunks, if one was (the generation ends with it)."""
         out = self.ready()

@@ -72,9 +72,7 @@ class RemoteEmbeddingCore(_Forward, EmbeddingCore):
         check_dimensions(model.name, model.dimension, query.dimensions)
         model.admission.check(len(texts))
         tokenized = time.perf_counter()
-        if not query.truncate:
-            model.tokenizer.check_chars(texts, model.name)
-        encoded = await model.tokenizer.encode_async(texts, query.truncate)
+        encoded = await model.tokenizer.encode_checked(texts, query.truncate, model.name)
         tokenize_s = time.perf_counter() - tokenized
         r = await self.client.embed(model.name, encoded, deadline)
         vectors = postprocess(r.rows, query.normalize, query.dimensions)

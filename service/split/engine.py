@@ -265,7 +265,7 @@ class Engine:
     def _batch(self, peer: Peer) -> wire.Batch:
         """The front end's batch of this loop turn; sent by one callback after every task woken now ran."""
         if peer.batch is None:
-            peer.batch = wire.Batch([], [], [], [], [], [])
+            peer.batch = wire.Batch()
         self._flush_soon()
         return peer.batch
 

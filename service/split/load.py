@@ -47,9 +47,16 @@ def served_models(registry: ModelRegistry) -> list[Served]:
         if backend.kind == "embedding":
             embedding = {"max_queue": backend.batcher.admission.capacity}  # type: ignore[attr-defined]
         path = str(registry.dirs.get(backend.name, ""))
-        info = backend.info()
-        served = Served(backend.name, backend.kind, backend.provider, backend.variant, info, path)
-        served.generation, served.embedding = generation, embedding
+        served = Served(
+            backend.name,
+            backend.kind,
+            backend.provider,
+            backend.variant,
+            backend.info(),
+            path,
+            generation=generation,
+            embedding=embedding,
+        )
         out.append(served)
     return out
 

@@ -63,7 +63,8 @@ class RemoteEmbeddingModel(RemoteModel):
         self.tokenizer = EmbeddingTokenizer(model_dir.file(m.tokenizer["file"]), m.max_input_tokens)
         self.prompts = Prompts.of(m)
         self.dimension = int(m.embedding_dim or 0)
-        capacity = (served.embedding or {})["max_queue"]
+        assert served.embedding is not None  # served_models sends it for every embedding model
+        capacity = served.embedding["max_queue"]
         self.admission = Admission("embedding", self.name, capacity, "queued inputs", gate=runtime.gate)
 
 
