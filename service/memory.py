@@ -9,10 +9,13 @@ docs/design/robustness.md, "Memory goes back"). Two things give it back:
   from the arenas and stayed there, fragmented;
 - `MemoryTrimmer.run`, a server task: every CHECK_S seconds it reads the process's resident memory
   (/proc/self/statm) and the bytes free in glibc's arenas (`mallinfo2`); when either grew by
-  TRIM_BYTES since the last trim it collects garbage cycles (a refused call's exception, traceback
-  and request can form one) and calls `malloc_trim(0)` in a thread.
-Memory in use is not touched, a server whose memory is flat never trims, and without glibc (musl,
-macOS) nothing is done.
+  TRIM_BYTES over the lowest it has read since the last trim, or the last trim gave back TRIM_BYTES
+  or more (memory was on the move: a trim in the middle of a request sees that request's memory in
+  use, and what the request frees afterwards may land in chunks already counted free), it collects
+  garbage cycles (a refused call's exception, traceback and request can form one) and calls
+  `malloc_trim(0)` in a thread.
+Memory in use is not touched, a server whose memory is flat never trims, one that grew trims until
+a trim gives back little, and without glibc (musl, macOS) nothing is done.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ class MemoryTrimmer:
     def __init__(self, check_s: float = CHECK_S, trim_bytes: int = TRIM_BYTES):
         self.check_s, self.trim_bytes = check_s, trim_bytes
         self._libc = _glibc()
-        self._resident = self._free = 0  # both right after the last trim
+        self._resident = self._free = 0  # the lowest of each read since the last trim
+        self._released = 0  # what the last trim gave back
         self.trims = 0
         if self._libc is not None:
             self._libc.mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)
@@ -80,16 +84,26 @@ class MemoryTrimmer:
         assert self._libc is not None  # run() returns at once without glibc
         return self._libc.mallinfo2().fordblks
 
-    def due(self) -> bool:
-        """Resident or free memory grew by trim_bytes since the last trim."""
-        return resident_bytes() - self._resident > self.trim_bytes or self._free_bytes() - self._free > self.trim_bytes
+    def due(self, resident: int, free: int) -> bool:
+        """One look: resident or free memory grew by trim_bytes over its lowest since the last trim,
+        or the last trim gave back trim_bytes or more."""
+        self._resident, self._free = min(self._resident, resident), min(self._free, free)
+        return (
+            resident - self._resident > self.trim_bytes
+            or free - self._free > self.trim_bytes
+            or self._released >= self.trim_bytes
+        )
+
+    def trimmed(self, before: int, resident: int, free: int) -> None:
+        """A trim took resident memory from `before` to `resident`, leaving `free` bytes in the arenas."""
+        self._resident, self._free, self._released = resident, free, max(0, before - resident)
+        self.trims += 1
 
     def trim(self) -> None:
         before = resident_bytes()
         assert self._libc is not None
         self._libc.malloc_trim(0)
-        self._resident, self._free = resident_bytes(), self._free_bytes()
-        self.trims += 1
+        self.trimmed(before, resident_bytes(), self._free_bytes())
         log.debug("malloc_trim: resident %d -> %d MiB", before >> 20, self._resident >> 20)
 
     async def run(self) -> None:
@@ -99,6 +113,6 @@ class MemoryTrimmer:
         self._resident, self._free = resident_bytes(), self._free_bytes()
         while True:
             await asyncio.sleep(self.check_s)
-            if self.due():
+            if self.due(resident_bytes(), self._free_bytes()):
                 gc.collect()  # on the loop: finalizers of asyncio and grpc objects expect its thread
                 await asyncio.to_thread(self.trim)
