@@ -122,7 +122,9 @@ class RemoteAttentionCore(_Forward, AttentionCore):
 
 
 class RemoteGenerationCore(_Forward, GenerationCore):
-    """Tokenizer calls answered here; generations admitted and run in the engine."""
+    """Tokenizer calls answered here; text prompts tokenized here where the engine would take their
+    ids exactly as it takes the text (`_tokenized`); generations checked, admitted and run in the
+    engine."""
 
     core, kind = "generation", "generation"
 
@@ -130,7 +132,41 @@ class RemoteGenerationCore(_Forward, GenerationCore):
         self.registry.gate.check()
         if queries:
             _label(self.registry, self.kind, queries[0].model)
+            queries = await self._tokenized(queries)
         return await self.client.generate([_sendable(q) for q in queries], deadline)
+
+    async def _tokenized(self, queries: list[GenerateQuery]) -> list[GenerateQuery]:
+        """The queries with each text prompt the engine would accept as text replaced by its token ids
+        (the same tokenizer, start token included), so the engine does not tokenize it: a prompt it
+        would queue with exactly these ids, whose text shows in no answer (no echo, no scores: the
+        engine shapes those from the prompt's text). Any other prompt crosses as its text, and the
+        engine's own checks refuse it as one process would (a text over the character or token
+        limit, one with no tokens). A full queue refuses after this tokenizing."""
+        try:
+            model = self.registry.get("generation", queries[0].model)
+        except ServiceError:
+            return queries  # the engine names what is wrong
+        if any(q.model != queries[0].model for q in queries):
+            return queries
+        limit = model.max_prompt_chars  # type: ignore[attr-defined]
+        plain = [
+            i
+            for i, q in enumerate(queries)
+            if isinstance(q.prompt, str)
+            and q.prompt
+            and not q.shaped
+            and q.params.prompt_logprobs is None
+            and (limit is None or len(q.prompt) <= limit)
+        ]
+        if not plain:
+            return queries
+        encoded = await model.text_encoder.encode([queries[i].prompt for i in plain])  # type: ignore[attr-defined]
+        out = list(queries)
+        for i, encoding in zip(plain, encoded, strict=True):
+            ids = encoding.ids
+            if 0 < len(ids) <= model.max_prompt and max(ids) < model.vocab_size:  # type: ignore[attr-defined]
+                out[i] = dataclasses.replace(queries[i], prompt=ids)
+        return out
 
 
 def _sendable(query: GenerateQuery) -> GenerateQuery:

@@ -54,6 +54,10 @@ UNARY = [  # (stub, method, request)
     (pb_grpc.EmbeddingServiceStub, "Embed", pb.EmbedRequest(inputs=["a b c"], dimensions=4, normalize=False)),
     (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="x", model="nope")),
     (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="x", temperature=-1)),
+    # prompts a front end leaves to the engine's tokenizer: empty, over the token limit, over the characters'
+    (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="", max_new_tokens=3)),
+    (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="Once upon a time " * 15)),
+    (pb_grpc.GenerationServiceStub, "Generate", pb.GenerateRequest(prompt="b " * 5000)),
     (pb_grpc.TranslationServiceStub, "Translate", pb.TranslateRequest(inputs=[""])),
     (pb_grpc.SparseEmbeddingServiceStub, "EmbedSparse", pb.EmbedSparseRequest(inputs=["a"], model="tiny-embed")),
 ]
@@ -71,6 +75,8 @@ HTTP = [  # (path, body)
     ("/tokenize", {"prompt": "Once upon"}),
     ("/v2/models/tiny-embed/infer", {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}),
     ("/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 9000}),  # refused alike
+    ("/v1/completions", {"prompt": ["a", "Once upon a time " * 15], "max_tokens": 4}),  # the second too long
+    ("/v1/completions", {"prompt": [[5, 6, 7], "Once upon"], "max_tokens": 4}),  # ids beside a text
 ]
 # differ from one call to the next (cached_tokens: the prefix cache's state, which repeated calls change)
 VOLATILE = {"id", "created", "timings", "system_fingerprint", "cached_tokens"}
