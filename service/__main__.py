@@ -3,6 +3,7 @@
     python -m service --models models --host 127.0.0.1 --port 50051 --metrics-port 9464
     python -m service --workers 2 ...     # 2 serving processes on one port (service/supervisor.py)
     python -m service --frontends 2 ...   # 2 front ends before one engine core (service/split/)
+    python -m service --frontends 4 --engines 2 ...  # 4 front ends before 2 engine cores (one per GPU)
     python -m service --http-port 8080    # OpenAI-compatible HTTP beside gRPC (-1: off; service/http/)
 
 Exits 0 after a graceful SIGTERM / SIGINT shutdown, 1 when it cannot start (the log says why:
@@ -18,7 +19,7 @@ import sys
 
 from service.settings import Settings
 from service.supervisor import Supervisor
-from service.worker import auto_frontends, auto_workers, configure_logging
+from service.worker import auto_engines, auto_frontends, auto_workers, configure_logging
 
 log = logging.getLogger("service")
 
@@ -31,9 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     if settings.workers == 0:
         settings = dataclasses.replace(settings, workers=auto_workers(settings))
         log.info("workers: %d (auto)", settings.workers)
+    if settings.engines == 0:
+        settings = dataclasses.replace(settings, engines=auto_engines(settings))
+        if settings.engines > 1:
+            log.info("engines: %d (auto: one per visible GPU)", settings.engines)
     if settings.frontends == 0:
         settings = dataclasses.replace(settings, frontends=auto_frontends(settings))
+        if settings.engines > 1 and not settings.frontends:  # several engines are fed by front ends
+            settings = dataclasses.replace(settings, frontends=1)
         log.info("frontends: %s (auto)", settings.frontends or "off")
+    if settings.engines > 1 and settings.frontends < 1:
+        log.warning("engines: %d asked for with --frontends -1 (off): one process serves", settings.engines)
     if settings.workers > 1 or settings.frontends > 0:
         return Supervisor(settings).run()
     from service.server import run  # here, not at import: a supervisor never loads onnxruntime

@@ -43,7 +43,7 @@ from service.runtime import ProviderError, Runtime
 from service.settings import Settings
 from service.signals import Signals
 from service.split import frontend
-from service.split.client import EngineClient
+from service.split.client import Engines
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Server:
         self.settings, self.runtime, self.registry, self.worker = settings, runtime, registry, worker
         # what every door calls (service/cores.py); a front end's forward to the engine (service/split/)
         self.cores = cores or Cores.build(registry, settings, runtime)
-        self.engine: EngineClient | None = None  # a front end's connection to its engine core
+        self.engine: Engines | None = None  # a front end's connections to its engine cores
         self.tokens, self.credentials = tokens or Tokens(), credentials
         self._worker_calls = None if worker is None else metrics.WORKER_RPCS.labels(str(worker))
         self.inflight = Inflight()  # the drain waits for these (service/inflight.py)
@@ -105,15 +105,15 @@ class Server:
         return f"{self.settings.host}:{self.port}"
 
     @classmethod
-    async def start(cls, settings: Settings, worker: int | None = None, engine: str = "") -> Server:
+    async def start(cls, settings: Settings, worker: int | None = None, engines: tuple[str, ...] = ()) -> Server:
         """Loads, binds, warms up (a worker: warms up, then binds); returns once every model serves.
-        With `engine` (a front end of `--frontends`), the models are the engine core's at that endpoint."""
+        With `engines` (a front end of `--frontends`), the models are the engine cores' at those endpoints."""
         tokens, credentials = Tokens.from_settings(settings), server_credentials(settings)  # bad files: fail fast
         runtime = Runtime(settings)
         client, cores = None, None
         try:
-            if engine:
-                client, registry, cores = await frontend.connect(settings, runtime, engine)
+            if engines:
+                client, registry, cores = await frontend.connect(settings, runtime, engines)
             else:
                 registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
         except BaseException:
@@ -202,7 +202,8 @@ class Server:
             self.health.set(full_name, status if ok else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _on_engine(self, up: bool) -> None:
-        """A front end's engine core exited (health NOT_SERVING: calls get UNAVAILABLE) or is back."""
+        """A front end's last serving engine core exited (health NOT_SERVING: calls get UNAVAILABLE),
+        or one is back."""
         if self._stopping is None:
             status = health_pb2.HealthCheckResponse
             self._set_health(status.SERVING if up else status.NOT_SERVING)
@@ -243,14 +244,14 @@ async def serve(
     settings: Settings,
     worker: int | None = None,
     on_ready: Callable[[Server], None] | None = None,
-    engine: str = "",
+    engines: tuple[str, ...] = (),
 ) -> int:
     """Runs the service until a signal stops it; returns the process exit code.
 
-    on_ready(server) is called once it serves (a worker tells its supervisor); `engine`: a front
-    end's engine core endpoint (service/split/)."""
+    on_ready(server) is called once it serves (a worker tells its supervisor); `engines`: a front
+    end's engine core endpoints (service/split/)."""
     signals = Signals()  # before the load: a signal while it runs must not kill a half-loaded process
-    server = await Server.start(settings, worker, engine)
+    server = await Server.start(settings, worker, engines)
     signals.attach(server)
     if on_ready is not None:
         on_ready(server)
@@ -262,11 +263,11 @@ def run(
     settings: Settings,
     worker: int | None = None,
     on_ready: Callable[[Server], None] | None = None,
-    engine: str = "",
+    engines: tuple[str, ...] = (),
 ) -> int:
     """`serve` in a fresh event loop; 1 with the reason logged when the service cannot start."""
     try:
-        return asyncio.run(serve(settings, worker, on_ready, engine))
+        return asyncio.run(serve(settings, worker, on_ready, engines))
     except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
         log.error("cannot start: %s", e)
         return 1

@@ -75,6 +75,12 @@ class Settings:
         "front-end processes (every door, chat rendering) in front of one engine core process that holds "
         "the models (docs/design/engine-core.md); 0 = auto (several on a CUDA host, else off); -1 = off",
     )
+    engines: int = _f(
+        0,
+        "with --frontends: engine core processes, each holding every model on its own device (data "
+        "parallel; on CUDA engine i sees only the i-th visible GPU); 0 = auto (one per visible CUDA "
+        "device on a CUDA host, else 1)",
+    )
     worker_liveness_s: float = _f(
         10.0,
         "--workers: a serving worker whose event loop answers none of the supervisor's pings (one a "
@@ -238,8 +244,11 @@ class Settings:
             out.append(
                 "frontends and workers > 1 exclude each other: front ends share one engine, workers each load theirs"
             )
+        if self.engines > 1 and self.frontends < 0:
+            out.append("engines > 1 needs --frontends: the engines are fed by front-end processes")
         non_negative = (
             "workers",
+            "engines",
             "port",
             "grace_seconds",
             "worker_liveness_s",

@@ -33,7 +33,7 @@ from service import metrics_server
 from service.metrics_dir import FolderCollector, own_metrics_dir
 from service.ports import reserve_port
 from service.settings import Settings
-from service.worker import engine_main, frontend_main, usable_cores, worker_main
+from service.worker import cuda_devices, engine_main, frontend_main, on_cuda, usable_cores, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ class Worker:
     closed: bool = False  # its end of the pipe is closed (it is exiting): nothing more to read
 
 
-def endpoint(folder: Path) -> str:
-    """--frontends: the engine core's ZMQ endpoint, a Unix socket in the group's own metrics directory."""
-    return f"ipc://{folder / 'engine.sock'}"
+def endpoint(folder: Path, engine: int) -> str:
+    """--frontends: engine core `engine`'s ZMQ endpoint, a Unix socket in the group's own metrics directory."""
+    return f"ipc://{folder / f'engine-{engine}.sock'}"
 
 
 class Supervisor:
@@ -76,11 +76,15 @@ class Supervisor:
         self._signal: int | None = None
         self._hangup = False
         self._spawn = multiprocessing.get_context("spawn")
-        # --frontends N: process 0 is the engine core, 1..N the front ends (service/split/); else N workers
+        # --frontends N --engines E: processes 0..E-1 are the engine cores, E..E+N-1 the front ends
+        # (service/split/); else N workers
         self.split = settings.frontends > 0
-        self.size = settings.frontends + 1 if self.split else settings.workers
+        self.engines = max(1, settings.engines) if self.split else 0
+        self.size = settings.frontends + self.engines if self.split else settings.workers
         self.serving_processes = settings.frontends if self.split else settings.workers
-        self._engine_stopping = False
+        # engine i's GPU, when several engines share a CUDA host: the i-th visible one (round robin)
+        self.gpus = cuda_devices() if self.engines > 1 and on_cuda(settings) else []
+        self._engines_stopping = False
 
     def run(self) -> int:
         if MULTIPROC_ENV in os.environ:  # yours: emptied at start, kept
@@ -126,7 +130,7 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hangup)
         try:
-            for index in range(1 if self.split else self.size):  # front ends start once the engine serves
+            for index in range(self.engines if self.split else self.size):  # front ends once the engines serve
                 self._start_worker(index)
             while self.workers or (self.restart_at and self.stop_deadline is None):
                 self._step(wake_r)
@@ -145,11 +149,13 @@ class Supervisor:
 
     def _warn_if_oversubscribed(self) -> None:
         s, cores = self.settings, usable_cores()
-        if s.device != "cuda" and (1 if self.split else s.workers) * s.compute_workers * s.intra_op_threads > cores:
+        computing = self.engines if self.split else s.workers  # the processes that run models
+        if s.device != "cuda" and computing * s.compute_workers * s.intra_op_threads > cores:
             log.warning(
-                "%d workers x %d compute threads x %d intra-op threads exceed the %d usable cores; "
+                "%d %s x %d compute threads x %d intra-op threads exceed the %d usable cores; "
                 "they will contend (lower --compute-workers)",
-                s.workers,
+                computing,
+                "engines" if self.split else "workers",
                 s.compute_workers,
                 s.intra_op_threads,
                 cores,
@@ -177,10 +183,13 @@ class Supervisor:
         args: tuple
         if not self.split:
             target, args, name = worker_main, (self.worker_settings, index, theirs), f"ts-worker-{index}"
+        elif self.is_engine(index):
+            gpu = self.gpus[index % len(self.gpus)] if self.gpus else None
+            target, name = engine_main, f"ts-engine-{index}"
+            args = (self.worker_settings, index, theirs, endpoint(self.metrics_dir, index), gpu)
         else:
-            target = engine_main if index == 0 else frontend_main
-            args = (self.worker_settings, index, theirs, endpoint(self.metrics_dir))
-            name = "ts-engine" if index == 0 else f"ts-frontend-{index}"
+            endpoints = tuple(endpoint(self.metrics_dir, i) for i in range(self.engines))
+            target, args, name = frontend_main, (self.worker_settings, index, theirs, endpoints), f"ts-frontend-{index}"
         process = self._spawn.Process(target=target, args=args, name=name)
         process.start()
         theirs.close()
@@ -214,7 +223,7 @@ class Supervisor:
             self._signal = None
             self._stop(exit_code=0)
         self._restart_due()
-        self._stop_engine_when_alone()
+        self._stop_engines_when_alone()
         self._check_liveness()
         if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
             for worker in self.workers.values():
@@ -238,14 +247,16 @@ class Supervisor:
         worker.ready = True
         log.info("worker %d ready (pid %d)", worker.index, worker.process.pid)
         group = self.workers.values()
-        if self.split and worker.index == 0 and not self.served and len(group) == 1:
-            for index in range(1, self.size):  # the engine serves: its front ends connect to it
+        engines_only = len(group) == self.engines and all(self.is_engine(w.index) for w in group)
+        if self.split and not self.served and engines_only and all(w.ready for w in group):
+            for index in range(self.engines, self.size):  # the engines serve: their front ends connect
                 self._start_worker(index)
         if not self.served and len(group) == self.size and all(w.ready for w in group):
             self.served = True
             host, port = self.settings.host, self.worker_settings.port
             if self.split:
-                log.info("engine core and %d front ends serving on %s:%d", self.size - 1, host, port)
+                cores = "engine core" if self.engines == 1 else f"{self.engines} engine cores"
+                log.info("%s and %d front ends serving on %s:%d", cores, self.serving_processes, host, port)
             else:
                 log.info("all %d workers serving on %s:%d", len(self.workers), host, port)
 
@@ -319,17 +330,21 @@ class Supervisor:
         self.stop_deadline = time.monotonic() + self.settings.grace_seconds + KILL_AFTER_GRACE_SECONDS
         self.restart_at.clear()
         for worker in self.workers.values():
-            if not (self.split and worker.index == 0):  # the engine drains once its front ends have
+            if not self.is_engine(worker.index):  # the engines drain once their front ends have
                 worker.process.terminate()
-        self._stop_engine_when_alone()
+        self._stop_engines_when_alone()
 
-    def _stop_engine_when_alone(self) -> None:
-        """--frontends: once every front end has exited while stopping, the engine drains and exits."""
-        engine = self.workers.get(0)
-        stopping = self.split and self.stop_deadline is not None and not self._engine_stopping
-        if stopping and engine is not None and len(self.workers) == 1:
-            self._engine_stopping = True
-            engine.process.terminate()
+    def is_engine(self, index: int) -> bool:
+        return self.split and index < self.engines
+
+    def _stop_engines_when_alone(self) -> None:
+        """--frontends: once every front end has exited while stopping, the engines drain and exit."""
+        if not self.split or self.stop_deadline is None or self._engines_stopping:
+            return
+        if all(self.is_engine(index) for index in self.workers):
+            self._engines_stopping = True
+            for worker in self.workers.values():
+                worker.process.terminate()
 
 
 class _SupervisorCollector:

@@ -4,8 +4,8 @@
 runs the ordinary server (service/server.py) as worker I, tells the supervisor over its pipe once
 it serves, answers the supervisor's liveness pings on that pipe from its event loop, and drains
 when the pipe closes (the supervisor has gone).
-`auto_workers` is `--workers 0`, `auto_frontends` `--frontends 0`; `serve_worker` also runs a
-front end of `--frontends` (service/split/frontend.py).
+`auto_workers` is `--workers 0`, `auto_frontends` `--frontends 0`, `auto_engines` `--engines 0`;
+`serve_worker` also runs a front end of `--frontends` (service/split/frontend.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -35,21 +36,26 @@ def worker_main(settings: Settings, index: int, conn: Connection) -> None:
     sys.exit(serve_worker(settings, index, conn))
 
 
-def frontend_main(settings: Settings, index: int, conn: Connection, endpoint: str) -> None:
-    """A front end of `--frontends` (service/split/frontend.py): a worker over the engine at `endpoint`."""
-    sys.exit(serve_worker(settings, index, conn, engine=endpoint, tag="front end"))
+def frontend_main(settings: Settings, index: int, conn: Connection, endpoints: tuple[str, ...]) -> None:
+    """A front end of `--frontends` (service/split/frontend.py): a worker over the engines at `endpoints`."""
+    sys.exit(serve_worker(settings, index, conn, engines=endpoints, tag="front end"))
 
 
-def engine_main(settings: Settings, index: int, conn: Connection, endpoint: str) -> None:
-    """The engine core of `--frontends` (service/split/process.py), serving its front ends at `endpoint`."""
-    configure_logging(settings.log_level, tag=f"[engine pid {os.getpid()}] ")
+def engine_main(settings: Settings, index: int, conn: Connection, endpoint: str, gpu: str | None = None) -> None:
+    """Engine core `index` of `--frontends` (service/split/process.py), serving its front ends at
+    `endpoint`; on CUDA it sees only the visible GPU `gpu` (set before onnxruntime loads)."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    configure_logging(settings.log_level, tag=f"[engine {index} pid {os.getpid()}] ")
     from service.split import process  # here, not at import: the supervisor never loads onnxruntime
 
-    sys.exit(process.run(settings, conn, endpoint))
+    sys.exit(process.run(settings, conn, endpoint, index))
 
 
-def serve_worker(settings: Settings, index: int, conn: Connection, engine: str = "", tag: str = "worker") -> int:
-    """Runs a worker's server (a front end's with `engine`: service/split/) and returns its exit code."""
+def serve_worker(
+    settings: Settings, index: int, conn: Connection, engines: tuple[str, ...] = (), tag: str = "worker"
+) -> int:
+    """Runs a worker's server (a front end's with `engines`: service/split/) and returns its exit code."""
     configure_logging(settings.log_level, tag=f"[{tag} {index} pid {os.getpid()}] ")
     from service.server import run  # here, not at import: the supervisor never loads onnxruntime
 
@@ -57,7 +63,7 @@ def serve_worker(settings: Settings, index: int, conn: Connection, engine: str =
         conn.send(("ready", os.getpid()))
         asyncio.get_running_loop().add_reader(conn.fileno(), _on_supervisor_message, server, conn)
 
-    return run(settings, worker=index, on_ready=on_ready, engine=engine)
+    return run(settings, worker=index, on_ready=on_ready, engines=engines)
 
 
 def _on_supervisor_message(server, conn: Connection) -> None:
@@ -77,7 +83,7 @@ def auto_workers(settings: Settings) -> int:
     """`--workers 0`: 1 where CUDA runs the models (one GPU context and copy of the weights per
     process); on a CPU, as many workers as the cores hold `compute_workers x intra_op_threads`
     threads each, at most MAX_AUTO_WORKERS. docs/design/workers.md has the measurements."""
-    if _cuda(settings):
+    if on_cuda(settings):
         return 1
     threads = settings.compute_workers * settings.intra_op_threads
     return max(1, min(MAX_AUTO_WORKERS, usable_cores() // threads))
@@ -87,12 +93,33 @@ def auto_frontends(settings: Settings) -> int:
     """`--frontends 0`: where CUDA runs the models and one process serves them (`--workers 1`), front
     ends up to the cores left beside the engine, at most MAX_AUTO_FRONTENDS; else 0 (off: on a CPU the
     split costs more than it frees, docs/design/engine-core.md has the measurements)."""
-    if settings.workers != 1 or not _cuda(settings):
+    if settings.workers != 1 or not on_cuda(settings):
         return 0
-    return max(1, min(MAX_AUTO_FRONTENDS, usable_cores() - 1))
+    return max(1, min(MAX_AUTO_FRONTENDS, usable_cores() - max(1, settings.engines)))
 
 
-def _cuda(settings: Settings) -> bool:
+def auto_engines(settings: Settings) -> int:
+    """`--engines 0`: one engine core per visible GPU where CUDA runs the models (onnxruntime runs a
+    session on one device; data parallel, as TEI advises), else 1 (and 1 without front ends)."""
+    if settings.frontends < 0 or settings.workers != 1 or not on_cuda(settings):
+        return 1
+    return max(1, len(cuda_devices()))
+
+
+def cuda_devices() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs): that
+    variable when set, else every GPU `nvidia-smi -L` lists; [] where neither says."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
+
+
+def on_cuda(settings: Settings) -> bool:
     if settings.device == "cuda":
         return True
     if settings.device == "auto":

@@ -1,6 +1,8 @@
-"""A front end's connection to the engine core: `EngineClient` sends core calls and generations
-(service/split/wire.py) and routes the engine's batches to the futures and generations waiting
-for them; `RemoteGeneration` is the generation core's `Generation` on this side of the socket.
+"""A front end's connections to the engine cores: `EngineClient` sends core calls and generations
+to one engine (service/split/wire.py) and routes its batches to the futures and generations waiting
+for them; `Engines` holds one client per engine of the group (`--engines`, one per device) and sends
+each call to the least busy engine that is up; `RemoteGeneration` is the generation core's
+`Generation` on this side of the socket (its pulls and cancels go to the engine that runs it).
 
 The engine's pid is watched through a pidfd: when it exits, every waiting call and generation
 fails with UNAVAILABLE at once, new calls are refused the same way, and Hello is repeated until
@@ -34,8 +36,11 @@ HELLO_EVERY_S = 0.1
 
 
 class EngineClient:
-    def __init__(self, endpoint: str, on_change: Callable[[bool], None] = lambda up: None):
-        self.context = zmq.Context()
+    def __init__(
+        self, endpoint: str, on_change: Callable[[bool], None] = lambda up: None, context: zmq.Context | None = None
+    ):
+        self._own_context = context is None
+        self.context = zmq.Context() if context is None else context
         socket = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         for option in (zmq.SNDHWM, zmq.RCVHWM):  # no silent drop at a queue limit: admission bounds the calls
@@ -58,6 +63,11 @@ class EngineClient:
         await asyncio.wait_for(self._up.wait(), timeout)
         assert self.welcome is not None
         return self.welcome
+
+    @property
+    def load(self) -> int:
+        """What this front end has waiting on the engine: calls unanswered and generations running."""
+        return len(self._calls) + len(self.generations)
 
     def send(self, message: wire.ToEngine) -> None:
         self.io.send([wire.ENCODER.encode(message)])
@@ -190,6 +200,76 @@ class EngineClient:
             asyncio.get_running_loop().remove_reader(self._pidfd)
             os.close(self._pidfd)
         self.io.close()
+        if self._own_context:
+            self.context.term()
+
+
+class Engines:
+    """Every engine core of the group, one client each: a call goes to the engine that is up with
+    the least waiting on it from this front end (ties in turn), so calls and streams spread over the
+    devices; an engine that exits fails only what it held (UNAVAILABLE) while the others serve on.
+    `on_change(up)` tells the server when the first engine came up or the last one went away."""
+
+    def __init__(self, endpoints: tuple[str, ...] | list[str], on_change: Callable[[bool], None] = lambda up: None):
+        if not endpoints:
+            raise ValueError("no engine endpoint")
+        self.on_change = on_change
+        self.context = zmq.Context()
+        self.clients = [EngineClient(e, self._changed, self.context) for e in endpoints]
+        self._turn = itertools.count()
+        self._up = False
+
+    async def connected(self, timeout: float) -> wire.Welcome:
+        """The first engine's Welcome (every engine serves the same models from the same settings);
+        TimeoutError when none came within `timeout` seconds."""
+        waits = [asyncio.ensure_future(c.connected(timeout)) for c in self.clients]
+        try:
+            for first in asyncio.as_completed(waits):
+                try:
+                    welcome = await first
+                except TimeoutError:
+                    continue
+                self._up = True
+                return welcome
+            raise TimeoutError
+        finally:
+            for w in waits:
+                w.cancel()
+
+    @property
+    def epoch(self) -> int:
+        """Non-zero while some engine serves (the pid of one of them)."""
+        return next((c.epoch for c in self.clients if c.epoch), 0)
+
+    def pick(self) -> EngineClient:
+        """The engine to send a new call to; UNAVAILABLE when none is up."""
+        up = [c for c in self.clients if c.epoch]
+        if not up:
+            raise Unavailable(ENGINE_DOWN)
+        if len(up) == 1:
+            return up[0]
+        start = next(self._turn) % len(up)
+        turned = up[start:] + up[:start]
+        return min(turned, key=lambda c: c.load)
+
+    async def call(self, core: str, method: str, query: Any, deadline: float | None) -> Any:
+        return await self.pick().call(core, method, query, deadline)
+
+    async def embed(self, model: str, encoded: list, deadline: float | None) -> wire.Embedded:
+        return await self.pick().embed(model, encoded, deadline)
+
+    async def generate(self, queries: list, deadline: float | None) -> list[RemoteGeneration]:
+        return await self.pick().generate(queries, deadline)
+
+    def _changed(self, _up: bool) -> None:
+        up = any(c.epoch for c in self.clients)
+        if up != self._up:
+            self._up = up
+            self.on_change(up)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
         self.context.term()
 
 

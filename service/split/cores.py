@@ -29,7 +29,7 @@ from service.registry import ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
 from service.sparse.core import SparseEmbeddingCore
-from service.split.client import EngineClient
+from service.split.client import Engines
 from service.timings import Timings
 from service.translation.core import TranslationCore
 
@@ -47,7 +47,7 @@ class _Forward:
 
     core, kind = "", ""
     registry: ModelRegistry
-    client: EngineClient
+    client: Engines
 
     async def _forward(self, method: str, query: Any, deadline: float | None) -> Any:
         self.registry.gate.check()  # this front end drains: new calls UNAVAILABLE (an open stream's go on)
@@ -177,8 +177,8 @@ def _sendable(query: GenerateQuery) -> GenerateQuery:
     return dataclasses.replace(query, params=dataclasses.replace(query.params, constraint=compiled.structure))
 
 
-def remote_cores(registry: ModelRegistry, settings: Settings, runtime: Runtime, client: EngineClient) -> Cores:
-    """Cores over the front end's registry whose compute runs in the engine behind `client`. Every
+def remote_cores(registry: ModelRegistry, settings: Settings, runtime: Runtime, client: Engines) -> Cores:
+    """Cores over the front end's registry whose compute runs in the engines behind `client`. Every
     field named, so a core added to `Cores` without its remote counterpart fails the type check."""
 
     def remote(core: _F) -> _F:

@@ -288,8 +288,9 @@ class Engine:
         return all(p.idle() for p in self.peers.values())
 
 
-async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asyncio.Event) -> int:
-    """Loads and warms every model, serves the front ends on `endpoint` until `stop` is set, drains."""
+async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asyncio.Event, index: int = 0) -> int:
+    """Loads and warms every model, serves the front ends on `endpoint` until `stop` is set, drains;
+    `index`: which of the group's engines this is (its metrics' `engine` label)."""
     runtime = Runtime(settings)
     registry = await asyncio.to_thread(ModelRegistry.load, settings, runtime, BACKENDS)
     await registry.start()
@@ -302,7 +303,7 @@ async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asy
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted front end with the same identity takes over
     socket.bind(endpoint)
     engine = Engine(cores, settings, socket)
-    load = EngineLoad(runtime, settings)
+    load = EngineLoad(runtime, index)
     sampling = asyncio.create_task(load.run(), name="engine-load")
     log.info("engine core serving %d model(s) on %s", len(list(registry)), endpoint)
     on_ready()

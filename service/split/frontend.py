@@ -2,8 +2,9 @@
 shared through SO_REUSEPORT) over cores that forward compute to the engine core
 (service/split/cores.py), its models described by the engine (service/split/models.py).
 
-`connect` waits for the engine's Welcome (it is up before the supervisor starts a front end; a
-front end started while it restarts waits up to CONNECT_TIMEOUT_S). The process itself is
+`connect` waits for the first engine's Welcome (the engines are up before the supervisor starts a
+front end; a front end started while they restart waits up to CONNECT_TIMEOUT_S); calls then go to
+whichever engine is up and least busy (service/split/client.py `Engines`). The process itself is
 service/worker.py `frontend_main`: a `--workers` worker's life over these cores.
 """
 
@@ -13,21 +14,25 @@ from service.cores import Cores
 from service.registry import ModelLoadError, ModelRegistry
 from service.runtime import Runtime
 from service.settings import Settings
-from service.split.client import EngineClient
+from service.split.client import Engines
 from service.split.cores import remote_cores
 from service.split.models import build_registry
 
 CONNECT_TIMEOUT_S = 60.0
 
 
-async def connect(settings: Settings, runtime: Runtime, endpoint: str) -> tuple[EngineClient, ModelRegistry, Cores]:
-    client = EngineClient(endpoint)
+async def connect(
+    settings: Settings, runtime: Runtime, endpoints: tuple[str, ...]
+) -> tuple[Engines, ModelRegistry, Cores]:
+    client = Engines(endpoints)
     try:
         welcome = await client.connected(CONNECT_TIMEOUT_S)
         registry = build_registry(welcome, settings, runtime)
     except TimeoutError:
         client.close()
-        raise ModelLoadError(f"no engine core answered on {endpoint} within {CONNECT_TIMEOUT_S:g} s") from None
+        raise ModelLoadError(
+            f"no engine core answered on {', '.join(endpoints)} within {CONNECT_TIMEOUT_S:g} s"
+        ) from None
     except BaseException:
         client.close()
         raise

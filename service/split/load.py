@@ -1,6 +1,6 @@
 """What the engine core tells front ends about its models (`served_models`), and the operator's two
-series of its load (`EngineLoad`): `ts_engine_cpu_seconds_total{device}`, the engine process's own
-CPU, and `ts_engine_busy_ratio{device}`, the fraction of the last interval during which it computed
+series of its load (`EngineLoad`): `ts_engine_cpu_seconds_total{device,engine}`, the engine process's
+own CPU, and `ts_engine_busy_ratio{device,engine}`, the fraction of the last interval during which it computed
 (at least one compute job running) rather than waited: the saturation signal for autoscaling."""
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from prometheus_client import Counter, Gauge
 
 from service.registry import ModelRegistry
 from service.runtime import Runtime
-from service.settings import Settings
 from service.split.wire import Served
 
-ENGINE_CPU = Counter("ts_engine_cpu_seconds_total", "CPU seconds of the engine core process", ["device"])
+ENGINE_CPU = Counter("ts_engine_cpu_seconds_total", "CPU seconds of the engine core process", ["device", "engine"])
 ENGINE_BUSY = Gauge(
     "ts_engine_busy_ratio",
     "fraction of the last interval the engine core computed (a compute job running) rather than waited",
-    ["device"],
+    ["device", "engine"],
     multiprocess_mode="livemax",
 )
 INTERVAL_S = 1.0
@@ -64,11 +63,11 @@ def served_models(registry: ModelRegistry) -> list[Served]:
 class EngineLoad:
     """Samples the process's CPU time and the compute executor's busy time every INTERVAL_S."""
 
-    def __init__(self, runtime: Runtime, settings: Settings):
+    def __init__(self, runtime: Runtime, index: int = 0):
         self.runtime = runtime
         device = "cuda" if runtime.is_cuda else "cpu"
-        self.cpu = ENGINE_CPU.labels(device)
-        self.busy = ENGINE_BUSY.labels(device)
+        self.cpu = ENGINE_CPU.labels(device, str(index))
+        self.busy = ENGINE_BUSY.labels(device, str(index))
 
     async def run(self) -> None:
         cpu, busy, wall = time.process_time(), self.runtime.busy_seconds(), time.perf_counter()

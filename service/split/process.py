@@ -19,16 +19,16 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def run(settings: Settings, conn: Connection, address: str) -> int:
-    """The engine process's life (service/worker.py `engine_main` spawns it); its exit code."""
+def run(settings: Settings, conn: Connection, address: str, index: int = 0) -> int:
+    """Engine `index`'s life (service/worker.py `engine_main` spawns it); its exit code."""
     try:
-        return asyncio.run(_serve(settings, conn, address))
+        return asyncio.run(_serve(settings, conn, address, index))
     except (ModelDirError, ModelLoadError, ProviderError, OSError, ValueError) as e:
         log.error("cannot start: %s", e)
         return 1
 
 
-async def _serve(settings: Settings, conn: Connection, address: str) -> int:
+async def _serve(settings: Settings, conn: Connection, address: str, index: int) -> int:
     from service.split.engine import run_engine  # here: the supervisor never loads onnxruntime
 
     loop = asyncio.get_running_loop()
@@ -42,7 +42,7 @@ async def _serve(settings: Settings, conn: Connection, address: str) -> int:
         conn.send(("ready", os.getpid()))
         loop.add_reader(conn.fileno(), _on_pipe, conn, stop)
 
-    return await run_engine(settings, address, on_ready, stop)
+    return await run_engine(settings, address, on_ready, stop, index)
 
 
 def _on_pipe(conn: Connection, stop: asyncio.Event) -> None:

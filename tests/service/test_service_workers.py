@@ -226,6 +226,25 @@ def test_auto_workers_follow_device_and_cores():
         Settings.from_env(env={"TS_WORKERS": "-1"})
 
 
+def test_engines_one_per_visible_gpu(monkeypatch):
+    """`--engines 0` is one engine core per GPU CUDA_VISIBLE_DEVICES names (indices or UUIDs), and the
+    supervisor gives engine i the i-th (in turn when there are more engines than GPUs); on a CPU, one."""
+    from service import supervisor as sv
+    from service.worker import auto_engines, cuda_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-5d1f,")
+    assert cuda_devices() == ["3", "GPU-5d1f"]
+    cuda = Settings.from_env(env={}, device="cuda", frontends=2)
+    assert auto_engines(cuda) == 2
+    assert auto_engines(dataclasses.replace(cuda, frontends=-1)) == 1  # no front ends: one process
+    assert auto_engines(Settings.from_env(env={}, device="cpu", frontends=2)) == 1
+    assert sv.Supervisor(dataclasses.replace(cuda, engines=3)).gpus == ["3", "GPU-5d1f"]
+    assert sv.Supervisor(dataclasses.replace(cuda, engines=1)).gpus == []  # one engine keeps what it sees
+    assert sv.Supervisor(Settings.from_env(env={}, device="cpu", frontends=2, engines=2)).gpus == []
+    with pytest.raises(ValueError, match="engines > 1 needs --frontends"):
+        Settings.from_env(env={"TS_ENGINES": "2", "TS_FRONTENDS": "-1"})
+
+
 def test_restarts_back_off_and_a_crash_loop_stops_the_group(tmp_path):
     """The restart policy alone, on exits of stand-in processes (the real kill is tested above)."""
     from service import supervisor as sv

@@ -1,5 +1,6 @@
-"""Fixtures of the `--frontends` tests: a group of an engine core and two front ends, and one process
-over the same models for parity (real processes, port 0, their addresses read from their logs)."""
+"""Fixtures of the `--frontends` tests: a group of engine cores (one, or `--engines 2`) and two front
+ends, and one process over the same models for parity (real processes, port 0, their addresses read
+from their logs)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,22 @@ import pytest
 from tests.fixtures.process import ServiceProcess
 from tests.service.test_service_fuzz import CHAT_TEMPLATE  # tiny-gpt chats with it: short, as its context is
 
-READY = r"engine core and {n} front ends serving on (\S+)"
+READY = r"{engines} and {n} front ends serving on (\S+)"
 
 
 class SplitGroup(ServiceProcess):
-    """`python -m service --frontends N`: ready once the supervisor says the engine and every front end serve."""
+    """`python -m service --frontends N --engines E`: ready once the supervisor says the engines and
+    every front end serve. Process indices: 0..E-1 the engines, E..E+N-1 the front ends."""
 
-    def __init__(self, models_root: Path, frontends: int = 2, *flags: str):
-        super().__init__(models_root, "--frontends", str(frontends), *flags, ready=READY.format(n=frontends))
+    def __init__(self, models_root: Path, frontends: int = 2, *flags: str, engines: int = 1):
+        cores = "engine core" if engines == 1 else f"{engines} engine cores"
+        flags = ("--frontends", str(frontends), "--engines", str(engines), *flags)
+        super().__init__(models_root, *flags, ready=READY.format(engines=cores, n=frontends))
+        self.engines = list(range(engines))
+        self.frontends = list(range(engines, engines + frontends))
 
     def pid(self, index: int) -> int:
-        """The pid of process `index` (0: the engine core, 1..N: the front ends), the latest started."""
+        """The pid of process `index` (an engine or a front end), the latest started."""
         found = [m for line in self.log if (m := re.search(rf"worker {index} ready \(pid (\d+)\)", line))]
         return int(found[-1][1])
 

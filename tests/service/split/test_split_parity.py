@@ -1,7 +1,8 @@
-"""`--frontends 2` answers every door as one process does: each gRPC RPC (KServe's ModelInfer too) and
-each HTTP route, over fresh connections (so both front ends answer), gives the same result as
-`python -m service` over the same models: embeddings, greedy tokens, logprobs, structured output,
-chats, translations, fill-mask, rerank, classify, attention, sparse vectors; and the same refusals."""
+"""`--frontends 2` (with one engine core, and with `--engines 2`) answers every door as one process
+does: each gRPC RPC (KServe's ModelInfer too) and each HTTP route, over fresh connections (so both
+front ends answer), gives the same result as `python -m service` over the same models: embeddings,
+greedy tokens, logprobs, structured output, chats, translations, fill-mask, rerank, classify,
+attention, sparse vectors; and the same refusals."""
 
 from __future__ import annotations
 
@@ -82,12 +83,12 @@ HTTP = [  # (path, body)
 VOLATILE = {"id", "created", "timings", "system_fingerprint", "cached_tokens"}
 
 
-@pytest.fixture(scope="module")
-def pair(all_kinds_root, chat_template_file):
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-engine", "two-engines"])
+def pair(request, all_kinds_root, chat_template_file):
     flags = ("--chat-template", f"tiny-gpt={chat_template_file}")
     one = ServiceProcess(all_kinds_root, *flags)
     try:
-        group = SplitGroup(all_kinds_root, 2, *flags)
+        group = SplitGroup(all_kinds_root, 2, *flags, engines=request.param)
     except BaseException:
         stop(one)
         raise
@@ -179,12 +180,16 @@ def test_http_stream_answers_as_one_process(pair):
     assert all(text(group.http_url) == expected for _ in range(CONNECTIONS))
 
 
-def test_both_front_ends_answered_and_the_engine_reports_its_cpu(pair):
+def test_both_front_ends_answered_and_each_engine_reports_its_cpu(pair):
     _, group = pair
     metrics = group.metrics()
-    per_frontend = [metrics.get(("ts_worker_rpcs_total", (("worker", str(i)),)), 0.0) for i in (1, 2)]
+    per_frontend = [metrics.get(("ts_worker_rpcs_total", (("worker", str(i)),)), 0.0) for i in group.frontends]
     assert min(per_frontend) > 0, per_frontend
-    cpu = [v for (name, labels), v in metrics.items() if name == "ts_engine_cpu_seconds_total"]
-    assert cpu and cpu[0] > 0
-    busy = [v for (name, labels), v in metrics.items() if name == "ts_engine_busy_ratio"]
-    assert busy and 0 <= busy[0] <= 1
+    cpu, busy = (per_engine(metrics, name) for name in ("ts_engine_cpu_seconds_total", "ts_engine_busy_ratio"))
+    assert sorted(cpu) == sorted(busy) == [str(i) for i in group.engines], (cpu, busy)
+    assert all(v > 0 for v in cpu.values()), cpu
+    assert all(0 <= v <= 1 for v in busy.values()), busy
+
+
+def per_engine(metrics: dict, name: str) -> dict[str, float]:
+    return {dict(labels)["engine"]: v for (series, labels), v in metrics.items() if series == name}
