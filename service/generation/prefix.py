@@ -41,10 +41,17 @@ def common(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+def head(tokens: list[int]) -> tuple[int, ...]:
+    """The first MIN_TOKENS tokens: only sources that share them can give a prefix worth copying, so
+    only those are compared (a newcomer among 64 live rows and the kept ones compares a few, not all)."""
+    return tuple(tokens[:MIN_TOKENS])
+
+
 @dataclass
 class Kept:
     tokens: np.ndarray  # the tokens whose keys the row holds
     used: int  # the tick of its last use (LRU)
+    head: tuple[int, ...] = ()  # head(tokens)
 
 
 @dataclass
@@ -96,30 +103,40 @@ class PrefixCache:
         return [seqs[i] for i in order], np.stack(last), every
 
     def _plans(self, seqs: list[Sequence], running: list[Sequence]) -> list[Plan]:
-        """Each newcomer's longest shared prefix among the live rows, the kept rows and the newcomers before it."""
+        """Each newcomer's longest shared prefix among the live rows, the kept rows and the newcomers
+        before it (the first of them on a tie, in that order), compared only with those of its head."""
         lengths = self.cache.lengths
-        rows = [(r, np.asarray(s.cache_ids[: lengths[r]])) for r, s in enumerate(running)]
-        rows += [(r, k.tokens) for r, k in self.kept.items()]
+        # head -> its sources in order: a live row (its tokens read only when compared), a kept row,
+        # an earlier newcomer
+        sources: dict[tuple[int, ...], list[tuple[Plan, np.ndarray | None]]] = {}
+        if self.enabled:
+            for r, s in enumerate(running):
+                if lengths[r] >= MIN_TOKENS:
+                    key = head(s.prompt_ids if len(s.prompt_ids) >= MIN_TOKENS else s.cache_ids)
+                    sources.setdefault(key, []).append((Plan(row=r), None))
+            for r, k in self.kept.items():
+                sources.setdefault(k.head, []).append((Plan(row=r), k.tokens))
         plans: list[Plan] = []
-        earlier: list[np.ndarray] = []
-        for seq in seqs:
-            ids = np.asarray(seq.cache_ids)
+        for j, seq in enumerate(seqs):
+            ids = seq.cache_ids
             plan = Plan()
-            if self.enabled and seq.params.prompt_logprobs is None:
+            if self.enabled and seq.params.prompt_logprobs is None and len(ids) >= MIN_TOKENS:
                 limit = len(ids) - 2  # a pass of 2 tokens at least: the prompt kernels, as a whole prefill's
-                for r, tokens in rows:
-                    if (n := min(common(ids, tokens), limit)) > plan.cached:
-                        plan = Plan(n, row=r)
-                for j, tokens in enumerate(earlier):
-                    if (n := min(common(ids, tokens), limit)) > plan.cached:
-                        plan = Plan(n, newcomer=j)
+                array = np.asarray(ids)
+                for source, tokens in sources.get(head(ids), ()):
+                    if tokens is None:  # a live row
+                        row = int(source.row or 0)
+                        tokens = np.asarray(running[row].cache_ids[: lengths[row]])
+                    if (n := min(common(array, tokens), limit)) > plan.cached:
+                        plan = Plan(n, source.row, source.newcomer)
                 if plan.cached < MIN_TOKENS:
                     plan = Plan()
                 elif plan.row in self.kept:
                     self._tick += 1
                     self.kept[plan.row].used = self._tick
+            if self.enabled and len(ids) >= MIN_TOKENS:
+                sources.setdefault(head(ids), []).append((Plan(newcomer=j), np.asarray(ids)))
             plans.append(plan)
-            earlier.append(ids)
         return plans
 
     def make_room(self, n: int) -> None:
@@ -143,9 +160,11 @@ class PrefixCache:
         it supersedes, else a free one, else the least recently used kept row's)."""
         if not self.enabled or self.cache.graphs or len(tokens) < MIN_TOKENS:
             return
-        ids = np.asarray(tokens)
+        ids, key = np.asarray(tokens), head(tokens)
         self._tick += 1
         for r, kept in list(self.kept.items()):
+            if kept.head != key:  # shares fewer than MIN_TOKENS <= both lengths: neither case below
+                continue
             shared = common(kept.tokens, ids)
             if shared == len(ids):  # already held, as this row or the start of a longer one
                 kept.used = self._tick
@@ -161,4 +180,4 @@ class PrefixCache:
             return
         self.cache.copy_rows([(slot, row)])
         self.cache.lengths[slot] = len(ids)
-        self.kept[slot] = Kept(ids, self._tick)
+        self.kept[slot] = Kept(ids, self._tick, key)

@@ -17,7 +17,7 @@ from service import tokenizing
 from service.engine.graphio import GraphIO
 from service.generation.cache import SlotCache
 from service.generation.decoding import SamplingParams
-from service.generation.prefix import PrefixCache
+from service.generation.prefix import MIN_TOKENS, PrefixCache
 from service.generation.sequence import Sequence
 from service.generation.speculate import draft
 from service.manifest import load_model_dir
@@ -180,7 +180,12 @@ def test_random_arrivals_and_departures_keep_every_prefill_exact(tiny_models_roo
         ]
         earlier += prompts
         seqs = [Sequence(p, SamplingParams(max_new_tokens=4), frozenset(), tokenizer) for p in prompts]
+        prefix.make_room(len(seqs))  # as prefill does first (the least recently used kept rows go)
+        sources = [running[r].cache_ids[: cache.lengths[r]] for r in range(len(running))]
+        sources += [k.tokens.tolist() for k in prefix.kept.values()]
         ordered, last, _ = prefix.prefill(seqs, running)
+        for i, seq in enumerate(seqs):  # the longest share with any source, compared with every one
+            assert seq.cached_tokens == longest_share(seq.cache_ids, sources + prompts[:i])
         moved += any(rows_before.get(id(k), r) != r for r, k in prefix.kept.items())  # a kept row moved up
         for seq, logits in zip(ordered, last, strict=True):
             alone.reset()
@@ -190,6 +195,18 @@ def test_random_arrivals_and_departures_keep_every_prefill_exact(tiny_models_roo
             hits += seq.cached_tokens > 0
         running += ordered
     assert hits > 10 and moved > 0
+
+
+def longest_share(prompt: list[int], sources: list[list[int]]) -> int:
+    """What prefix.py's plans are to find: the longest shared leading run with any source, leaving
+    the last 2 prompt tokens to compute, and none when shorter than MIN_TOKENS."""
+    best = 0
+    for tokens in sources:
+        n = next(
+            (k for k, (a, b) in enumerate(zip(prompt, tokens, strict=False)) if a != b), min(len(prompt), len(tokens))
+        )
+        best = max(best, min(n, len(prompt) - 2))
+    return best if best >= MIN_TOKENS else 0
 
 
 async def test_chats_sharing_a_system_prompt_report_it_cached_at_both_doors(start_server, chat_models_root):
