@@ -236,11 +236,6 @@ class Engines:
             for w in waits:
                 w.cancel()
 
-    @property
-    def epoch(self) -> int:
-        """Non-zero while some engine serves (the pid of one of them)."""
-        return next((c.epoch for c in self.clients if c.epoch), 0)
-
     def pick(self) -> EngineClient:
         """The engine to send a new call to; UNAVAILABLE when none is up."""
         up = [c for c in self.clients if c.epoch]
