@@ -51,7 +51,7 @@ def head(tokens: list[int]) -> tuple[int, ...]:
 class Kept:
     tokens: np.ndarray  # the tokens whose keys the row holds
     used: int  # the tick of its last use (LRU)
-    head: tuple[int, ...] = ()  # head(tokens)
+    head: tuple[int, ...]  # head(tokens): its key among the sources (`_plans`)
 
 
 @dataclass
