@@ -41,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         if settings.engines > 1 and not settings.frontends:  # several engines are fed by front ends
             settings = dataclasses.replace(settings, frontends=1)
         log.info("frontends: %s (auto)", settings.frontends or "off")
-    if settings.engines > 1 and settings.frontends < 1:
-        log.warning("engines: %d asked for with --frontends -1 (off): one process serves", settings.engines)
     if settings.workers > 1 or settings.frontends > 0:
         return Supervisor(settings).run()
     from service.server import run  # here, not at import: a supervisor never loads onnxruntime

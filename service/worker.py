@@ -11,6 +11,7 @@ when the pipe closes (the supervisor has gone).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import subprocess
@@ -110,8 +111,9 @@ def cuda_devices() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs): that
     variable when set, else every GPU `nvidia-smi -L` lists; [] where neither says."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    if visible is not None:  # CUDA stops at the first -1 ("none past here")
+        names = [d.strip() for d in visible.split(",") if d.strip()]
+        return list(itertools.takewhile(lambda d: d != "-1", names))
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):

@@ -288,7 +288,7 @@ class Engine:
         return all(p.idle() for p in self.peers.values())
 
 
-async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asyncio.Event, index: int = 0) -> int:
+async def run_engine(settings: Settings, endpoint: str, on_ready: Any, stop: asyncio.Event, index: int) -> int:
     """Loads and warms every model, serves the front ends on `endpoint` until `stop` is set, drains;
     `index`: which of the group's engines this is (its metrics' `engine` label)."""
     runtime = Runtime(settings)

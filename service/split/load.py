@@ -63,7 +63,7 @@ def served_models(registry: ModelRegistry) -> list[Served]:
 class EngineLoad:
     """Samples the process's CPU time and the compute executor's busy time every INTERVAL_S."""
 
-    def __init__(self, runtime: Runtime, index: int = 0):
+    def __init__(self, runtime: Runtime, index: int):
         self.runtime = runtime
         device = "cuda" if runtime.is_cuda else "cpu"
         self.cpu = ENGINE_CPU.labels(device, str(index))

@@ -19,7 +19,7 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def run(settings: Settings, conn: Connection, address: str, index: int = 0) -> int:
+def run(settings: Settings, conn: Connection, address: str, index: int) -> int:
     """Engine `index`'s life (service/worker.py `engine_main` spawns it); its exit code."""
     try:
         return asyncio.run(_serve(settings, conn, address, index))

@@ -234,6 +234,9 @@ def test_engines_one_per_visible_gpu(monkeypatch):
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-5d1f,")
     assert cuda_devices() == ["3", "GPU-5d1f"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,-1,3")  # CUDA sees none past a -1
+    assert cuda_devices() == ["2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-5d1f,")
     cuda = Settings.from_env(env={}, device="cuda", frontends=2)
     assert auto_engines(cuda) == 2
     assert auto_engines(dataclasses.replace(cuda, frontends=-1)) == 1  # no front ends: one process
