@@ -13,7 +13,8 @@ engines on one batch of 16 inputs (sentences of 9-60 tokens for embedding and fi
 16 one-sentence calls make; a query with passages of 25-170 tokens for classification), the
 layouts alternated over `ROUNDS` rounds after a warm-up, and serves the faster first. From then
 on `AdaptiveEncoder` times both on the traffic itself (a few batches each, then one batch in 50
-on the other layout) and serves the one cheaper per real token. ListModels says which and why
+on the other layout, or fewer the more it costs: exploring costs at most 1 %) and serves the one
+cheaper per real token. ListModels says which and why
 (`serving.execution`, `serving.execution_chosen_by`). `encoder_layout` packed | padded takes one
 without measuring; `embed_pack_row_tokens` 0 means padded.
 """
@@ -21,6 +22,7 @@ without measuring; `embed_pack_row_tokens` 0 means padded.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -142,20 +144,32 @@ def encoder_engine(
 
 
 WINDOW = 32  # a layout's cost: the median over its last WINDOW timed batches
-MIN_SAMPLES = 8  # batches of each before the served layout may change
-EXPLORE_EVERY = 50  # then one batch in EXPLORE_EVERY runs the other layout (2 % of the batches)
+MIN_SAMPLES = 8  # batches of each before the served layout may change ...
+CLEAR_AFTER = 3  # ... or this many, where one layout costs CLEARLY times the other's per token
+CLEARLY = 2.0
+EXPLORE_EVERY = 50  # then one batch in EXPLORE_EVERY runs the other layout, or fewer (explore_every)
+EXPLORE_BUDGET = 0.01  # exploring costs at most this much more than serving the cheaper layout alone
+MAX_EXPLORE_EVERY = 1000
 SWITCH_BELOW = 0.85  # the other layout serves once its cost is under 0.85x the served one's
+
+
+def explore_every(ratio: float) -> int:
+    """One batch in how many runs the other layout, where it costs `ratio` times the served one
+    per token: 1 in 50, fewer as the gap grows so that exploring costs at most EXPLORE_BUDGET
+    (a padded graph on arrival-order sentences costs ~3x a packed one: 1 batch in 240 then)."""
+    return min(MAX_EXPLORE_EVERY, max(EXPLORE_EVERY, math.ceil((ratio - 1.0) / EXPLORE_BUDGET)))
 
 
 class AdaptiveEncoder:
     """Both layouts' engines of one model, serving the one cheaper on the traffic itself: each
     batch's wall time per real token is kept per layout (the last WINDOW batches), the other
-    layout runs on alternate batches until each has MIN_SAMPLES, then on one batch in
-    EXPLORE_EVERY; the served layout changes when the other's median cost is under SWITCH_BELOW
-    of its own. The load's timing only picks the first. The batcher forms batches for the served
-    layout (`packed`, read per batch: oldest first with real tokens budgeted, or length-sorted with
-    padding budgeted); an exploring batch runs the other layout on a batch formed for the served
-    one. Thread-safe: batches run on several compute threads."""
+    layout runs on alternate batches until each has MIN_SAMPLES (CLEAR_AFTER where one costs
+    CLEARLY times the other), then on one batch in `explore_every` of the cost ratio; the served
+    layout changes when the other's median cost is under SWITCH_BELOW of its own. The load's
+    timing only picks the first. The batcher forms batches for the served layout (`packed`, read
+    per batch: oldest first with real tokens budgeted, or length-sorted with padding budgeted);
+    an exploring batch runs the other layout on a batch formed for the served one. Thread-safe:
+    batches run on several compute threads."""
 
     @property
     def packed(self) -> bool:  # the batcher's mode for the next batch
@@ -165,7 +179,7 @@ class AdaptiveEncoder:
         self.engines, self.layout, self.loaded, self.model = engines, first, loaded, model
         self.provider = engines[first].provider
         self.costs: dict[str, deque[float]] = {k: deque(maxlen=WINDOW) for k in engines}
-        self.batches = 0
+        self.since = 0  # batches served since the other layout last ran
         self.runs = dict.fromkeys(engines, 0)  # batches each layout ran
         self._lock = threading.Lock()
 
@@ -185,10 +199,9 @@ class AdaptiveEncoder:
 
     def forward(self, batch: list[Encoded]):
         with self._lock:
-            self.batches += 1
-            served, other = self.layout, "padded" if self.layout == "packed" else "packed"
-            behind = len(self.costs[other]) < MIN_SAMPLES and len(self.costs[other]) <= len(self.costs[served])
-            layout = other if behind or self.batches % EXPLORE_EVERY == 0 else served
+            served, other = self.layout, self._other()
+            layout = other if self._explore() else served
+            self.since = 0 if layout == other else self.since + 1
             self.runs[layout] += 1
         start = time.perf_counter()
         out = self.engines[layout].forward(batch)
@@ -198,19 +211,39 @@ class AdaptiveEncoder:
             self._decide()
         return out
 
+    def _other(self) -> str:
+        return "padded" if self.layout == "packed" else "packed"
+
+    def _ratio(self) -> float | None:
+        """With the lock held: the other layout's median cost over the served one's, once each has
+        CLEAR_AFTER batches."""
+        mine, theirs = self.costs[self.layout], self.costs[self._other()]
+        if min(len(mine), len(theirs)) < CLEAR_AFTER:
+            return None
+        return statistics.median(theirs) / statistics.median(mine)
+
+    def _explore(self) -> bool:
+        """With the lock held: whether the next batch runs the other layout."""
+        mine, theirs, ratio = len(self.costs[self.layout]), len(self.costs[self._other()]), self._ratio()
+        if theirs < MIN_SAMPLES and theirs <= mine and (ratio is None or ratio < CLEARLY):
+            return True  # alternating until each has its samples, unless the other is clearly worse
+        return self.since >= explore_every(ratio or 1.0)
+
     def _decide(self) -> None:
         """With the lock held: the other layout serves once it is clearly cheaper."""
-        other = "padded" if self.layout == "packed" else "packed"
-        if min(len(self.costs[other]), len(self.costs[self.layout])) < MIN_SAMPLES:
+        ratio = self._ratio()
+        if ratio is None:
             return
-        mine, theirs = statistics.median(self.costs[self.layout]), statistics.median(self.costs[other])
-        if theirs < SWITCH_BELOW * mine:
+        enough = min(len(c) for c in self.costs.values()) >= MIN_SAMPLES
+        if (enough and ratio < SWITCH_BELOW) or ratio * CLEARLY <= 1.0:
+            other = self._other()
             log.info(
                 "model %s: %s serves from now on (%.2f us a token on the traffic against %s's %.2f)",
                 self.model,
                 other,
-                theirs * 1e6,
+                statistics.median(self.costs[other]) * 1e6,
                 self.layout,
-                mine * 1e6,
+                statistics.median(self.costs[self.layout]) * 1e6,
             )
             self.layout = other
+            self.since = 0

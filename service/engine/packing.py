@@ -4,7 +4,8 @@ A padded batch pads every input to the batch's longest; with 16 mixed-length sen
 of what the encoder computes is padding. A packed batch (`pack`) places inputs into rows of at most
 `row_tokens` tokens: as many rows as first-fit decreasing needs, then the inputs longest first each
 into the emptiest row, so the rows end nearly level and the padded tails stay short (a row may pass
-row_tokens by a little); int8 graphs start each input at a multiple of 16 tokens (`alignment`).
+row_tokens by a little); int8 graphs start each input at a multiple of the CPU's SIMD width in floats
+(`alignment`: 16 with AVX-512, else 8).
 It gives the graph per-token `position_ids` (each input counts from 0) and `segment_ids` (1, 2, ...
 per input within its row, 0 for padding). The packed graph (export/onnx/packed.py) lets a token
 attend only to tokens of its own segment, so an input's result does not depend on its neighbours;
@@ -18,23 +19,40 @@ served.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 # onnxruntime's vectorised reductions (softmax's sum over a row) group elements by their index
 # modulo the SIMD width (8 floats with AVX2, 16 with AVX-512): an input starting elsewhere in a row
 # sums its (same) values in other groups, about 1e-7 apart. fp32 graphs keep that (float rounding);
-# an int8 graph's activation rounding can turn it into 2e-4, so there every input starts at a
-# multiple of 16 tokens and computes exactly what it computes alone (measured on the tiny model:
-# 2.0e-4 unaligned, 0.0 aligned; tests/service/embedding/test_service_packed_rows.py), at the cost of padded tails.
-ALIGNED_VARIANTS = {"int8": 16}
+# an int8 graph's activation rounding can turn it into 2e-4 (tiny model) or 0.03 (a BERT-base int8
+# embedder, offsets of 1), so there every input starts at a multiple of the width and computes exactly
+# what it computes alone (0.0; tests/service/embedding/test_service_packed_rows.py), at the cost of
+# padded tails: 16 where the CPU has AVX-512 (onnxruntime's widest x86 kernels), 8 elsewhere (AVX2;
+# a multiple of NEON's 4). On an AVX2 CPU 8 rather than 16 cut a BERT-base embedder's computed tokens
+# from 1.38 to 1.22 per real token (docs/design/packing.md).
+ALIGNED_VARIANTS = ("int8",)
+
+
+@functools.cache
+def simd_floats() -> int:
+    """Floats in the widest vector onnxruntime's CPU kernels use here: 16 with AVX-512, else 8."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return 16  # unknown: the widest, a multiple of every narrower width
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return 16 if "avx512f" in flags else 8
 
 
 def alignment(variant: str) -> int:
-    """Where an input of a packed graph of this variant may start: any token (1), or a multiple of 16."""
-    return ALIGNED_VARIANTS.get(variant, 1)
+    """Where an input of a packed graph of this variant may start: any token (1), or a multiple of the
+    CPU's SIMD width (`simd_floats`)."""
+    return simd_floats() if variant in ALIGNED_VARIANTS else 1
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from service.engine import packing
 from service.engine.packing import Packed, pack
 from service.manifest import PACKED_ROLE, Manifest
 
@@ -23,12 +24,12 @@ log = logging.getLogger(__name__)
 # Where a source may start in a packed row, per variant (service/engine/packing.py explains why
 # reduced precision needs it): the cross K/V are not pooled, so fp16's rounding on the CPU moved a
 # source by 2e-3 among neighbours at offsets that are not multiples of 4 (0.0 aligned; tiny model).
-ALIGNED_VARIANTS = {"int8": 16, "fp16": 16}
+# int8 sources start at multiples of the CPU's SIMD width, as an encoder's inputs do; fp16 at 16.
 PACKED_INPUT = "unpack_index"
 
 
 def alignment(variant: str) -> int:
-    return ALIGNED_VARIANTS.get(variant, 1)
+    return 16 if variant == "fp16" else packing.alignment(variant)
 
 
 def unpack(packed: Packed) -> tuple[np.ndarray, np.ndarray]:

@@ -20,11 +20,15 @@ import pytest
 from service.embedding.engine import EmbeddingEngine
 from service.embedding.model import load_engine
 from service.engine.layout import (
+    CLEAR_AFTER,
+    EXPLORE_BUDGET,
     EXPLORE_EVERY,
+    MAX_EXPLORE_EVERY,
     MIN_SAMPLES,
     PAIR_LENGTHS,
     SAMPLE_LENGTHS,
     AdaptiveEncoder,
+    explore_every,
     sample_batch,
 )
 from service.manifest import load_model_dir
@@ -104,25 +108,63 @@ def _engines(embed_dir: Path, runtime: Runtime) -> dict[str, EmbeddingEngine]:
 
 
 def test_the_traffic_decides_which_layout_serves(tiny_models_root):
-    """AdaptiveEncoder alternates until each layout has MIN_SAMPLES batches, then explores one
-    batch in EXPLORE_EVERY; it leaves a layout that costs clearly more per token on the traffic
-    (here the padded engine pauses 20 ms a batch) and answers as each engine does."""
+    """AdaptiveEncoder alternates until each layout has CLEAR_AFTER batches; a layout that costs
+    clearly more per token on the traffic (here the padded engine pauses 20 ms a batch) is left at
+    once and explored only rarely after (explore_every); each batch answers as its engine does."""
     runtime = Runtime(Settings.from_env(env={}, models=str(tiny_models_root)))
     engines = _engines(tiny_models_root / "tiny-embed", runtime)
     slow = {"packed": engines["packed"], "padded": Slowed(engines["padded"], 0.02)}
     adaptive = AdaptiveEncoder(slow, "padded", "measured at load: (test)", "tiny-embed")
     batch = sample_batch(vocab=256, longest=60)
     used = []
-    for _ in range(2 * MIN_SAMPLES + EXPLORE_EVERY):
+    for _ in range(2 * CLEAR_AFTER + EXPLORE_EVERY):
         before = dict(adaptive.runs)
         out = adaptive.forward(batch)
         used.append(next(k for k, n in adaptive.runs.items() if n > before[k]))
         np.testing.assert_allclose(out, engines[used[-1]].forward(batch), rtol=0, atol=1e-5)
     assert adaptive.layout == "packed"
-    assert used[: 2 * MIN_SAMPLES] == ["packed", "padded"] * MIN_SAMPLES  # the other first, alternating
-    assert used[2 * MIN_SAMPLES :].count("padded") == 1  # then explored once in EXPLORE_EVERY
+    assert used[: 2 * CLEAR_AFTER] == ["packed", "padded"] * CLEAR_AFTER  # the other first, alternating
+    assert used[2 * CLEAR_AFTER :].count("padded") == 0  # 20 ms a batch: > 2x, explored 1 in > 50
     assert adaptive.chosen_by.startswith("measured on the traffic: packed ")
     runtime.close()
+
+
+class Timed:
+    """An engine whose batches take the wall time the test sets (the policy's only input)."""
+
+    layout, counted, chosen_by, provider = "", True, "", "CPUExecutionProvider"
+
+    def __init__(self, name: str, seconds: float):
+        self.layout, self.seconds = name, seconds
+
+    def forward(self, batch):
+        time.sleep(self.seconds)
+        return self.layout
+
+
+@pytest.mark.parametrize(
+    "served_s, other_s, alternated, explored",
+    [
+        (0.004, 0.0055, MIN_SAMPLES, 1),  # alike (1.4x at most): 8 each, then 1 batch in 50
+        (0.002, 0.010, CLEAR_AFTER, 0),  # 5x: 3 each, then 1 in 400 (none in the next 60)
+    ],
+)
+def test_a_costlier_layout_is_explored_less(served_s, other_s, alternated, explored):
+    adaptive = AdaptiveEncoder(
+        {"packed": Timed("packed", served_s), "padded": Timed("padded", other_s)}, "packed", "(test)", "m"
+    )
+    batch = sample_batch(vocab=256, longest=8)
+    used = [adaptive.forward(batch) for _ in range(2 * alternated + EXPLORE_EVERY + 10)]
+    assert used[: 2 * alternated] == ["padded", "packed"] * alternated
+    assert adaptive.layout == "packed"
+    assert used[2 * alternated :].count("padded") == explored
+
+
+def test_exploring_costs_at_most_its_budget():
+    assert [explore_every(r) for r in (0.5, 1.0, 1.5)] == [EXPLORE_EVERY] * 3
+    for ratio in (1.5, 2.0, 3.4, 8.0, 11.0):  # the other layout's extra cost per served batch
+        assert (ratio - 1.0) / explore_every(ratio) <= EXPLORE_BUDGET + 1e-12
+    assert explore_every(3.4) == 240 and explore_every(1e6) == MAX_EXPLORE_EVERY
 
 
 def test_the_timed_batch_is_mixed_within_the_input_limit():
