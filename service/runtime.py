@@ -30,6 +30,18 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
+@functools.cache
+def cpu_info() -> tuple[str, frozenset[str]]:
+    """This CPU's model name and flags (/proc/cpuinfo); ("unknown", {}) where it cannot be read."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown", frozenset()
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)}
+    return fields.get("model name", "unknown"), frozenset(fields.get("flags", "").split())
+
+
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 CUDA_OPTIONS = {"device_id": "0", "arena_extend_strategy": "kSameAsRequested", "do_copy_in_default_stream": "1"}

@@ -23,6 +23,7 @@ import numpy as np
 
 from export.gate.parity import session
 from export.onnx import store
+from service.runtime import cpu_info
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,8 @@ _FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
 
 def cpu() -> dict:
     """The CPU's model name and its flags that decide which integer kernels run (from /proc/cpuinfo)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"name": "unknown", "flags": []}
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    return {"name": fields.get("model name", "unknown"), "flags": [f for f in _FLAGS if f in flags]}
+    name, flags = cpu_info()
+    return {"name": name, "flags": [f for f in _FLAGS if f in flags]}
 
 
 def _feeds(sess, rows: int) -> dict[str, np.ndarray]:

@@ -19,12 +19,12 @@ served.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from service.runtime import cpu_info
 
 # onnxruntime's vectorised reductions (softmax's sum over a row) group elements by their index
 # modulo the SIMD width (8 floats with AVX2, 16 with AVX-512): an input starting elsewhere in a row
@@ -38,15 +38,9 @@ import numpy as np
 ALIGNED_VARIANTS = ("int8",)
 
 
-@functools.cache
 def simd_floats() -> int:
     """Floats in the widest vector onnxruntime's CPU kernels use here: 16 with AVX-512, else 8."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return 16  # unknown: the widest, a multiple of every narrower width
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return 16 if "avx512f" in flags else 8
+    return 16 if "avx512f" in cpu_info()[1] else 8
 
 
 def alignment(variant: str) -> int:

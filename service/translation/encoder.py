@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from service.engine import packing
 from service.engine.packing import Packed, pack
+from service.engine.packing import alignment as encoder_alignment
 from service.manifest import PACKED_ROLE, Manifest
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ PACKED_INPUT = "unpack_index"
 
 
 def alignment(variant: str) -> int:
-    return 16 if variant == "fp16" else packing.alignment(variant)
+    return 16 if variant == "fp16" else encoder_alignment(variant)
 
 
 def unpack(packed: Packed) -> tuple[np.ndarray, np.ndarray]:
