@@ -109,6 +109,7 @@ class Embedding:
         self.optimize = dict.fromkeys(self.files, ("gpt2" if self.decoder else "bert", cfg.n_heads, cfg.d_model))
         self.attention = (model.decoder if self.decoder else model, self.batches)
         self.fields = {"max_input_tokens": cfg.max_length, "pooling": cfg.pooling, "embedding_dim": cfg.d_model}
+        self.reference = parity.EmbeddingReference(model, self.pad)  # PyTorch's rows, once for every variant
 
     def export(self, paths: dict[str, Path]) -> None:
         if self.decoder:
@@ -118,17 +119,21 @@ class Embedding:
         packed.export_packed(self.model, paths["packed"])
 
     def measure(self, variant: str, paths: dict[str, Path]) -> dict:
-        model, pad = self.model, self.pad
-        figures = parity.encoder_parity(model, paths["encoder"], self.batches, pad, variant)
+        model, pad, ref = self.model, self.pad, self.reference
+        figures = parity.encoder_parity(model, paths["encoder"], self.batches, pad, variant, reference=ref)
         if not exact(variant):
             figures.update(
-                parity.encoder_quality(model, paths["encoder"], self.sample, self.sample_name, pad, variant=variant)
+                parity.encoder_quality(
+                    model, paths["encoder"], self.sample, self.sample_name, pad, variant=variant, reference=ref
+                )
             )
         if variant == "fp16" and self.device == "cuda":
             figures["cuda"] = gpu_gate.encoder_figures(model, paths["encoder"], self.batches, pad)
-        figures["packed"] = packed.embedding_parity(model, paths["packed"], self.batches, pad, variant)
+        figures["packed"] = packed.embedding_parity(model, paths["packed"], self.batches, pad, variant, reference=ref)
         if not exact(variant):
-            judged = packed.embedding_quality(model, paths["packed"], self.sample, self.sample_name, pad, variant)
+            judged = packed.embedding_quality(
+                model, paths["packed"], self.sample, self.sample_name, pad, variant, reference=ref
+            )
             figures["packed"].update(judged)
             figures["quality_ok"] = figures["quality_ok"] and judged["quality_ok"]
         return figures

@@ -122,18 +122,20 @@ def embed(
     return pool(hidden, packed, pooling)
 
 
-def _reference(model: Encoder, seqs, pad_id: int) -> np.ndarray:
-    ids, mask = parity.pad_batch(seqs, pad_id, left=False)
-    with torch.no_grad():
-        return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-
-
-def embedding_parity(model: Encoder, graph: Path, batches, pad_id: int, variant: str = "fp32") -> dict:
+def embedding_parity(
+    model: Encoder,
+    graph: Path,
+    batches,
+    pad_id: int,
+    variant: str = "fp32",
+    reference: parity.EmbeddingReference | None = None,
+) -> dict:
     """Packed embeddings vs PyTorch (cosine per input) and alone vs among others (module doc)."""
     sess, pooling = parity.session(graph), model.config.pooling
+    reference = reference or parity.EmbeddingReference(model, pad_id)
     cos, alone_diff, n = [], 0.0, 0
     for batch in batches:
-        ref = _reference(model, batch, pad_id)
+        ref = reference(batch)
         for row_tokens in GATE_ROW_TOKENS:
             got = embed(sess, batch, pad_id, pooling, row_tokens, alignment(variant))
             cos.append(parity._cos(ref, got))
@@ -158,11 +160,19 @@ def embedding_parity(model: Encoder, graph: Path, batches, pad_id: int, variant:
 
 
 def embedding_quality(
-    model: Encoder, graph: Path, sample, sample_name: str, pad_id: int, variant: str, chunk: int = 32
+    model: Encoder,
+    graph: Path,
+    sample,
+    sample_name: str,
+    pad_id: int,
+    variant: str,
+    chunk: int = 32,
+    reference: parity.EmbeddingReference | None = None,
 ) -> dict:
     """A reduced-precision packed graph on the quality sample, as parity.encoder_quality judges padded ones."""
     sess, pooling, align = parity.session(graph), model.config.pooling, alignment(variant)
-    ref = np.concatenate([_reference(model, sample[i : i + chunk], pad_id) for i in range(0, len(sample), chunk)])
+    reference = reference or parity.EmbeddingReference(model, pad_id)
+    ref = np.concatenate([reference(sample[i : i + chunk]) for i in range(0, len(sample), chunk)])
     got = np.concatenate(
         [
             embed(sess, sample[i : i + chunk], pad_id, pooling, GATE_ROW_TOKENS[0], align)
