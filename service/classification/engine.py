@@ -14,9 +14,14 @@ from service.engine.tokenization import Encoded
 
 
 class ClassifierEngine(PaddedEncoder[np.ndarray]):
+    runs_by_length = True
+
     def forward(self, batch: list[Encoded]) -> np.ndarray:
         """(B, L) float32 logits, in batch order. Blocking: run it in the executor."""
-        (out,) = self.session.run([self.output], self.feeds(batch))
+        return self.in_runs(batch, self._pass)
+
+    def _pass(self, inputs: list[Encoded]) -> np.ndarray:
+        (out,) = self.session.run([self.output], self.feeds(inputs))
         return np.asarray(out, dtype=np.float32)
 
 

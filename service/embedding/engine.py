@@ -14,13 +14,14 @@ never sees protobuf. `postprocess` keeps the first `dimensions` values and L2-no
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
 import onnxruntime as ort
 
 from service import metrics
-from service.engine.packing import Packed, pack, pool
+from service.engine.packing import Packed, pack, pool, split_runs
 from service.engine.tokenization import Encoded
 
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -59,7 +60,14 @@ class EncoderEngine(ABC, Generic[Out]):
 
 
 class PaddedEncoder(EncoderEngine[Out]):
-    """The padded graph (role `encoder`): each batch padded to its longest row."""
+    """The padded graph (role `encoder`): each batch padded to its longest row, or, once
+    `pass_tokens` is measured (service/engine/layout.py `measure_pass`), in runs of similar length
+    padded each to its own longest (packing.split_runs), where that computes less."""
+
+    # What one more session pass costs, in padded tokens, on this model and CPU; None: every batch
+    # is one pass (not measured: a GPU, whose passes want whole batches).
+    pass_tokens: float | None = None
+    runs_by_length = False  # this engine's forward runs a batch through `in_runs` (the load measures a pass)
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, model: str = ""):
         super().__init__(session, pad_id, model)
@@ -90,11 +98,30 @@ class PaddedEncoder(EncoderEngine[Out]):
         self.count(ids.size, int(mask.sum()))
         return {name: arrays[name].astype(dtype, copy=False) for name, dtype in self.input_types.items()}
 
+    def in_runs(self, batch: list[Encoded], run: Callable[[list[Encoded]], np.ndarray]) -> np.ndarray:
+        """run(inputs) -> (n, ...) rows, over the batch's runs of similar length; rows in batch order."""
+        runs = [[0]] if self.pass_tokens is None else split_runs([len(e) for e in batch], self.pass_tokens)
+        if len(runs) == 1:
+            return run(batch)
+        out: np.ndarray | None = None
+        for run_of in runs:
+            rows = run([batch[i] for i in run_of])
+            if out is None:
+                out = np.empty((len(batch), *rows.shape[1:]), rows.dtype)
+            out[run_of] = rows
+        assert out is not None
+        return out
+
 
 class EmbeddingEngine(PaddedEncoder[np.ndarray]):
+    runs_by_length = True
+
     def forward(self, batch: list[Encoded]) -> np.ndarray:
         """(B, C) float32 pooled embeddings, not normalised. Blocking: run it in the executor."""
-        (out,) = self.session.run([self.output], self.feeds(batch))
+        return self.in_runs(batch, self._pass)
+
+    def _pass(self, inputs: list[Encoded]) -> np.ndarray:
+        (out,) = self.session.run([self.output], self.feeds(inputs))
         return np.asarray(out, dtype=np.float32)
 
 

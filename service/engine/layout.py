@@ -102,6 +102,42 @@ def timed(engines: Mapping[str, LayoutEngine], batch: list[Encoded], rounds: int
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+# Providers on which a padded batch may run in several passes: a CPU's cost grows with the tokens
+# computed; a GPU's passes want whole batches (one launch sequence and one sync each).
+SPLIT_PROVIDERS = ("CPUExecutionProvider",)
+PASS_ROUNDS = 3
+
+
+def measure_pass(engine: Any, batch: list[Encoded], rounds: int = PASS_ROUNDS) -> float | None:
+    """What one more session pass of a padded engine costs, in padded tokens, on this model and
+    CPU (its `pass_tokens`): the batch as one pass takes F + c * rows * longest, its inputs one by
+    one rows * F + c * (sum of lengths); medians of `rounds`, alternated after a warm-up -> F / c.
+    None where the figures give no positive cost per token (noise), so that batches stay whole."""
+    engine.pass_tokens, engine.counted = None, False
+    whole: list[float] = []
+    alone: list[float] = []
+    try:
+        engine.forward(batch)
+        for _ in range(rounds):
+            start = time.perf_counter()
+            engine.forward(batch)
+            whole.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            for e in batch:
+                engine.forward([e])
+            alone.append(time.perf_counter() - start)
+    finally:
+        engine.counted = True
+    rows, padded, real = len(batch), len(batch) * max(map(len, batch)), sum(map(len, batch))
+    one, each = statistics.median(whole), statistics.median(alone)
+    if rows < 2 or padded == real:
+        return None
+    per_token = (rows * one - each) / (rows * padded - real)
+    if per_token <= 0:
+        return None
+    return max(0.0, one - per_token * padded) / per_token
+
+
 def encoder_engine(
     model_dir: ModelDir,
     settings: Settings,
@@ -114,26 +150,40 @@ def encoder_engine(
     the engine's `chosen_by` says why that layout."""
     m = model_dir.manifest
     variant = runtime.choose_variant(m, "encoder")
+    vocab = int(m.architecture.get("vocab_size") or 1000)
+    batch = sample_batch(vocab, int(m.max_input_tokens or max(lengths)), decorate, lengths)
+    runs = ""  # how the padded engine splits its batches, when it does
 
     def make(layout: str) -> E:
+        nonlocal runs
         graph = m.graph(PACKED_ROLE if layout == "packed" else "encoder", variant)
-        return build(layout, runtime.create_session(model_dir.file(graph.file)), variant)
+        engine = build(layout, runtime.create_session(model_dir.file(graph.file)), variant)
+        if layout == "padded" and getattr(engine, "runs_by_length", False) and engine.provider in SPLIT_PROVIDERS:
+            cost = measure_pass(engine, batch)
+            engine.pass_tokens = cost  # type: ignore[attr-defined]
+            runs = (
+                f"; padded batches run in passes of similar length (a pass costs {cost:.0f} tokens, measured at load)"
+                if cost is not None
+                else "; padded batches run whole (a pass's cost did not measure)"
+            )
+        return engine
 
     if variant not in m.variants(PACKED_ROLE):
-        engine, why = make("padded"), "the only graph (no packed graph of this variant)"
+        engine = make("padded")
+        why = "the only graph (no packed graph of this variant)" + runs
     elif not settings.embed_pack_row_tokens:
-        engine, why = make("padded"), "settings (embed_pack_row_tokens 0)"
+        engine = make("padded")
+        why = "settings (embed_pack_row_tokens 0)" + runs
     elif settings.encoder_layout != "auto":
-        engine, why = make(settings.encoder_layout), f"settings (encoder_layout {settings.encoder_layout})"
+        engine = make(settings.encoder_layout)
+        why = f"settings (encoder_layout {settings.encoder_layout})" + runs
     else:
         engines = {layout: make(layout) for layout in ("packed", "padded")}
-        vocab = int(m.architecture.get("vocab_size") or 1000)
-        batch = sample_batch(vocab, int(m.max_input_tokens or max(lengths)), decorate, lengths)
         ms = timed(engines, batch)
         span = f"{min(map(len, batch))}-{max(map(len, batch))}"
         why = (
             f"measured at load: packed {ms['packed']:.2f} ms, padded {ms['padded']:.2f} ms a batch of "
-            f"{len(batch)} inputs of {span} tokens ({variant}, median of {ROUNDS})"
+            f"{len(batch)} inputs of {span} tokens ({variant}, median of {ROUNDS}){runs}"
         )
         adaptive = AdaptiveEncoder(engines, min(ms, key=lambda k: ms[k]), why, m.name)
         log.info("%s model %s: %s, %s graph first: %s", m.kind, m.name, variant, adaptive.layout, why)

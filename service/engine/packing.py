@@ -15,10 +15,15 @@ only the rows' tails are padding. An input longer than `row_tokens` gets a row o
 over its tokens, or its last token: a decoder embedder's), as the padded graph pools inside. The
 export's gate and the service both pack through this module, so what the gate measured is what is
 served.
+
+A padded graph's batch may run in several passes instead (`split_runs`): its inputs sorted by
+length and cut into runs of similar length, each padded to its own longest, where the tokens saved
+outweigh the cost of one more session call (measured per model at load: service/engine/layout.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,3 +134,27 @@ def _ranges(lengths: np.ndarray) -> np.ndarray:
     """[3, 2] -> [0, 1, 2, 0, 1]."""
     ends = np.cumsum(lengths)
     return np.arange(ends[-1]) - np.repeat(ends - lengths, lengths)
+
+
+def split_runs(lengths: Sequence[int], pass_tokens: float) -> list[list[int]]:
+    """A padded batch's inputs (indices) in runs of similar length, each run one padded pass of
+    the encoder: the split of the length-sorted inputs that computes the fewest tokens (rows x
+    longest, summed over the runs) with every pass counted `pass_tokens` more, what one more
+    session call costs (an optimal partition of the sorted lengths, O(n^2) for n inputs). One run
+    when the batch's padding is under a pass's cost: no split can gain then."""
+    n = len(lengths)
+    if n < 2 or n * max(lengths) - sum(lengths) <= pass_tokens:
+        return [list(range(n))]
+    order = sorted(range(n), key=lambda i: lengths[i])
+    width = [lengths[i] for i in order]
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)  # best[j]: the first j sorted inputs
+    for j in range(1, n + 1):
+        for i in range(j):  # inputs i..j-1 as one run, padded to width[j - 1]
+            cost = best[i] + (j - i) * width[j - 1] + pass_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs, j = [], n
+    while j:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
