@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -98,19 +98,24 @@ class PaddedEncoder(EncoderEngine[Out]):
         self.count(ids.size, int(mask.sum()))
         return {name: arrays[name].astype(dtype, copy=False) for name, dtype in self.input_types.items()}
 
-    def in_runs(self, batch: list[Encoded], run: Callable[[list[Encoded]], np.ndarray]) -> np.ndarray:
-        """run(inputs) -> (n, ...) rows, over the batch's runs of similar length; rows in batch order."""
+    def in_runs(self, batch: list[Encoded], run: Callable[[list[Encoded]], Out]) -> Out:
+        """run(inputs) -> one result row per input (an (n, ...) array or a list), over the batch's
+        runs of similar length; the rows in batch order, as `run(batch)` gives them."""
         runs = [[0]] if self.pass_tokens is None else split_runs([len(e) for e in batch], self.pass_tokens)
         if len(runs) == 1:
             return run(batch)
-        out: np.ndarray | None = None
-        for run_of in runs:
-            rows = run([batch[i] for i in run_of])
-            if out is None:
-                out = np.empty((len(batch), *rows.shape[1:]), rows.dtype)
-            out[run_of] = rows
-        assert out is not None
-        return out
+        parts = [(of, run([batch[i] for i in of])) for of in runs]
+        first = parts[0][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((len(batch), *first.shape[1:]), first.dtype)
+            for of, rows in parts:
+                out[of] = rows
+            return cast(Out, out)
+        listed: list[Any] = [None] * len(batch)
+        for of, rows in parts:
+            for i, row in zip(of, cast(list, rows), strict=True):
+                listed[i] = row
+        return cast(Out, listed)
 
 
 class EmbeddingEngine(PaddedEncoder[np.ndarray]):

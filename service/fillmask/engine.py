@@ -65,12 +65,17 @@ class FillMaskEngine(PaddedEncoder[list[MaskRows]]):
             raise ValueError(f"fill-mask graph has no {OUTPUT!r} output (has: {', '.join(outputs)})")
         self.output, self.mask_id, self.keep = OUTPUT, mask_id, keep
 
+    runs_by_length = True
+
     def forward(self, batch: list[Encoded]) -> list[MaskRows]:
         """One MaskRows per input of the batch, in batch order."""
-        feeds = self.feeds(batch)
+        return self.in_runs(batch, self._pass)
+
+    def _pass(self, inputs: list[Encoded]) -> list[MaskRows]:
+        feeds = self.feeds(inputs)
         (logits,) = self.session.run([self.output], feeds)  # (B, T, V)
         rows, cols = np.nonzero(feeds["input_ids"] == self.mask_id)  # (M,), (M,): row-major, masks in order
-        return mask_rows(logits[rows, cols], rows, len(batch), self.keep)
+        return mask_rows(logits[rows, cols], rows, len(inputs), self.keep)
 
 
 class PackedFillMaskEngine(PackedEncoder[list[MaskRows]]):

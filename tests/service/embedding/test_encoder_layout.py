@@ -91,10 +91,10 @@ async def test_settings_pin_the_layout_without_timing(start_server, overrides, l
     for name in ENCODERS:
         chosen = got[name]["serving.execution_chosen_by"]
         assert got[name]["serving.execution"] == layout and chosen.startswith(why), chosen
-        # A padded embedder measures what one more pass costs (its batches may run in several); a
-        # fill-mask model's padded batches always run whole, and a packed engine has no passes to split.
+        # A padded engine measures what one more pass costs (its batches may run in several); a
+        # packed engine has no passes to split.
         runs = chosen[len(why) :]
-        if layout == "padded" and name == "tiny-embed":
+        if layout == "padded":
             assert PASSES.fullmatch(runs), chosen
         else:
             assert runs == "", chosen
