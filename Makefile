@@ -38,6 +38,10 @@ format: venv
 	$(VENV)/bin/ruff check --fix $(LINTED)
 	$(VENV)/bin/ruff format $(LINTED)
 
+# The tests build their models in pytest's own process (tests/fixtures/models.py): malloc on
+# transparent huge pages there too, as `python -m export` asks for itself (export/memory.py).
+test test-fast: export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
+
 test: venv
 	$(PY) -m pytest -q -ra -m "not deploy" tests
 

@@ -16,7 +16,10 @@ Every export runs the parity gate and fails on a miss.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from export.memory import huge_pages_env
 
 COMMANDS = {
     "models": "export.cli",
@@ -41,4 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # The same command again, its malloc on huge pages, where that is asked for (export/memory.py).
+    if (env := huge_pages_env(os.environ)) is not None:
+        os.execve(sys.executable, sys.orig_argv, env)
     sys.exit(main())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ EMBEDDING_QUALITY_LIMITS = {
     "similarity_spearman_min": 0.99,
     "batch_max_abs_diff": LOGITS_MAX_ABS,
 }
+# intra-op threads of a gate session: the CPUs this process may run on
+GATE_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 BATCH_ROWS = 8  # rows of the sample computed together for the batch-invariance check
 # ... each cut to its first BATCH_TOKENS inputs: a causal row's first n logits are its prefix's, and
 # one long gate text padded the batch to 885 positions of GPT-2's vocabulary (8 x 885 x 50,257
@@ -83,15 +86,19 @@ class ParityError(RuntimeError):
     """An exported graph does not match its PyTorch model; the message says which check and by how much."""
 
 
-def session(path: Path, prepack: bool | None = None) -> ort.InferenceSession:
-    """A CPU session with one thread: deterministic, and polite on a shared 2-core machine.
+def session(path: Path, prepack: bool | None = None, threads: int | None = None) -> ort.InferenceSession:
+    """A CPU session with `threads` intra-op threads (default GATE_THREADS: the CPUs this process
+    may run on). The gate's figures should not depend on it (onnxruntime's CPU kernels divide a
+    product's rows and columns among threads, not its sums), and GPT-2 small's default conversion
+    recorded the same figures, to the last digit, with 1 and 2 threads (178 s -> 163 s, 2-vCPU AMD
+    EPYC). The decode-step timing for `auto` asks for one (export/gate/speed.py).
 
     `prepack` None: not for a graph with an external data file (export/onnx/store.py): without
     prepacked weights onnxruntime maps that file instead of copying it, so a 1.1B fp32 gate session
     costs 0.07 GB instead of 4.4 GB and 0.1 s to open instead of 15 (its 8-row steps are slower,
     which the gate does not time: export/gate/speed.py prepacks as the service does)."""
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    opts.intra_op_num_threads = threads or GATE_THREADS
     opts.inter_op_num_threads = 1
     if prepack is None:
         prepack = not store.data_file(Path(path)).exists()

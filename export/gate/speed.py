@@ -79,13 +79,13 @@ def decode_steps(graphs: dict[str, Path]) -> dict:
     times: dict[tuple[str, int], list[float]] = {(v, r): [] for v in graphs for r in ROWS}
     alternated = not any(store.data_file(p).exists() for p in graphs.values())
     if alternated:
-        sessions = {v: session(p, prepack=True) for v, p in graphs.items()}
+        sessions = {v: session(p, prepack=True, threads=1) for v, p in graphs.items()}
         for _ in range(ROUNDS):
             for variant, sess in sessions.items():
                 _round(sess, variant, times)
     else:  # past 2 GiB: one variant's session at a time (each holds its prepacked weights)
         for variant, path in graphs.items():
-            sess = session(path, prepack=True)
+            sess = session(path, prepack=True, threads=1)
             for _ in range(ROUNDS):
                 _round(sess, variant, times)
             del sess
