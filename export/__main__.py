@@ -45,6 +45,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # The same command again, its malloc on huge pages, where that is asked for (export/memory.py).
-    if (env := huge_pages_env(os.environ)) is not None:
+    if sys.executable and (env := huge_pages_env(os.environ)) is not None:
         os.execve(sys.executable, sys.orig_argv, env)
     sys.exit(main())
