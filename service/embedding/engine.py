@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -104,18 +104,12 @@ class PaddedEncoder(EncoderEngine[Out]):
         runs = [[0]] if self.pass_tokens is None else split_runs([len(e) for e in batch], self.pass_tokens)
         if len(runs) == 1:
             return run(batch)
-        parts = [(of, run([batch[i] for i in of])) for of in runs]
-        first = parts[0][1]
-        if isinstance(first, np.ndarray):
-            out = np.empty((len(batch), *first.shape[1:]), first.dtype)
-            for of, rows in parts:
-                out[of] = rows
-            return cast(Out, out)
-        listed: list[Any] = [None] * len(batch)
-        for of, rows in parts:
-            for i, row in zip(of, cast(list, rows), strict=True):
-                listed[i] = row
-        return cast(Out, listed)
+        parts = [run([batch[i] for i in of]) for of in runs]
+        where = np.argsort(np.concatenate(runs))  # each input's place among the parts' rows, in order
+        if isinstance(parts[0], np.ndarray):
+            return cast(Out, np.concatenate(cast(list[np.ndarray], parts))[where])
+        rows = [row for part in parts for row in cast(list, part)]
+        return cast(Out, [rows[j] for j in where])
 
 
 class EmbeddingEngine(PaddedEncoder[np.ndarray]):

@@ -58,14 +58,14 @@ def mask_rows(logits: np.ndarray, inputs: np.ndarray, count: int, keep: int) -> 
 
 
 class FillMaskEngine(PaddedEncoder[list[MaskRows]]):
+    runs_by_length = True
+
     def __init__(self, session: ort.InferenceSession, pad_id: int, mask_id: int, keep: int, model: str = ""):
         super().__init__(session, pad_id, model)
         outputs = [o.name for o in session.get_outputs()]
         if OUTPUT not in outputs:
             raise ValueError(f"fill-mask graph has no {OUTPUT!r} output (has: {', '.join(outputs)})")
         self.output, self.mask_id, self.keep = OUTPUT, mask_id, keep
-
-    runs_by_length = True
 
     def forward(self, batch: list[Encoded]) -> list[MaskRows]:
         """One MaskRows per input of the batch, in batch order."""
