@@ -20,8 +20,8 @@ from typing import Any
 from service.kinds import KINDS as KIND_TABLE
 
 MANIFEST_FILE = "model.json"
-FORMAT_VERSION = 2  # written by this export; 2 changed the generation decoder's inputs (above)
-SUPPORTED_FORMATS = (2,)  # format 1 directories: rebuild with `make models`
+FORMAT_VERSION = 3  # written by this export; 2 changed the generation decoder's inputs, 3 the translator's
+SUPPORTED_FORMATS = (2, 3)  # format 1 directories: rebuild with `make models`; format 2 translators too
 KINDS = tuple(KIND_TABLE)  # the one table of kinds: service/kinds.py
 CLASSIFIER_ACTIVATIONS = ("sigmoid", "softmax", "none")  # how a classification model's logits are read
 PAIR_TRUNCATIONS = ("longest_first", "only_second")  # how a classification model cuts a pair past its limit

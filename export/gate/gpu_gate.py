@@ -126,13 +126,7 @@ def translator_figures(
     cfg, ref_model = model.config, _half(model, device)
     src, src_mask = parity.pad_batch(sources, cfg.pad_token_id, left=False)
     cross = enc.run(None, {"input_ids": src, "attention_mask": src_mask})
-    got = parity.onnx_step(
-        dec,
-        {
-            "encoder_attention_mask": src_mask,
-            **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
-        },
-    )
+    got = parity.onnx_step(dec, parity.cross_feeds(cross, src_mask), cfg.max_positions)
     mask_t = torch.from_numpy(src_mask).to(device)
     with torch.no_grad():
         ref_cross = ref_model.encode(torch.from_numpy(src).to(device), mask_t)

@@ -251,11 +251,11 @@ def onnx_step(
     `max_length` slots: see `_buffer_step`."""
     past_names = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
     float_type = {i.name: np.float16 if i.type == "tensor(float16)" else np.float32 for i in sess.get_inputs()}
+    fixed = {k: v.astype(float_type[k]) if v.dtype.kind == "f" else v for k, v in (fixed or {}).items()}
     if "seqlens_k" in float_type:
         if not max_length:
             raise ValueError("a GroupQueryAttention decoder needs max_length (its KV buffer size)")
-        return _buffer_step(sess, past_names, float_type, max_length)
-    fixed = {k: v.astype(float_type[k]) if v.dtype.kind == "f" else v for k, v in (fixed or {}).items()}
+        return _buffer_step(sess, past_names, float_type, max_length, fixed)
 
     def step(ids, mask, pos, past):
         if past is None:
@@ -269,18 +269,23 @@ def onnx_step(
     return step
 
 
-def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: dict, max_length: int) -> Step:
+def _buffer_step(
+    sess: ort.InferenceSession, past_names: list[str], float_type: dict, max_length: int, fixed: dict
+) -> Step:
     """The Step of a GroupQueryAttention decoder (export/onnx/graphs.py): takes the same
     left-padded batches as the other steps and returns the same logits, while the graph sees each
-    row left-aligned in a KV buffer of max_length slots with its length in `seqlens_k`. The
+    row left-aligned in a KV buffer of max_length slots with its length in `seqlens_k`. fixed:
+    inputs with a row per batch row that every step takes as they are (a translator's cross K/V
+    and source mask). The
     "past" it hands back is (buffers, lengths), the buffers in the graph's own float type: an fp16
     graph's 1,024-slot buffers cast to fp32 and back every step took 24 s of a GPT-2 small
     conversion's gate."""
     spec = sess.get_inputs()[len(sess.get_inputs()) - 1].shape  # (batch, H, max_sequence, D)
     every = "logits_positions" in float_type  # the graph projects only where asked: every position here
 
-    def run(ids, pos, lengths_after, buffers):
+    def run(ids, pos, lengths_after, buffers, rows=slice(None)):
         feeds = {
+            **{name: value[rows] for name, value in fixed.items()},
             "input_ids": ids,
             "position_ids": pos,
             "seqlens_k": (lengths_after - 1).astype(np.int32),
@@ -311,7 +316,13 @@ def _buffer_step(sess: ort.InferenceSession, past_names: list[str], float_type: 
             return logits, (present, lengths + new)
         # GroupQueryAttention takes several new tokens after a past for one row at a time.
         outs = [
-            run(ids[b : b + 1], pos[b : b + 1], lengths[b : b + 1] + new, [a[b : b + 1] for a in buffers])
+            run(
+                ids[b : b + 1],
+                pos[b : b + 1],
+                lengths[b : b + 1] + new,
+                [a[b : b + 1] for a in buffers],
+                slice(b, b + 1),
+            )
             for b in range(rows)
         ]
         present = [np.concatenate([o[1][i] for o in outs]) for i in range(len(past_names))]
@@ -537,13 +548,7 @@ def translator_quality(
 
     def graph_step(src_rows):
         cross, mask = encode(src_rows)
-        return onnx_step(
-            dec,
-            {
-                "encoder_attention_mask": mask,
-                **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
-            },
-        )
+        return onnx_step(dec, cross_feeds(cross, mask), model.config.max_positions)
 
     refs, alone = [], []
     for src, tgt in pairs:
@@ -585,13 +590,7 @@ def translator_parity(
         float(np.abs(np.where(valid, r.numpy() - c.astype(np.float32), 0)).max())
         for r, c in zip([t for kv in ref_cross for t in kv], cross)
     )
-    got = onnx_step(
-        session(decoder_graph),
-        {
-            "encoder_attention_mask": src_mask,
-            **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
-        },
-    )
+    got = onnx_step(session(decoder_graph), cross_feeds(cross, src_mask), cfg.max_positions)
     ref = torch_step(lambda i, m, p, past: model.decode(i, m, p, past, ref_cross, torch.from_numpy(src_mask)))
     start_id = cfg.decoder_start_token_id
     prompts = [[start_id, *s[: i + 1]] for i, s in enumerate(sources)]  # target prefixes, lengths differ
@@ -608,6 +607,13 @@ def translator_parity(
     tokens = greedy_loop(got, start, np.ones_like(start), np.zeros_like(start), n_new)
     figures.update(compare_tokens(reference, tokens, VARIANT_LIMITS[variant][2], f"{variant} translator greedy"))
     return figures
+
+
+def cross_feeds(cross: Sequence[np.ndarray], source_mask: np.ndarray) -> dict[str, np.ndarray]:
+    """A translator decoder's inputs from its encoder: the cross K/V (one (B, H, S, D) array per
+    layer's key, then value) and the source mask (B, S)."""
+    names = [f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}" for i in range(len(cross))]
+    return {"encoder_attention_mask": source_mask, **dict(zip(names, cross))}
 
 
 def reference_translations(model, sources: Sequence[Sequence[int]], n_new: int = GREEDY_NEW_TOKENS) -> list[list[int]]:

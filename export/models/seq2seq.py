@@ -117,7 +117,13 @@ class DecoderLayer(_Block):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dropout=cfg.dropout, activation=cfg.activation)
 
     def forward(self, x, self_mask, past, cross_kv, cross_mask):
-        y, present = self.self_attn(self._in(x, self.ln_self), self_mask, past=past)
+        return self.run(x, lambda h: self.self_attn(h, self_mask, past=past), cross_kv, cross_mask)
+
+    def run(self, x, attend, cross_kv, cross_mask):
+        """The layer with its self-attention given as attend: normed x (B, T, C) -> (its output
+        (B, T, C), present); the exported decoder (export/onnx/graphs.py) attends with
+        GroupQueryAttention over a KV buffer through it, the rest of the wiring shared."""
+        y, present = attend(self._in(x, self.ln_self))
         x = self._out(x, y, self.ln_self)
         y = self.cross_attn(self._in(x, self.ln_cross), cross_mask, memory_kv=cross_kv)[0]
         x = self._out(x, y, self.ln_cross)
@@ -164,8 +170,12 @@ class Translator(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             x, kv = layer(x, self_mask, past[i] if past else None, cross_kv[i], cross_mask)
             present.append(kv)
+        return self.project(x), present
+
+    def project(self, x):
+        """The decoder stack's output (B, T, C) -> logits (B, T, V): final norm, the shared table."""
         logits = self.decoder_norm(x) @ self.embed.weight.T  # (B, T, V)
-        return logits if self.final_logits_bias is None else logits + self.final_logits_bias, present
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
     def forward(self, src_ids, src_mask, tgt_ids, tgt_mask):
         """Teacher-forced training pass: logits (B, T, V) for every target position."""

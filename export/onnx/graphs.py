@@ -5,8 +5,9 @@ contract's tensor names, exported with the TorchScript exporter (`dynamo=False`,
 graphs fuse fully under onnxruntime's transformer optimizer). KV tensors are named
 `past_key_values.{i}.key|value` -> `present.{i}.key|value`. The generation decoder's self-attention
 is com.microsoft `GroupQueryAttention` over a fixed-length KV buffer that the caller binds as both
-past and present, so no step copies the cache; the translator's decoder keeps attention-mask
-inputs and a growing past (beam search reorders rows). Why and how: docs/design/generation.md.
+past and present, so no step copies the cache; so is the translator decoder's self-attention
+(its cross-attention over the source stays plain ops with a mask). Why and how:
+docs/design/generation.md, docs/design/translation.md.
 Decoders are traced with distinct batch / new / past lengths so no dynamic axis is frozen.
 Variants (optimized, fp16, int8, int4) come from the fp32 graph through the `make_*` functions at the
 bottom; `graph_io` reads back what a graph file declares.
@@ -27,6 +28,7 @@ from torch import nn
 
 from export.models.decoder import DecoderBlock, GPTDecoder, rotate_half
 from export.models.families import Encoder
+from export.models.layers import padding_mask
 from export.models.seq2seq import Translator
 from export.onnx import store
 from export.onnx.nbits import DEFAULT_INT4, Int4Settings, quantize_nbits
@@ -147,18 +149,7 @@ class DecoderGraph(nn.Module):
     def __init__(self, model: GPTDecoder):
         super().__init__()
         self.model = model
-        self.qkv = nn.ModuleList()
-        for block in cast(Iterable[DecoderBlock], model.blocks):
-            attn = block.attn
-            parts = (attn.query, attn.key, attn.value)
-            fused = nn.Linear(
-                attn.query.in_features, sum(p.out_features for p in parts), bias=attn.query.bias is not None
-            )
-            with torch.no_grad():
-                fused.weight.copy_(torch.cat([p.weight for p in parts]))
-                if fused.bias is not None:
-                    fused.bias.copy_(torch.cat([p.bias for p in parts]))
-            self.qkv.append(fused)
+        self.qkv = nn.ModuleList(_fused_qkv(block.attn) for block in cast(Iterable[DecoderBlock], model.blocks))
 
     def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past):
         m = self.model
@@ -209,19 +200,53 @@ class TranslatorEncoderGraph(nn.Module):
 
 
 class TranslatorDecoderGraph(nn.Module):
-    """(input_ids, attention_mask, position_ids, encoder_attention_mask, *cross, *past) -> (logits, *present)."""
+    """(input_ids, position_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *cross,
+    *past) -> (logits, *present): `Translator.decode` with its self-attention as GroupQueryAttention
+    over a fixed-length KV buffer, as the generation decoder's (`DecoderGraph`): each row left-aligned
+    in its buffer with its own length in `seqlens_k`, so no row's keys move with its neighbours'
+    lengths. (The unfused attention over left-padded targets it replaces summed a row's scores in
+    other SIMD lanes when padded: fp32 logits moved by ~1e-6 between alone and batched, which
+    row-wise int8's rounding turned into 0.04 and the gate refused.) Cross-attention over the
+    right-padded source stays plain ops with its mask. Query, key and value run as one product."""
 
     def __init__(self, model: Translator):
         super().__init__()
         self.model = model
         self.n_flat = 2 * model.config.n_decoder_layers
+        self.qkv = nn.ModuleList(_fused_qkv(layer.self_attn) for layer in model.decoder_layers)
 
-    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *kv):
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *kv):
+        m = self.model
         cross, past = _pairs(kv[: self.n_flat]), _pairs(kv[self.n_flat :])
-        logits, present = self.model.decode(
-            input_ids, attention_mask, position_ids, past, cross, encoder_attention_mask
-        )
-        return (logits, *_flat(present))
+        x = m._embed(input_ids, position_ids)  # (B, T, C)
+        cross_mask = padding_mask(encoder_attention_mask, x.dtype)  # (B, 1, 1, S)
+        present = []
+        for layer, qkv, (past_k, past_v), cross_kv in zip(m.decoder_layers, self.qkv, past, cross):
+            attn = layer.self_attn
+            kept: list[torch.Tensor] = []
+
+            def attend(h, attn=attn, qkv=qkv, past_k=past_k, past_v=past_v, kept=kept):
+                y, k, v = _GroupQueryAttention.apply(
+                    qkv(h), past_k, past_v, seqlens_k, total_sequence_length, attn.n_heads, attn.n_kv_heads,
+                    None, None, None,
+                )  # fmt: skip
+                kept += [k, v]
+                return attn.out(y), None
+
+            x, _ = layer.run(x, attend, cross_kv, cross_mask)
+            present += kept
+        return (m.project(x), *present)
+
+
+def _fused_qkv(attn) -> nn.Linear:
+    """One Linear computing attn's query, key and value (their weights concatenated)."""
+    parts = (attn.query, attn.key, attn.value)
+    fused = nn.Linear(attn.query.in_features, sum(p.out_features for p in parts), bias=attn.query.bias is not None)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    return fused
 
 
 def _ids(name: str, *axes: str) -> TensorSpec:
@@ -260,13 +285,14 @@ def translator_specs(model: Translator, dtype: str = "float32") -> dict[str, tup
     enc_in = [_ids("input_ids", "batch", "source_sequence"), _ids("attention_mask", "batch", "source_sequence")]
     dec_in = [
         _ids("input_ids", "batch", "sequence"),
-        _ids("attention_mask", "batch", "total_sequence"),
         _ids("position_ids", "batch", "sequence"),
+        TensorSpec("seqlens_k", "int32", ["batch"]),
+        TensorSpec("total_sequence_length", "int32", []),
         _ids("encoder_attention_mask", "batch", "source_sequence"),
     ]
-    dec_in += cross + _kv(kv_names("past_key_values", n), heads, hd, "past_sequence", dtype)
+    dec_in += cross + _kv(kv_names("past_key_values", n), heads, hd, "max_sequence", dtype)
     dec_out = [TensorSpec("logits", dtype, ["batch", "sequence", cfg.vocab_size])]
-    dec_out += _kv(kv_names("present", n), heads, hd, "total_sequence", dtype)
+    dec_out += _kv(kv_names("present", n), heads, hd, "max_sequence", dtype)
     return {"encoder": (enc_in, cross), "decoder": (dec_in, dec_out)}
 
 
@@ -388,13 +414,14 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
     src = _example_ids(cfg.vocab_size, _B, _S)
     _export(TranslatorEncoderGraph(model), (src, torch.ones_like(src)), encoder_path, *specs["encoder"])
     tgt = _example_ids(cfg.vocab_size, _B, _T)
-    mask = torch.ones(_B, _P + _T, dtype=torch.long)  # (B, P+T)
     positions = torch.arange(_P, _P + _T)[None, :].expand(_B, _T)  # (B, T)
+    seqlens = torch.full((_B,), _P + _T - 1, dtype=torch.int32)  # (B,)
+    total = torch.tensor(_P + _T, dtype=torch.int32)
     cross = _example_kv(_B, heads, _S, hd, 2 * n)
-    past = _example_kv(_B, heads, _P, hd, 2 * n)
-    args = (tgt, mask, positions, torch.ones_like(src), *cross, *past)
+    past = _example_kv(_B, heads, _L + _P + _T, hd, 2 * n)  # the buffer: longer than any row
+    args = (tgt, positions, seqlens, total, torch.ones_like(src), *cross, *past)
     exported = _export(TranslatorDecoderGraph(model), args, decoder_path, *specs["decoder"], check=False)
-    _rewrite(exported, decoder_path)
+    _rewrite(exported, decoder_path, specs["decoder"][1])  # the custom op's outputs carry no shape of their own
     return specs
 
 

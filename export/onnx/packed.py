@@ -290,13 +290,6 @@ def translator_cross(
     return sess.run(None, feeds), mask
 
 
-def _cross_feeds(cross: list[np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
-    return {
-        "encoder_attention_mask": mask,
-        **{f"cross_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": c for i, c in enumerate(cross)},
-    }
-
-
 def translator_parity(
     model: Translator,
     graph: Path,
@@ -353,7 +346,7 @@ def translator_parity(
         )
     reference = reference or parity.reference_translations(model, sources)
     cross, mask = translator_cross(sess, sources, cfg.pad_token_id, GATE_ROW_TOKENS[0], align)
-    step = parity.onnx_step(parity.session(decoder_graph), _cross_feeds(cross, mask))
+    step = parity.onnx_step(parity.session(decoder_graph), parity.cross_feeds(cross, mask), cfg.max_positions)
     start = np.full((len(sources), 1), cfg.decoder_start_token_id, np.int64)
     tokens = parity.greedy_loop(step, start, np.ones_like(start), np.zeros_like(start), len(reference[0]))
     figures.update(parity.compare_tokens(reference, tokens, exact, f"{variant} packed translator greedy"))

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from service.runtime import CUDA
+
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
@@ -79,3 +81,20 @@ def to_device(arrays: dict[str, np.ndarray], device: str | None) -> dict:
     if device is None:
         return arrays
     return {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), device, 0) for k, v in arrays.items()}
+
+
+def attention_off_device(provider: str, io: GraphIO) -> str | None:
+    """Why this decoder's attention cannot run on its session's device, or None (generation and
+    translation decoders alike).
+
+    onnxruntime registers its CUDA GroupQueryAttention kernel for float16 and bfloat16 only
+    (contrib_ops/cuda/bert/group_query_attention.cc), so a float32 decoder's attention runs on the
+    CPU provider. IO binding then copies the bound device inputs to the host once, when bound: every
+    step read stale values (seqlens_k garbage, "out of range", on an H200 with onnxruntime 1.31.1).
+    Such a decoder is served unbound (docs/design/gpu.md)."""
+    if provider == CUDA and np.dtype(io.kv_dtype) == np.float32:
+        return (
+            "onnxruntime's CUDA GroupQueryAttention takes float16 and bfloat16 only, "
+            "so this float32 decoder's attention runs on the CPU"
+        )
+    return None

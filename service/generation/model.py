@@ -15,11 +15,10 @@ import dataclasses
 import logging
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from service import tokenizing
-from service.engine.graphio import GraphIO
+from service.engine.graphio import GraphIO, attention_off_device
 from service.errors import InvalidArgument, ServiceError, quote
 from service.generation import chat_template
 from service.generation.chat_template import ChatTemplate
@@ -40,22 +39,6 @@ log = logging.getLogger(__name__)
 
 PREFILL_TOKENS_PER_STEP = 512  # prompt tokens (padding counted) prefilled per scheduler turn
 WARMUP_TOKENS = 2
-
-
-def attention_off_device(provider: str, io: GraphIO) -> str | None:
-    """Why this decoder's attention cannot run on its session's device, or None.
-
-    onnxruntime registers its CUDA GroupQueryAttention kernel for float16 and bfloat16 only
-    (contrib_ops/cuda/bert/group_query_attention.cc), so a float32 decoder's attention runs on the
-    CPU provider. IO binding then copies the bound device inputs to the host once, when bound: every
-    step read stale values (seqlens_k garbage, "out of range", on an H200 with onnxruntime 1.31.1).
-    Such a decoder is served unbound (docs/design/gpu.md)."""
-    if provider == CUDA and np.dtype(io.kv_dtype) == np.float32:
-        return (
-            "onnxruntime's CUDA GroupQueryAttention takes float16 and bfloat16 only, "
-            "so this float32 decoder's attention runs on the CPU"
-        )
-    return None
 
 
 class GenerationModel:

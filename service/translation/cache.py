@@ -1,13 +1,19 @@
-"""The translator's decoder KV cache (`KVBatch`) and one decoder step over it (`run_step`).
+"""The translator decoder's self-attention KV cache (`SlotBatch`) and one decoder step over it.
 
-`KVBatch` is the cache of a decoder with an attention mask and a growing past: per layer key and value
-(B, H, L, D) plus a 1/0 mask (B, L) over the L cached slots. Rows of different lengths share it
-right-aligned: a row's valid slots are the last `length` columns, padding slots on the left are
-masked. Rows join with nothing cached (`add_rows`: all their slots masked, their first step
-writes the last column), leave by index, and `compact` drops leading columns no row uses, so L stays the
-longest row's length. On CUDA the cache lives on the device as OrtValues (IO binding) between steps and
-comes to the host only when rows leave; on CPU it is plain numpy. (The generation decoder's cache is
-service/generation/cache.py.)
+Per layer a key and a value buffer (R, H, L, D). Row r holds its cached positions in slots
+[0, lengths[r]), left-aligned; the decoder graph's GroupQueryAttention (export/onnx/graphs.py)
+reads each row's length from `seqlens_k`, writes the row's new key at slot lengths[r] and attends
+over exactly its own slots. A row's keys never move with its neighbours' lengths, so its logits are
+the same alone or in any batch, bit for bit (the right-aligned, masked cache this replaces moved
+them by ~1e-6, which an int8 graph's rounding turned into 0.04).
+
+Rows join with nothing cached (`add_rows`: length 0, their first step writes slot 0), leave and
+are reordered or repeated by beam search (`select`). L, the buffer's slots, grows by doubling when
+the longest row needs more (`SLOTS_FIRST` at first) and shrinks to what the rows need when they
+change. On CPU the buffers are numpy arrays (no IO binding: `session.run` returns the grown cache,
+a copy a step, as the concatenated past did) or OrtValues bound as both past and present, so the
+graph writes each new key in place; on CUDA OrtValues on the device, brought to the host only when
+rows change. (The generation decoder's cache is service/generation/cache.py.)
 """
 
 from __future__ import annotations
@@ -17,114 +23,121 @@ import onnxruntime as ort
 
 from service.engine.graphio import GraphIO
 
+SLOTS_FIRST = 32  # the first buffer's slots: a sentence's translation mostly fits
 
-class KVBatch:
-    """Right-aligned batch KV cache; host numpy arrays or device OrtValues (see module doc)."""
 
-    def __init__(self, io: GraphIO, device: str | None = None):
-        self.io = io
-        self.device = device  # None: numpy; "cpu" / "cuda": OrtValues through IO binding
-        self.mask = np.zeros((0, 0), np.int64)  # (B, L)
-        self._host: list[np.ndarray] | None = io.empty_past(0)
+def slots_for(needed: int, limit: int) -> int:
+    """The buffer length for rows needing `needed` slots: a power of two from SLOTS_FIRST, at most limit."""
+    slots = SLOTS_FIRST
+    while slots < needed:
+        slots *= 2
+    return max(min(slots, limit), needed)
+
+
+class SlotBatch:
+    """Left-aligned batch KV cache with per-row lengths; numpy arrays or OrtValues (module doc)."""
+
+    def __init__(self, io: GraphIO, max_slots: int, device: str | None = None):
+        """max_slots: the most positions a row may cache (the model's); device: None (numpy, no
+        binding), "cpu" or "cuda" (OrtValues bound in place)."""
+        self.io, self.max_slots, self.device = io, max_slots, device
+        self.lengths = np.zeros(0, np.int64)  # (R,) cached positions per row
+        self._host: list[np.ndarray] | None = self._zeros(0, 0)
         self._dev: list[ort.OrtValue] | None = None
-
-    @classmethod
-    def empty(cls, io: GraphIO, rows: int, device: str | None = None) -> KVBatch:
-        """A cache of `rows` rows and no cached positions yet (all rows start together)."""
-        cache = cls(io, device)
-        cache.mask = np.zeros((rows, 0), np.int64)
-        cache._host = io.empty_past(rows)
-        return cache
 
     @property
     def rows(self) -> int:
-        return self.mask.shape[0]
+        return len(self.lengths)
 
     @property
-    def length(self) -> int:
-        return self.mask.shape[1]
+    def slots(self) -> int:
+        """The buffers' length L."""
+        if self._host is not None:
+            return self._host[0].shape[2]
+        return int(self._device()[0].shape()[2])
+
+    def _zeros(self, rows: int, slots: int) -> list[np.ndarray]:
+        return [
+            np.zeros((rows, self.io.n_heads, slots, self.io.head_dim), self.io.kv_dtype) for _ in self.io.past_names
+        ]
+
+    def _device(self) -> list[ort.OrtValue]:
+        if self._dev is None:  # one of the two always holds the cache
+            raise RuntimeError("SlotBatch holds neither host nor device buffers")
+        return self._dev
 
     def host(self) -> list[np.ndarray]:
-        """The cache as numpy arrays (brings it from the device when it lives there)."""
+        """The buffers as numpy arrays (brought from the device when they live there)."""
         if self._host is None:
-            if self._dev is None:  # one of the two always holds the cache
-                raise RuntimeError("KVBatch holds neither host nor device tensors")
-            self._host = [v.numpy() for v in self._dev]
+            # a copy while the OrtValues live: on CPU numpy() views memory that dies with them
+            self._host = [np.array(v.numpy()) for v in self._device()]
             self._dev = None
         return self._host
 
-    def keep(self, rows: list[int]) -> None:
-        """Keeps only these rows (in this order) and compacts."""
-        idx = np.asarray(rows, dtype=np.int64)
-        self._host = [a[idx] for a in self.host()]  # (b, H, L, D)
-        self.mask = self.mask[idx]
-        self.compact()
-
     def add_rows(self, n: int) -> None:
-        """Appends n rows with nothing cached: zero K/V, masked slots; their first step fills the
-        last column, so they sit right-aligned like every other row."""
+        """Appends n rows with nothing cached."""
         host = self.host()
-        self._host = [np.concatenate([a, np.zeros((n, *a.shape[1:]), a.dtype)]) for a in host]  # (B+n, H, L, D)
-        self.mask = np.concatenate([self.mask, np.zeros((n, self.length), np.int64)])  # (B+n, L)
+        self._host = [np.concatenate([a, np.zeros((n, *a.shape[1:]), a.dtype)]) for a in host]  # (R+n, H, L, D)
+        self.lengths = np.concatenate([self.lengths, np.zeros(n, np.int64)])
 
-    def compact(self) -> None:
-        """Drops leading columns that no row uses."""
-        used = np.flatnonzero(self.mask.any(axis=0))
-        start = int(used[0]) if used.size else self.length
-        if start > 0:
-            self._host = [np.ascontiguousarray(a[:, :, start:]) for a in self.host()]  # (B, H, L', D)
-            self.mask = self.mask[:, start:]
+    def select(self, rows: np.ndarray) -> None:
+        """Keeps these rows in this order, a row repeated where it appears more than once (beam
+        search's parents); the buffers shrink to what the kept rows need."""
+        idx = np.asarray(rows, np.int64)
+        self.lengths = self.lengths[idx]
+        keep = slots_for(int(self.lengths.max(initial=0)) + 1, self.max_slots) if idx.size else 0
+        self._host = [np.ascontiguousarray(a[idx, :, :keep]) for a in self.host()]  # (R', H, L', D), a copy
 
-    def step_feeds(self) -> list[np.ndarray] | list[ort.OrtValue]:
-        """The past tensors for the next step, where the step runs them."""
-        if self.device is None:
-            return self.host()
+    def _ensure(self, needed: int) -> None:
+        """Grows the buffers (a copy) when a row's next step needs more slots than they have."""
+        if needed <= self.slots:
+            return
+        if needed > self.max_slots:
+            raise RuntimeError(f"a row would pass the model's {self.max_slots} positions")
+        grown = self._zeros(self.rows, slots_for(needed, self.max_slots))
+        for new, old in zip(grown, self.host()):
+            new[:, :, : old.shape[2]] = old
+        self._host = grown
+
+    def _bound(self) -> list[ort.OrtValue]:
+        """The buffers as OrtValues on the device (uploaded when they changed on the host)."""
         if self._dev is None:
             self._dev = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), self.device, 0) for a in self.host()]
             self._host = None
         return self._dev
 
-    def advance(self, present: list, new_mask: np.ndarray) -> None:
-        """Takes the step's present tensors as the cache, with new_mask (B, L+T)."""
+    def step(self, session: ort.InferenceSession, feeds: dict[str, np.ndarray], constants: dict) -> np.ndarray:
+        """One decoder call over every row: feeds (input_ids (R, 1), position_ids (R, 1)), constants
+        (the inputs fixed across steps: a translator's cross K/V and source mask, numpy or
+        OrtValues already on the device). Each row's length grows by one; -> logits (R, V)."""
+        rows = self.rows
+        lengths_after = self.lengths + 1
+        self._ensure(int(lengths_after.max()))
+        inputs = {
+            **feeds,
+            "seqlens_k": (lengths_after - 1).astype(np.int32),
+            "total_sequence_length": np.asarray(lengths_after.max(), np.int32),
+        }
         if self.device is None:
-            self._host, self._dev = present, None
+            past = dict(zip(self.io.past_names, self.host()))
+            outputs = session.run(["logits", *self.io.present_names], {**inputs, **constants, **past})
+            self._host = outputs[1:]  # the same slots: the buffer is longer than every row
+            logits = outputs[0]
         else:
-            self._dev, self._host = present, None
-        self.mask = new_mask
-
-
-def run_step(
-    session: ort.InferenceSession,
-    io: GraphIO,
-    feeds: dict[str, np.ndarray],
-    cache: KVBatch,
-    constants: dict | None = None,
-) -> np.ndarray:
-    """One decoder call over the whole batch: feeds (input_ids (B, T), position_ids (B, T)) + the
-    cache + constants (inputs that stay fixed across steps, e.g. a translator's cross K/V: numpy,
-    or OrtValues already on the device); attention_mask is the cache mask extended by T ones.
-    Updates the cache; returns the logits of the last position (B, V)."""
-    rows, new = feeds["input_ids"].shape
-    mask = np.concatenate([cache.mask, np.ones((rows, new), np.int64)], axis=1)  # (B, L+T)
-    past = cache.step_feeds()
-    constants = constants or {}
-    if cache.device is None:
-        inputs = {**feeds, **constants, "attention_mask": mask, **dict(zip(io.past_names, past))}
-        outputs = session.run(["logits", *io.present_names], inputs)
-        cache.advance(outputs[1:], mask)
-        return outputs[0][:, -1, :]  # (B, V)
-    binding = session.io_binding()
-    for name, value in {**feeds, "attention_mask": mask}.items():
-        binding.bind_cpu_input(name, np.ascontiguousarray(value))
-    for name, value in [*constants.items(), *zip(io.past_names, past)]:
-        if isinstance(value, ort.OrtValue):
-            binding.bind_ortvalue_input(name, value)
-        else:
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-    binding.bind_output("logits", "cpu")
-    for name in io.present_names:
-        binding.bind_output(name, cache.device, 0)
-    session.run_with_iobinding(binding)
-    outputs = binding.get_outputs()
-    cache.advance(list(outputs[1:]), mask)
-    return outputs[0].numpy()[:, -1, :]  # (B, V)
+            binding = session.io_binding()
+            for name, value in inputs.items():
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            for name, value in constants.items():
+                if isinstance(value, ort.OrtValue):
+                    binding.bind_ortvalue_input(name, value)
+                else:
+                    binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            binding.bind_output("logits", "cpu")  # first: get_outputs() follows the binding order
+            shape = [rows, self.io.n_heads, self.slots, self.io.head_dim]
+            for value, past_name, present_name in zip(self._bound(), self.io.past_names, self.io.present_names):
+                binding.bind_input(past_name, self.device, 0, self.io.kv_dtype, shape, value.data_ptr())
+                binding.bind_output(present_name, self.device, 0, self.io.kv_dtype, shape, value.data_ptr())
+            session.run_with_iobinding(binding)
+            logits = binding.get_outputs()[0].numpy()
+        self.lengths = lengths_after
+        return logits[:, -1, :]  # (R, V)

@@ -1,15 +1,15 @@
 """The decoder batch of a translation model: rows of many sources that join and leave between steps.
 
 `Seq2SeqBatch` holds, for R rows (each source's k rows contiguous, in `sources` order):
-- the decoder's self-attention KV cache (kvcache.KVBatch, right-aligned: a source that joined
-  later has fewer cached positions, its earlier slots masked);
+- the decoder's self-attention KV cache (cache.SlotBatch: each row left-aligned in its buffer
+  with its own length; a source that joined later has fewer cached positions);
 - the cross-attention K/V its encoder produced once per source, (R, H, S, D) per layer, and the
   source mask (R, S), right-padded to the longest source present (padding masked, trimmed when
   that source leaves); on CUDA uploaded to the device once per batch composition;
 - the position each row feeds next (its source's own step count, as position_ids).
 `join` adds encoded sources, `step` runs one decoder call for every row and advances every
 source (search.advance_batch), `drop` removes sources (cancelled calls). A row's attention only
-sees its own valid slots, so its tokens do not depend on who else is in the batch.
+sees its own slots and its own source, so its logits do not depend on who else is in the batch.
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 from service.engine.graphio import GraphIO, to_device
-from service.translation.cache import KVBatch, run_step
+from service.translation.cache import SlotBatch
 from service.translation.search import SourceSearch, advance_batch
 
 
 class Seq2SeqBatch:
-    def __init__(self, session, io: GraphIO, device: str | None):
-        self.session, self.io, self.device = session, io, device
+    def __init__(self, session, io: GraphIO, device: str | None, max_positions: int):
+        """max_positions: the decoder's positions (the most a row may cache)."""
+        self.session, self.io, self.device, self.max_positions = session, io, device, max_positions
         self.cross_names = tuple(n.replace("past_key_values", "cross_key_values") for n in io.past_names)
-        self.cache = KVBatch.empty(io, 0, device)
+        self.cache = SlotBatch(io, max_positions, device)
         self.sources: list[SourceSearch] = []
         self._cross: list[np.ndarray] | None = None  # each (R, H, S, D)
         self._src_mask = np.zeros((0, 0), np.int64)  # (R, S)
@@ -61,7 +62,7 @@ class Seq2SeqBatch:
         tokens = np.concatenate([s.last for s in self.sources])  # (R,)
         positions = np.repeat([s.steps for s in self.sources], [s.k for s in self.sources])  # (R,)
         feeds = {"input_ids": tokens[:, None], "position_ids": positions[:, None].astype(np.int64)}  # (R, 1) each
-        logits = run_step(self.session, self.io, feeds, self.cache, self._bound)  # (R, V)
+        logits = self.cache.step(self.session, feeds, self._bound)  # (R, V)
         keep, self.sources, ended = advance_batch(self.sources, logits)
         if keep.size != logits.shape[0] or np.any(keep != np.arange(keep.size)):
             self._select(keep)
@@ -85,7 +86,7 @@ class Seq2SeqBatch:
 
     def _select(self, rows: np.ndarray) -> None:
         """Keeps (re-orders, repeats) rows of cache, cross K/V and source mask; trims source padding."""
-        self.cache.keep(list(rows))
+        self.cache.select(rows)
         mask = self._src_mask[rows]  # (R', S)
         used = np.flatnonzero(mask.any(axis=0))
         width = int(used[-1]) + 1 if used.size else 0

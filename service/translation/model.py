@@ -20,7 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from service import metrics, tokenizing
-from service.engine.graphio import GraphIO
+from service.engine.graphio import GraphIO, attention_off_device
 from service.errors import DeadlineExceeded, InvalidArgument, ServiceError
 from service.manifest import PACKED_ROLE, Manifest, ModelDir
 from service.registry import model_info
@@ -96,8 +96,18 @@ class TranslationModel:
         self.start_id = int(special.get("decoder_start", special.get("bos", 0)))
         positions = int(manifest.architecture.get("max_positions") or 0) or None
         self.max_length = min(int(manifest.max_output_tokens or positions or 256), (positions or 1 << 30) - 1)
+        self.max_positions = positions or self.max_length + 1  # the most a row caches
+        if not self.io.buffer_kv:
+            raise ValueError(
+                f"model {self.name!r}: its decoder graph has no seqlens_k input (a format-2 model directory, "
+                "whose decoder attends over a masked, right-aligned cache); rebuild it with `make models` or "
+                "`python -m export convert`"
+            )
         if io_binding is None:
             io_binding = self.provider == "CUDAExecutionProvider"
+        if io_binding and (cpu_attention := attention_off_device(self.provider, self.io)):
+            log.warning("translation model %s: served without IO binding: %s", self.name, cpu_attention)
+            io_binding = False
         self.device = ("cuda" if self.provider == "CUDAExecutionProvider" else "cpu") if io_binding else None
         self.execution = "packed" if source_encoder.is_packed(encoder) else "padded"
         self.scheduler = Seq2SeqScheduler(
@@ -110,6 +120,7 @@ class TranslationModel:
             max_queue=settings.translate_max_queue,
             pad_id=self.pad_id,
             device=self.device,
+            max_positions=self.max_positions,
             gate=runtime.gate,
             pack_row_tokens=settings.embed_pack_row_tokens if self.execution == "packed" else None,
             pack_align=source_encoder.alignment(variant),

@@ -65,16 +65,18 @@ class Seq2SeqScheduler:
         max_queue: int,
         pad_id: int,
         device: str | None,
+        max_positions: int,
         pack_row_tokens: int | None = None,
         pack_align: int = 1,
         gate: Gate | None = None,
     ):
         """pack_row_tokens: None for a padded encoder graph, else a packed one's row length
-        (service/translation/encoder.py); pack_align: where a packed source may start."""
+        (service/translation/encoder.py); pack_align: where a packed source may start;
+        max_positions: the decoder's positions, the most a row caches."""
         self.name, self.encoder, self.runtime = name, encoder, runtime
         self.pack_row_tokens, self.pack_align = pack_row_tokens, pack_align
         self.max_rows, self.pad_id = max_rows, pad_id
-        self.batch = Seq2SeqBatch(decoder, io, device)
+        self.batch = Seq2SeqBatch(decoder, io, device, max_positions)
         self.queue: deque[Item] = deque()
         self.members: dict[int, Item] = {}  # id(item.search) -> item, for sources in the batch
         self._inference = metrics.INFERENCE_DURATION.labels(name)  # one engine run: an encoder run or a step
@@ -136,7 +138,8 @@ class Seq2SeqScheduler:
             except Exception as exc:  # a bug outside any one source: fail the batch, keep the loop
                 log.exception("translation turn of model %s failed", self.name)
                 ended, retry = [(it.search, exc) for it in self.members.values()], []
-                self.batch = Seq2SeqBatch(self.batch.session, self.batch.io, self.batch.device)
+                b = self.batch
+                self.batch = Seq2SeqBatch(b.session, b.io, b.device, b.max_positions)
             self._deliver(ended, retry)
             elapsed = time.perf_counter() - start
             for it in self.members.values():

@@ -63,7 +63,7 @@ def test_decoder_graph_io_follows_the_kv_contract(tiny_models_root):
     heads = m.architecture["n_heads"]
     buffer = ["batch", heads, "max_sequence", m.architecture["d_model"] // heads]
     assert g.inputs[5].shape == buffer and g.outputs[1].shape == buffer  # present is the past buffer
-    assert m.format_version == 2
+    assert m.format_version == 3
 
 
 def test_no_if_node_and_prefill_with_empty_past(tiny_models_root):

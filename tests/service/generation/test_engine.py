@@ -186,7 +186,7 @@ def test_beam_search_with_one_beam_is_greedy_search(runtime, tiny_models_root):
     results = []
     for greedy in (True, False):
         sources = [SourceSearch(1, model.start_id, model.eos_id, n, 0.7, greedy) for n in (8, 30, 20, 30)]
-        batch = Seq2SeqBatch(decoder, model.io, None)
+        batch = Seq2SeqBatch(decoder, model.io, None, model.max_positions)
         batch.join(sources, cross, mask)
         while batch.rows:
             assert all(exc is None for _, exc in batch.step())
