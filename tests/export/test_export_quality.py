@@ -103,9 +103,12 @@ def test_int8_translator_is_judged_on_test_pairs(tmp_path):
             and q["top1_agreement"] >= DOCUMENTED_LIMITS["top1_agreement_min"]
             and q["batch_max_abs_diff"] <= DOCUMENTED_LIMITS["batch_max_abs_diff"]
         )
+    # each target row attends over its own KV slots (GroupQueryAttention): the same alone and batched
+    assert m.graph("decoder", "int8").parity["quality"]["batch_max_abs_diff"] == 0.0
+    assert within[1]
     runtime = Runtime(Settings.from_env(env={}, device="cpu"))
-    try:  # int8 exactly when its figures are within the documented limits, the batch check included
-        assert runtime.choose_variant(m, "decoder") == ("int8" if within[1] else "optimized")
+    try:  # without export timings for translators, auto serves a quantised variant the gate admitted
+        assert runtime.choose_variant(m, "decoder") == "int8"
     finally:
         runtime.close()
 
