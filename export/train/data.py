@@ -21,7 +21,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+def _shared_data() -> Path:
+    """The shared corpora: `shared/data` inside the checkout where it has one (a copy of the
+    working tree on a device machine), else beside it, `../shared/data`, where the development
+    and CI machines keep them."""
+    root = Path(__file__).resolve().parents[2]
+    inside = root / "shared" / "data"
+    return inside if inside.is_dir() else root.parent / "shared" / "data"
+
+
+SHARED = _shared_data()
 DEFAULT_DATA = {
     "generator": SHARED / "tinystories" / "TinyStories-train.first2MiB.txt",
     "translator": SHARED / "tatoeba-eng-fra" / "fra.txt.xz",
