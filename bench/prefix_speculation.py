@@ -19,6 +19,13 @@ feature under test, and alternates calls between them (gRPC, one stream, token-i
   and tokenizer (4 layers, 256 wide, 4,096 tokens) with random weights and `--context` positions,
   exported (fp32 and optimized, through the parity gate) to `--out`/long-gpt; `ttft` and `engine`
   then take `--model long-gpt --shared 1000` (the shared prompt is the story's tokens repeated).
+- `quoter`: a model that quotes its context, as an assistant editing or summarising a given text
+  does: tinystories-gpt's trained checkpoint (`--checkpoint`) fine-tuned for `--steps` steps on
+  training stories each followed by `QUOTE_MARKER` and the story again (next-token loss over the
+  whole row), exported (fp32 and optimized, through the gate) to `--out`/quote-gpt; `speculate`
+  then takes `--models OUT --model quote-gpt`. tinystories-gpt itself tells a new story instead.
+The `speculate` quoting prompt is a story's first 100 tokens, `QUOTE_MARKER`, then the story's
+first 12 tokens again.
 Both check that the two servers return the same tokens. Prints JSON with the CPU and load.
 
     python -m bench.prefix_speculation --models models --model tinystories-gpt --variant optimized ttft
@@ -87,6 +94,62 @@ async def ttft(stubs: dict, ids: list[int], args) -> dict:
     out["ratio_client"] = round(out["cached"]["client_ms"] / out["uncached"]["client_ms"], 3)
     out["ratio_server"] = round(out["cached"]["server_ttft_ms"] / out["uncached"]["server_ttft_ms"], 3)
     return {**out, "same_tokens": same}
+
+
+QUOTE_MARKER = " Here is the same story again:"
+
+
+def quoter(args) -> None:
+    """The quoting model of `quoter` (module doc); imports torch, so only here."""
+    import random
+
+    import torch
+    import torch.nn.functional as F
+
+    from export.build import build_model_dir
+    from export.train import data
+    from export.train.checkpoint import load_checkpoint
+
+    torch.manual_seed(0)
+    model, _ = load_checkpoint(args.checkpoint)
+    tokenizer = Tokenizer.from_file(str(Path(args.checkpoint) / "tokenizer.json"))
+    stories, _ = data.split_stories(data.load_stories(data.DEFAULT_DATA["generator"]))  # not the held-out ones
+    marker = tokenizer.encode(QUOTE_MARKER, add_special_tokens=False).ids
+    separator = model.config.eos_token_id
+    rows = [
+        [separator, *ids[:100], *marker, *ids[:100], separator]
+        for ids in (e.ids for e in tokenizer.encode_batch(stories[:4000], add_special_tokens=False))
+        if len(ids) >= 24
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    sample = random.Random(0).sample
+    model.train()
+    for step in range(args.steps):
+        batch = sample(rows, 16)
+        ids = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)  # right-padded: causal, so harmless
+        targets = torch.full_like(ids, -100)
+        for i, row in enumerate(batch):
+            ids[i, : len(row)] = torch.tensor(row)
+            targets[i, : len(row) - 1] = torch.tensor(row[1:])
+        logits, _ = model(ids)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 50 == 0 or step == args.steps - 1:
+            print(f"quoter step {step}: loss {loss.item():.3f}", flush=True)
+    build_model_dir(
+        "generation",
+        model.eval(),
+        tokenizer,
+        Path(args.out) / "quote-gpt",
+        name="quote-gpt",
+        special_tokens={"bos": separator, "eos": separator, "pad": separator},
+        max_input_tokens=128,
+        max_output_tokens=128,
+        variants=("optimized",),
+    )
 
 
 def build(args) -> None:
@@ -180,6 +243,9 @@ async def main(args) -> None:
     if args.what == "build":  # tinystories-gpt's tokenizer (--model), a new model in --out
         build(args)
         return
+    if args.what == "quoter":
+        quoter(args)
+        return
     ids = tokenizer.encode(STORY).ids
     ids = ids * (1 + (args.shared + args.question + args.rounds) // len(ids))  # long shared prompts: repeated
     if args.what == "engine":
@@ -211,7 +277,8 @@ async def main(args) -> None:
         if args.what == "ttft":
             result = await ttft(stubs, ids, args)
         else:
-            quote = ids[:100] + ids[:12]  # a story, then its start again: the continuation quotes it
+            marker = tokenizer.encode(QUOTE_MARKER, add_special_tokens=False).ids
+            quote = ids[:100] + marker + ids[:12]  # a story, then its start again: the continuation quotes it
             free = tokenizer.encode("Once upon a time").ids
             result = await speculate(
                 stubs, {k: s.proc.pid for k, s in servers.items()}, {"quote": quote, "free": free}, args
@@ -238,10 +305,12 @@ async def main(args) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("ttft", "engine", "speculate", "build"))
+    parser.add_argument("what", choices=("ttft", "engine", "speculate", "build", "quoter"))
+    parser.add_argument("--checkpoint", default="checkpoints/tinystories-gpt", help="quoter: the model fine-tuned")
+    parser.add_argument("--steps", type=int, default=600, help="quoter: fine-tuning steps (16 rows each)")
     parser.add_argument("--context", type=int, default=1280, help="positions of the built model (build)")
     parser.add_argument(
-        "--out", default=str(Path(tempfile.gettempdir()) / "prefix-bench"), help="build: where long-gpt goes"
+        "--out", default=str(Path(tempfile.gettempdir()) / "prefix-bench"), help="build, quoter: where the model goes"
     )
     parser.add_argument("--models", default="models")
     parser.add_argument("--model", default="tinystories-gpt")
