@@ -107,11 +107,14 @@ def quoter(args) -> None:
     import torch.nn.functional as F
 
     from export.build import build_model_dir
+    from export.models.decoder import GPTDecoder
     from export.train import data
     from export.train.checkpoint import load_checkpoint
 
     torch.manual_seed(0)
-    model, _ = load_checkpoint(args.checkpoint)
+    model, meta = load_checkpoint(args.checkpoint)
+    if not isinstance(model, GPTDecoder):
+        raise SystemExit(f"{args.checkpoint}: a {meta['architecture']} checkpoint, not a generator")
     tokenizer = Tokenizer.from_file(str(Path(args.checkpoint) / "tokenizer.json"))
     stories, _ = data.split_stories(data.load_stories(data.DEFAULT_DATA["generator"]))  # not the held-out ones
     marker = tokenizer.encode(QUOTE_MARKER, add_special_tokens=False).ids

@@ -223,7 +223,7 @@ class TranslatorDecoderGraph(nn.Module):
         present = []
         for layer, qkv, (past_k, past_v), cross_kv in zip(m.decoder_layers, self.qkv, past, cross):
             attn = layer.self_attn
-            kept: list[torch.Tensor] = []
+            kept = []  # this layer's present key and value
 
             def attend(h, attn=attn, qkv=qkv, past_k=past_k, past_v=past_v, kept=kept):
                 y, k, v = _GroupQueryAttention.apply(
