@@ -223,18 +223,16 @@ class TranslatorDecoderGraph(nn.Module):
         present = []
         for layer, qkv, (past_k, past_v), cross_kv in zip(m.decoder_layers, self.qkv, past, cross):
             attn = layer.self_attn
-            kept = []  # this layer's present key and value
 
-            def attend(h, attn=attn, qkv=qkv, past_k=past_k, past_v=past_v, kept=kept):
+            def attend(h, attn=attn, qkv=qkv, past_k=past_k, past_v=past_v):
                 y, k, v = _GroupQueryAttention.apply(
                     qkv(h), past_k, past_v, seqlens_k, total_sequence_length, attn.n_heads, attn.n_kv_heads,
                     None, None, None,
                 )  # fmt: skip
-                kept += [k, v]
-                return attn.out(y), None
+                return attn.out(y), (k, v)
 
-            x, _ = layer.run(x, attend, cross_kv, cross_mask)
-            present += kept
+            x, self_kv = layer.run(x, attend, cross_kv, cross_mask)
+            present += self_kv
         return (m.project(x), *present)
 
 

@@ -72,9 +72,6 @@ class GraphIO:
             logits_positions="logits_positions" in inputs,
         )
 
-    def empty_past(self, rows: int) -> list[np.ndarray]:
-        return [np.zeros((rows, self.n_heads, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]
-
 
 def to_device(arrays: dict[str, np.ndarray], device: str | None) -> dict:
     """Constant inputs where the step runs them: as is for numpy, else OrtValues on the device."""
