@@ -21,9 +21,10 @@ feature under test, and alternates calls between them (gRPC, one stream, token-i
   then take `--model long-gpt --shared 1000` (the shared prompt is the story's tokens repeated).
 - `quoter`: a model that quotes its context, as an assistant editing or summarising a given text
   does: tinystories-gpt's trained checkpoint (`--checkpoint`) fine-tuned for `--steps` steps on
-  training stories each followed by `QUOTE_MARKER` and the story again (next-token loss over the
-  whole row), exported (fp32 and optimized, through the gate) to `--out`/quote-gpt; `speculate`
-  then takes `--models OUT --model quote-gpt`. tinystories-gpt itself tells a new story instead.
+  training stories each followed by `QUOTE_MARKER` and the story again (next-token loss on the
+  quoted half only: the story itself it already models), exported (fp32 and optimized, through
+  the gate) to `--out`/quote-gpt; `speculate` then takes `--models OUT --model quote-gpt`.
+  tinystories-gpt itself tells a new story instead.
 The `speculate` quoting prompt is a story's first 100 tokens, `QUOTE_MARKER`, then the story's
 first 12 tokens again.
 Both check that the two servers return the same tokens. Prints JSON with the CPU and load.
@@ -124,7 +125,7 @@ def quoter(args) -> None:
         for ids in (e.ids for e in tokenizer.encode_batch(stories[:4000], add_special_tokens=False))
         if len(ids) >= 24
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sample = random.Random(0).sample
     model.train()
     for step in range(args.steps):
@@ -133,7 +134,10 @@ def quoter(args) -> None:
         targets = torch.full_like(ids, -100)
         for i, row in enumerate(batch):
             ids[i, : len(row)] = torch.tensor(row)
-            targets[i, : len(row) - 1] = torch.tensor(row[1:])
+            # A row is [separator, story, marker, story, separator]: from the marker's last token on,
+            # each position predicts the next quoted one.
+            quoted = (len(row) - 2 - len(marker)) // 2 + len(marker)
+            targets[i, quoted : len(row) - 1] = torch.tensor(row[quoted + 1 :])
         logits, _ = model(ids)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         optimizer.zero_grad()
@@ -311,6 +315,7 @@ if __name__ == "__main__":
     parser.add_argument("what", choices=("ttft", "engine", "speculate", "build", "quoter"))
     parser.add_argument("--checkpoint", default="checkpoints/tinystories-gpt", help="quoter: the model fine-tuned")
     parser.add_argument("--steps", type=int, default=600, help="quoter: fine-tuning steps (16 rows each)")
+    parser.add_argument("--lr", type=float, default=5e-4, help="quoter: AdamW's learning rate")
     parser.add_argument("--context", type=int, default=1280, help="positions of the built model (build)")
     parser.add_argument(
         "--out", default=str(Path(tempfile.gettempdir()) / "prefix-bench"), help="build, quoter: where the model goes"

@@ -72,10 +72,7 @@ def _derive_variants(
     fp32 graph is past 2 GiB (export/onnx/store.py) gets no optimized
     graph: the optimizer's shape inference refuses such a model, so nothing is fused (a 1.1B
     Llama: {} fused, a decode step 685 against fp32's 705 ms), and its variants start from fp32. Embedding
-    tables are 8-bit in int8 and int4 (export/onnx/tables.py) except a translator's: tatoeba-en-fr's
-    int8 batch-invariance check went from 1.9e-6 to 0.028 with them (its fp32 attention over padded
-    sources already differs from a lone source by ~1e-6, and the new inputs flipped an int8
-    rounding on it), so its int8 would no longer be served.
+    tables are 8-bit in int8 and int4 (export/onnx/tables.py), a translator's included.
     kind.decoder_io (generation, translation): fp16 graphs take and return float16 tensors; an
     encoder keeps float32 inputs and outputs in fp16.
     """
@@ -102,10 +99,8 @@ def _derive_variants(
                 extra["int4"] = ox.make_int4(base[role], dst, int4)
             else:
                 extra["int8_method"] = "rowwise"
-                # A translator's int8 keeps fp32 tables: its batch check failed with 8-bit ones (docstring).
-                tables = kind.architecture != "seq2seq"
                 src = base[role] if kind.decoder_io else fp32[role]
-                extra.setdefault("tables", {})[role] = ox.make_int8(src, dst, tables=tables)
+                extra.setdefault("tables", {})[role] = ox.make_int8(src, dst)
         memory.release()  # the source graph's copy, loaded to build this one
         figures = {**kind.measure(variant, paths), **extra, "build_seconds": round(time.perf_counter() - started, 2)}
         if variant == "int8" and not kind.decoder_io and figures.get("quality_ok") is False:

@@ -464,22 +464,22 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     store.save(model, dst)
 
 
-def make_int8(src: Path, dst: Path, tables: bool = True, keep_down: bool = False) -> dict:
+def make_int8(src: Path, dst: Path, keep_down: bool = False) -> dict:
     """int8 for the CPU (export/onnx/quantize.py): u8 x s8 integer GEMMs with one activation scale per
     row (per token), computed at run time, and 7-bit weights per output column. A row's result does
     not depend on the other rows of its batch, which batching with strangers needs (parity.py checks
     it), and the GEMM gains from more rows. Encoders and decoders alike. (onnxruntime's
     `quantize_dynamic`, used for encoders before, scales activations per tensor: a MiniLM embedding
     moved by 0.11 between alone and batched. The weight-only `MatMulNBits` used for decoders before
-    is batch-invariant but gains little from more rows: docs/design/export.md.) With `tables`,
-    embedding tables at 8 bits (export/onnx/tables.py); -> what that did. `keep_down`: down
+    is batch-invariant but gains little from more rows: docs/design/export.md.) Embedding tables
+    at 8 bits (export/onnx/tables.py); -> what that did. `keep_down`: down
     projections stay fp32 (quantize_rowwise; export/build.py retries a failed encoder so).
     """
     from export.onnx.quantize import quantize_rowwise
     from export.onnx.tables import quantize_tables_file
 
     quantize_rowwise(src, dst, keep_down=keep_down)
-    return quantize_tables_file(dst) if tables else {"tables": 0}
+    return quantize_tables_file(dst)
 
 
 def make_int4(src: Path, dst: Path, settings: Int4Settings = DEFAULT_INT4) -> dict:
