@@ -10,7 +10,8 @@ feature under test, and alternates calls between them (gRPC, one stream, token-i
 - `speculate`: `--new-tokens` greedy tokens at one stream on a server with `--gen-speculate` and one
   without, for a prompt that quotes its context (a story, then its first sentence again) and for
   free generation ("Once upon a time"); tokens/s by client wall and by server CPU (/proc, over
-  `--calls` calls a reading).
+  `--calls` calls a reading), and the share of drafted tokens kept (the speculative server's
+  `ts_speculative_tokens_total`).
 - `engine`: the same two prefills in this process by CPU time (`time.process_time`, one
   onnxruntime thread: a loaded machine slows the wall clock, not this): the whole prompt
   (`SlotCache.prefill`) against the shared prompt's row copied and the question continued
@@ -22,7 +23,8 @@ feature under test, and alternates calls between them (gRPC, one stream, token-i
 - `quoter`: a model that quotes its context, as an assistant editing or summarising a given text
   does: tinystories-gpt's trained checkpoint (`--checkpoint`) fine-tuned for `--steps` steps on
   training stories each followed by `QUOTE_MARKER` and the story again (next-token loss on the
-  quoted half only: the story itself it already models), exported (fp32 and optimized, through
+  quoted half only: the story itself it already models), 12 such rows and 4 plain stories a step
+  (so that it still tells a story when not quoting), exported (fp32 and optimized, through
   the gate) to `--out`/quote-gpt; `speculate` then takes `--models OUT --model quote-gpt`.
   tinystories-gpt itself tells a new story instead.
 The `speculate` quoting prompt is a story's first 100 tokens, `QUOTE_MARKER`, then the story's
@@ -40,10 +42,12 @@ import asyncio
 import statistics
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
 from bench.common import ServiceProcess, conditions, emit
@@ -120,24 +124,23 @@ def quoter(args) -> None:
     stories, _ = data.split_stories(data.load_stories(data.DEFAULT_DATA["generator"]))  # not the held-out ones
     marker = tokenizer.encode(QUOTE_MARKER, add_special_tokens=False).ids
     separator = model.config.eos_token_id
-    rows = [
-        [separator, *ids[:100], *marker, *ids[:100], separator]
-        for ids in (e.ids for e in tokenizer.encode_batch(stories[:4000], add_special_tokens=False))
-        if len(ids) >= 24
-    ]
+    encoded = [e.ids for e in tokenizer.encode_batch(stories[:4000], add_special_tokens=False)]
+    # A quoting row is [separator, story, marker, story, separator]: the loss is on the quoted half
+    # (from the marker's last token on). A plain row, a story alone with its whole loss, keeps the
+    # model telling stories (without them, free generation after 800 steps repeated one word).
+    rows = [[separator, *ids[:100], *marker, *ids[:100], separator] for ids in encoded if len(ids) >= 24]
+    plain = [[separator, *ids[: 201 + len(marker)]] for ids in encoded if len(ids) >= 24]  # as long as a quoting row
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sample = random.Random(0).sample
     model.train()
     for step in range(args.steps):
-        batch = sample(rows, 16)
-        ids = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)  # right-padded: causal, so harmless
+        batch = [(row, True) for row in sample(rows, 12)] + [(row, False) for row in sample(plain, 4)]
+        ids = torch.zeros(len(batch), max(len(row) for row, _ in batch), dtype=torch.long)  # right-padded: causal
         targets = torch.full_like(ids, -100)
-        for i, row in enumerate(batch):
+        for i, (row, quoting) in enumerate(batch):
             ids[i, : len(row)] = torch.tensor(row)
-            # A row is [separator, story, marker, story, separator]: from the marker's last token on,
-            # each position predicts the next quoted one.
-            quoted = (len(row) - 2 - len(marker)) // 2 + len(marker)
-            targets[i, quoted : len(row) - 1] = torch.tensor(row[quoted + 1 :])
+            first = (len(row) - 2 - len(marker)) // 2 + len(marker) if quoting else 0
+            targets[i, first : len(row) - 1] = torch.tensor(row[first + 1 :])
         logits, _ = model(ids)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         optimizer.zero_grad()
@@ -215,10 +218,24 @@ def engine(ids: list[int], args) -> dict:
     return {**out, "ratio": round(out["cached"]["cpu_ms"] / out["uncached"]["cpu_ms"], 3), "max_logit_diff": drift}
 
 
-async def speculate(stubs: dict, pids: dict, prompts: dict, args) -> dict:
-    """Per workload, tokens/s by wall and by server CPU on both servers, alternated; medians."""
+def _drafts(url: str) -> dict[str, float]:
+    """The speculative server's `ts_speculative_tokens_total` by outcome (accepted, rejected)."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "ts_speculative_tokens":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["outcome"]] = out.get(sample.labels["outcome"], 0.0) + sample.value
+    return out
+
+
+async def speculate(stubs: dict, pids: dict, prompts: dict, args, metrics_url: str) -> dict:
+    """Per workload, tokens/s by wall and by server CPU on both servers, alternated; medians; and the
+    share of drafted tokens the speculative server kept."""
     out: dict[str, dict[str, Any]] = {}
     for workload, ids in prompts.items():
+        drafted = _drafts(metrics_url)
         rate: dict[str, list[float]] = {k: [] for k in stubs}
         cpu_rate: dict[str, list[float]] = {k: [] for k in stubs}
         tokens = {}
@@ -242,6 +259,13 @@ async def speculate(stubs: dict, pids: dict, prompts: dict, args) -> dict:
         }
         out[workload]["speedup"] = round(out[workload]["speculative"]["tok_s"] / out[workload]["plain"]["tok_s"], 2)
         out[workload]["same_tokens"] = tokens["speculative"] == tokens["plain"]
+        after = _drafts(metrics_url)
+        kept, dropped = (after.get(k, 0.0) - drafted.get(k, 0.0) for k in ("accepted", "rejected"))
+        out[workload]["drafts"] = {
+            "accepted": int(kept),
+            "rejected": int(dropped),
+            "accepted_share": round(kept / (kept + dropped), 3) if kept + dropped else None,
+        }
     return out
 
 
@@ -275,7 +299,7 @@ async def main(args) -> None:
         flags = {"cached": ["--gen-prefix-cache"], "uncached": ["--no-gen-prefix-cache"]}
     else:
         flags = {"speculative": ["--gen-speculate", "--no-gen-prefix-cache"], "plain": ["--no-gen-prefix-cache"]}
-    servers = {k: ServiceProcess(root, base + f) for k, f in flags.items()}
+    servers = {k: ServiceProcess(root, base + f, metrics=k == "speculative") for k, f in flags.items()}
     try:
         channels = {k: grpc.aio.insecure_channel(s.address) for k, s in servers.items()}
         stubs = {k: pb_grpc.GenerationServiceStub(c) for k, c in channels.items()}
@@ -288,7 +312,11 @@ async def main(args) -> None:
             quote = ids[:100] + marker + ids[:12]  # a story, then its start again: the continuation quotes it
             free = tokenizer.encode("Once upon a time").ids
             result = await speculate(
-                stubs, {k: s.proc.pid for k, s in servers.items()}, {"quote": quote, "free": free}, args
+                stubs,
+                {k: s.proc.pid for k, s in servers.items()},
+                {"quote": quote, "free": free},
+                args,
+                servers["speculative"].metrics_url,
             )
         for c in channels.values():
             await c.close()

@@ -44,6 +44,7 @@ class Sequence:
     retried: bool = False  # it was re-prefilled once after a failed step (scheduler)
     cached_tokens: int = 0  # prompt tokens its prefill took from the prefix cache (prefix.py)
     drafts: tuple[int, int, int] = (0, 0, 0)  # speculation (speculate.py): passes, tokens kept, steps paused
+    draft_tokens: int = 0  # speculation: tokens its next draft may hold (0: speculate.DRAFT_TOKENS)
 
     def __post_init__(self) -> None:
         self._penalised = self.params.repetition_penalty not in (0.0, 1.0)

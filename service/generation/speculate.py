@@ -1,14 +1,15 @@
 """Speculative decoding by prompt lookup: drafts from the row's own tokens, verified in one pass.
 
 No second model (Saxena's prompt lookup decoding; vLLM's `ngram` speculator, Hugging Face's
-`prompt_lookup_num_tokens`): the last `n` tokens of a row (prompt and text so far; n = 3) are
-looked up earlier in the same tokens, and the `DRAFT_TOKENS` tokens that followed their latest
-earlier occurrence are the draft. One pass over the row's cache (`SlotCache.extend`) feeds the last
-token and the draft and gives the model's logits after each: the greedy token after the last one,
-then after each draft token while the draft agrees. The agreeing draft tokens plus the model's
-own next token are the step's tokens (1 to k + 1), exactly those plain greedy decoding picks one
-step at a time; the row's length is set back past the rejected draft (its keys stay in the buffer,
-ignored by `seqlens_k`, and are overwritten later).
+`prompt_lookup_num_tokens`): the last `n` tokens of a row (prompt and text so far; n = 3) are looked
+up earlier in the same tokens, and the k tokens that followed their latest earlier occurrence are
+the draft (k = `DRAFT_TOKENS` at first, then twice what the row's last pass kept, up to
+`MAX_DRAFT_TOKENS`: a row that keeps quoting drafts long runs). One pass over the row's cache
+(`SlotCache.extend`) feeds the last token and the draft and gives the model's logits after each: the
+greedy token after the last one, then after each draft token while the draft agrees. The agreeing
+draft tokens plus the model's own next token are the step's tokens (1 to k + 1), exactly those plain
+greedy decoding picks one step at a time; the row's length is set back past the rejected draft (its
+keys stay in the buffer, ignored by `seqlens_k`, and are overwritten later).
 
 Who speculates: a greedy row whose token is the logits' argmax (no repetition, presence or
 frequency penalty, no logit_bias, no grammar, no logprobs asked), with speculation on for it
@@ -29,9 +30,14 @@ from service.generation import metrics
 from service.generation.cache import SlotCache
 from service.generation.sequence import Sequence
 
-DRAFT_TOKENS = 4  # k: draft tokens verified per pass
-# A pass of k + 1 tokens costs more than a step (1.65 steps at k = 4 on tinystories-gpt, CPU time):
-# a row whose last WINDOW passes kept fewer than MIN_KEPT draft tokens each pauses for PAUSE steps.
+DRAFT_TOKENS = 4  # k: draft tokens verified by a row's first pass, and after a pass that kept none
+# A pass that kept its whole draft lets the next one draft twice as many (up to MAX_DRAFT_TOKENS);
+# one that kept a tokens drafts 2a next (at least DRAFT_TOKENS). A pass costs less per token the
+# longer it is (CPU time, in steps: tinystories-gpt 1.62 / 2.07 / 3.08 at 5 / 9 / 17 tokens, a
+# GPT-2-small-shaped fp32 graph 1.25 / 1.59 / 2.31), so a row that quotes gains most from long drafts.
+MAX_DRAFT_TOKENS = 16
+# A pass of k + 1 tokens costs more than a step: a row whose last WINDOW passes kept fewer than
+# MIN_KEPT draft tokens each pauses for PAUSE steps.
 WINDOW, MIN_KEPT, PAUSE = 4, 1.0, 16
 # Suffix lengths looked up, longest first. On tinystories-gpt's outputs the last 3 tokens' drafts kept
 # 0.94-1.56 tokens a pass; with 2 and 1 as fallbacks, twice as many passes kept 0.64-0.65 (under 1.65 - 1).
@@ -100,7 +106,8 @@ class Speculator:
             return None
         start = int(self.cache.lengths[0])
         room = min(self.cache.max_length - start - 1, seq.params.max_new_tokens - len(seq.generated) - 1)
-        proposal = draft(np.asarray(seq.cache_ids), min(DRAFT_TOKENS, room)) if room > 0 else []
+        k = seq.draft_tokens or DRAFT_TOKENS
+        proposal = draft(np.asarray(seq.cache_ids), min(k, room)) if room > 0 else []
         if not proposal:
             return None
         logits = self.cache.extend(0, [seq.generated[-1], *proposal])  # (k + 1, V)
@@ -111,6 +118,7 @@ class Speculator:
         self.cache.lengths[0] = start + 1 + agreed  # the last token and the agreed draft; the rest rewound
         self._accepted.inc(agreed)
         self._rejected.inc(len(proposal) - agreed)
+        seq.draft_tokens = min(MAX_DRAFT_TOKENS, max(DRAFT_TOKENS, 2 * agreed))
         passes, kept = passes + 1, kept + agreed
         if passes < WINDOW:
             seq.drafts = (passes, kept, 0)
