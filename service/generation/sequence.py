@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from service.generation.output import Chunk, Output
 from service.generation.sampler import Row
 from service.generation.scoring import TokenLogprobs
 from service.timings import Timings
+
+if TYPE_CHECKING:
+    from service.generation.speculate import Lookup
 
 
 @dataclass
@@ -44,7 +47,7 @@ class Sequence:
     retried: bool = False  # it was re-prefilled once after a failed step (scheduler)
     cached_tokens: int = 0  # prompt tokens its prefill took from the prefix cache (prefix.py)
     drafts: tuple[int, int, int] = (0, 0, 0)  # speculation (speculate.py): passes, tokens kept, steps paused
-    draft_tokens: int = 0  # speculation: tokens its next draft may hold (0: speculate.DRAFT_TOKENS)
+    lookup: Lookup | None = None  # speculation: its tokens' n-grams (speculate.py), made at its first draft
 
     def __post_init__(self) -> None:
         self._penalised = self.params.repetition_penalty not in (0.0, 1.0)

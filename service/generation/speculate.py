@@ -2,14 +2,13 @@
 
 No second model (Saxena's prompt lookup decoding; vLLM's `ngram` speculator, Hugging Face's
 `prompt_lookup_num_tokens`): the last `n` tokens of a row (prompt and text so far; n = 3) are looked
-up earlier in the same tokens, and the k tokens that followed their latest earlier occurrence are
-the draft (k = `DRAFT_TOKENS` at first, then twice what the row's last pass kept, up to
-`MAX_DRAFT_TOKENS`: a row that keeps quoting drafts long runs). One pass over the row's cache
-(`SlotCache.extend`) feeds the last token and the draft and gives the model's logits after each: the
-greedy token after the last one, then after each draft token while the draft agrees. The agreeing
-draft tokens plus the model's own next token are the step's tokens (1 to k + 1), exactly those plain
-greedy decoding picks one step at a time; the row's length is set back past the rejected draft (its
-keys stay in the buffer, ignored by `seqlens_k`, and are overwritten later).
+up earlier in the same tokens, and the `DRAFT_TOKENS` tokens that followed their latest earlier
+occurrence are the draft (`Lookup` keeps each row's n-grams indexed as it grows). One pass over the
+row's cache (`SlotCache.extend`) feeds the last token and the draft and gives the model's logits
+after each: the greedy token after the last one, then after each draft token while the draft agrees.
+The agreeing draft tokens plus the model's own next token are the step's tokens (1 to k + 1),
+exactly those plain greedy decoding picks one step at a time; the row's length is set back past the
+rejected draft (its keys stay in the buffer, ignored by `seqlens_k`, and are overwritten later).
 
 Who speculates: a greedy row whose token is the logits' argmax (no repetition, presence or
 frequency penalty, no logit_bias, no grammar, no logprobs asked), with speculation on for it
@@ -30,14 +29,13 @@ from service.generation import metrics
 from service.generation.cache import SlotCache
 from service.generation.sequence import Sequence
 
-DRAFT_TOKENS = 4  # k: draft tokens verified by a row's first pass, and after a pass that kept none
-# A pass that kept its whole draft lets the next one draft twice as many (up to MAX_DRAFT_TOKENS);
-# one that kept a tokens drafts 2a next (at least DRAFT_TOKENS). A pass costs less per token the
-# longer it is (CPU time, in steps: tinystories-gpt 1.62 / 2.07 / 3.08 at 5 / 9 / 17 tokens, a
-# GPT-2-small-shaped fp32 graph 1.25 / 1.59 / 2.31), so a row that quotes gains most from long drafts.
-MAX_DRAFT_TOKENS = 16
-# A pass of k + 1 tokens costs more than a step: a row whose last WINDOW passes kept fewer than
-# MIN_KEPT draft tokens each pauses for PAUSE steps.
+DRAFT_TOKENS = 4  # k: draft tokens verified per pass
+# Drafts that grew after a fully kept pass (twice as long, up to 16 tokens: a pass of 17 tokens costs
+# 3.08 steps on tinystories-gpt, 2.31 on a GPT-2-small-shaped fp32 graph) were tried on a quoting
+# fine-tune of tinystories-gpt: quoting 1.44-1.53x against 1.40-1.48x with k = 4, free generation
+# 0.88-0.90x against 0.99-1.14x (docs/performance.md); not kept.
+# A pass of k + 1 tokens costs more than a step (1.62 steps at k = 4 on tinystories-gpt, CPU time):
+# a row whose last WINDOW passes kept fewer than MIN_KEPT draft tokens each pauses for PAUSE steps.
 WINDOW, MIN_KEPT, PAUSE = 4, 1.0, 16
 # Suffix lengths looked up, longest first. On tinystories-gpt's outputs the last 3 tokens' drafts kept
 # 0.94-1.56 tokens a pass; with 2 and 1 as fallbacks, twice as many passes kept 0.64-0.65 (under 1.65 - 1).
@@ -47,7 +45,8 @@ DRIFT_LIMIT = 1e-3  # largest logit difference between passes that serves both f
 
 
 def draft(tokens: np.ndarray, k: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the longest suffix (n in NGRAMS) found."""
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix (n in NGRAMS)
+    found. The reference `Lookup` keeps to; it scans every token each call."""
     for n in NGRAMS:
         if len(tokens) <= n:
             continue
@@ -57,6 +56,36 @@ def draft(tokens: np.ndarray, k: int) -> list[int]:
             start = int(found[-1]) + n
             return tokens[start : start + k].tolist()
     return []
+
+
+class Lookup:
+    """`draft` for one row, kept as the row grows: every n-gram (n in NGRAMS) of its tokens is
+    indexed once, by where its latest occurrence ends, so a step's lookup costs a few dict reads
+    where a scan of the whole row cost ~23 us at 200 tokens (7 % of a tinystories-gpt decode step's
+    thread time, py-spy). A row's tokens only grow: rejected draft tokens never join them."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in NGRAMS}  # n -> n-gram -> its end
+        self.indexed = dict.fromkeys(NGRAMS, 0)  # n -> n-grams indexed: those starting before it
+
+    def draft(self, prompt: list[int], generated: list[int], k: int) -> list[int]:
+        """Up to k tokens after the latest earlier occurrence of the row's longest suffix found."""
+        tokens = self.tokens
+        if not tokens:
+            tokens.extend(prompt)
+        tokens.extend(generated[len(tokens) - len(prompt) :])
+        for n in NGRAMS:
+            if len(tokens) <= n:
+                continue
+            ends, first = self.ends[n], self.indexed[n]
+            for start in range(first, len(tokens) - n):  # every n-gram but the suffix itself
+                ends[tuple(tokens[start : start + n])] = start + n
+            self.indexed[n] = max(first, len(tokens) - n)
+            end = ends.get(tuple(tokens[-n:]))
+            if end is not None:
+                return tokens[end : end + k]
+        return []
 
 
 def pass_drifts(cache: SlotCache) -> tuple[float, float]:
@@ -106,8 +135,10 @@ class Speculator:
             return None
         start = int(self.cache.lengths[0])
         room = min(self.cache.max_length - start - 1, seq.params.max_new_tokens - len(seq.generated) - 1)
-        k = seq.draft_tokens or DRAFT_TOKENS
-        proposal = draft(np.asarray(seq.cache_ids), min(k, room)) if room > 0 else []
+        if seq.lookup is None:
+            seq.lookup = Lookup()
+        k = min(DRAFT_TOKENS, room)
+        proposal = seq.lookup.draft(seq.prompt_ids, seq.generated, k) if room > 0 else []
         if not proposal:
             return None
         logits = self.cache.extend(0, [seq.generated[-1], *proposal])  # (k + 1, V)
@@ -118,7 +149,6 @@ class Speculator:
         self.cache.lengths[0] = start + 1 + agreed  # the last token and the agreed draft; the rest rewound
         self._accepted.inc(agreed)
         self._rejected.inc(len(proposal) - agreed)
-        seq.draft_tokens = min(MAX_DRAFT_TOKENS, max(DRAFT_TOKENS, 2 * agreed))
         passes, kept = passes + 1, kept + agreed
         if passes < WINDOW:
             seq.drafts = (passes, kept, 0)

@@ -19,7 +19,7 @@ from service.generation.cache import SlotCache
 from service.generation.decoding import SamplingParams
 from service.generation.prefix import MIN_TOKENS, PrefixCache
 from service.generation.sequence import Sequence
-from service.generation.speculate import draft
+from service.generation.speculate import Lookup, draft
 from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb
 from tests.fixtures.server import metric
@@ -123,6 +123,18 @@ def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
     assert draft(tokens, 2) == [4, 5]  # "1 2 3" last seen before at 5, followed by 4 5
     assert draft(np.asarray([1, 2, 3, 4, 8, 4]), 3) == []  # only "4" recurs: no 3-token suffix seen before
     assert draft(np.asarray([1, 2, 3]), 4) == []
+
+
+def test_a_rows_lookup_drafts_what_a_whole_scan_does_as_the_row_grows():
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # few distinct tokens, so suffixes recur, sometimes overlapping themselves
+        prompt = rng.integers(0, 4, int(rng.integers(0, 12))).tolist()
+        generated: list[int] = []
+        lookup = Lookup()
+        for _ in range(60):
+            k = int(rng.integers(1, 17))
+            assert lookup.draft(prompt, generated, k) == draft(np.asarray(prompt + generated), k)
+            generated += rng.integers(0, 4, int(rng.integers(1, 4))).tolist()  # a pass may keep several
 
 
 @pytest.mark.parametrize(("limit", "cache_on"), [(0.0, True), (-1.0, False)], ids=["steps-differ", "both-differ"])
