@@ -1,8 +1,9 @@
 """onnxruntime-genai as a side of bench/decode_peers.py, run by its own interpreter.
 
 onnxruntime-genai pins its own onnxruntime, so it lives in a virtual environment of its own
-(`--genai-python`; `pip install onnxruntime-genai transformers torch==2.13.0` there) and this module
-imports nothing of the project's: only numpy and onnxruntime_genai, plus its model builder.
+(`--genai-python`; `pip install onnxruntime-genai onnx onnx-ir transformers torch==2.13.0` there:
+its builder imports onnx_ir) and this module imports nothing of the project's: only numpy and
+onnxruntime_genai, plus its model builder.
 
     python -m bench.genai_side build --hf FOLDER --out DIR --precision int4 --threads 1
     python -m bench.genai_side run --model DIR --prompts FILE.json --streams 1,8 --new-tokens 128
