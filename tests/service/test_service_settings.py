@@ -183,3 +183,23 @@ def test_auto_serves_int8_on_cpu_only_when_the_gate_judged_its_quality(tiny_mode
     finally:
         cpu.close()
         cuda.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "spins"),
+    [
+        ({"intra_op_threads": 1, "compute_workers": 1}, False),  # one thread: no pool to spin
+        ({"intra_op_threads": 2, "compute_workers": 1}, True),  # the threads have the 2 cores
+        ({"intra_op_threads": 2, "compute_workers": 2}, False),  # 4 threads on 2 cores
+        ({"intra_op_threads": 2, "compute_workers": 1, "workers": 2}, False),  # two processes of 2
+    ],
+)
+def test_intra_op_threads_spin_only_where_they_have_cores_to_themselves(monkeypatch, flags, spins):
+    monkeypatch.setattr("service.worker.usable_cores", lambda: 2)
+    runtime = Runtime(Settings.from_env(env={}, models="models", device="cpu", **flags))
+    try:
+        assert runtime.spins is spins
+        entry = runtime.session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spins else "0")
+    finally:
+        runtime.close()
