@@ -115,7 +115,7 @@ class Runtime:
         woken for every kernel. Where the threads outnumber the cores, spinning burns the CPU that
         parallel batches and other processes need.
         """
-        from service.worker import usable_cores
+        from service.settings import usable_cores  # at the call: tests replace it
 
         s = self.settings
         processes = max(1, s.workers) * (max(1, s.engines) if s.frontends > 0 else 1)

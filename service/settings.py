@@ -16,6 +16,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "TS_"
@@ -380,3 +381,13 @@ def _parse(f: dataclasses.Field, raw: str, source: str) -> Any:
         return kind(raw)
     except ValueError as e:
         raise ValueError(f"{source}={raw!r}: expected {kind.__name__}") from e
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 quota (a container's CPU limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))

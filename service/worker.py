@@ -17,9 +17,8 @@ import os
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from pathlib import Path
 
-from service.settings import Settings
+from service.settings import Settings, usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +128,3 @@ def on_cuda(settings: Settings) -> bool:
 
         return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     return False
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on: its affinity, capped by a cgroup v2 quota (a container's CPU limit)."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-    except (OSError, ValueError):
-        return cores
-    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))

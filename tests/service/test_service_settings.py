@@ -195,7 +195,7 @@ def test_auto_serves_int8_on_cpu_only_when_the_gate_judged_its_quality(tiny_mode
     ],
 )
 def test_intra_op_threads_spin_only_where_they_have_cores_to_themselves(monkeypatch, flags, spins):
-    monkeypatch.setattr("service.worker.usable_cores", lambda: 2)
+    monkeypatch.setattr("service.settings.usable_cores", lambda: 2)
     runtime = Runtime(Settings.from_env(env={}, models="models", device="cpu", **flags))
     try:
         assert runtime.spins is spins
