@@ -88,11 +88,16 @@ def service_side(args) -> dict:
         server.stop()
 
 
+def peer_dir(args, peer: str, kind: str) -> Path:
+    """Where a peer's conversion of --hf is kept: per folder and type, since --work outlives a run."""
+    return args.work / f"{peer}-{args.hf.resolve().name}-{kind}"
+
+
 def ct2_dir(args, compute_type: str) -> Path:
     """The folder converted by CTranslate2's own converter (once per folder and type, under --work)."""
     import ctranslate2
 
-    out = args.work / f"ct2-{args.hf.resolve().name}-{compute_type}"  # per folder: --work outlives a run
+    out = peer_dir(args, "ct2", compute_type)
     if not (out / "model.bin").is_file():
         started = time.perf_counter()
         ctranslate2.converters.TransformersConverter(str(args.hf)).convert(
@@ -140,7 +145,7 @@ def ct2_side(args, compute_type: str) -> dict:
 def genai_dir(args, precision: str) -> Path:
     """The folder converted by onnxruntime-genai's builder (once per folder and precision, under --work); its
     genai_config.json set to --threads intra-op threads."""
-    out = args.work / f"genai-{args.hf.resolve().name}-{precision}"
+    out = peer_dir(args, "genai", precision)
     flags = ["--hf", str(args.hf), "--out", str(out), "--precision", precision, "--threads", str(args.threads)]
     built = run_worker("bench.genai_side", "build", *flags, python=args.genai_python)["built_s"]
     if built:
@@ -152,7 +157,7 @@ def genai_side(args, precision: str) -> dict:
     """One onnxruntime-genai round, in the genai interpreter, on the same prompt ids as the others."""
     work = args.work / "prompts.json"
     work.write_text(json.dumps(prompts(args.vocab, max(args.streams), args.prompt_tokens)))
-    flags = ["--model", str(args.work / f"genai-{args.hf.resolve().name}-{precision}"), "--prompts", str(work)]
+    flags = ["--model", str(peer_dir(args, "genai", precision)), "--prompts", str(work)]
     flags += ["--streams", ",".join(map(str, args.streams)), "--new-tokens", str(args.new_tokens)]
     return run_worker("bench.genai_side", "run", *flags, timeout=1800, python=args.genai_python)
 

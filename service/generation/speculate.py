@@ -23,7 +23,6 @@ step, so drafts that do not agree make decoding slower. docs/design/generation.m
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from service.generation import metrics
 from service.generation.cache import SlotCache
@@ -44,25 +43,12 @@ PROBE_TOKENS = 64  # pass_drift's sequence: a prefix, then the rest in one pass 
 DRIFT_LIMIT = 1e-3  # largest logit difference between passes that serves both features (fp32: ~1e-5)
 
 
-def draft(tokens: np.ndarray, k: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the longest suffix (n in NGRAMS)
-    found. The reference `Lookup` keeps to; it scans every token each call."""
-    for n in NGRAMS:
-        if len(tokens) <= n:
-            continue
-        windows = sliding_window_view(tokens[:-1], n)  # every n-gram but the suffix itself
-        found = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-        if found.size:
-            start = int(found[-1]) + n
-            return tokens[start : start + k].tolist()
-    return []
-
-
 class Lookup:
-    """`draft` for one row, kept as the row grows: every n-gram (n in NGRAMS) of its tokens is
-    indexed once, by where its latest occurrence ends, so a step's lookup costs a few dict reads
-    where a scan of the whole row cost ~23 us at 200 tokens (7 % of a tinystories-gpt decode step's
-    thread time, py-spy). A row's tokens only grow: rejected draft tokens never join them."""
+    """One row's drafts: up to k tokens that followed the latest earlier occurrence of its longest
+    suffix (n in NGRAMS) found. Every n-gram of the row is indexed once, by where its latest
+    occurrence ends, as the row grows, so a step's lookup costs a few dict reads where a scan of the
+    whole row cost ~23 us at 200 tokens (7 % of a tinystories-gpt decode step's thread time,
+    py-spy). A row's tokens only grow: rejected draft tokens never join them."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
@@ -70,7 +56,6 @@ class Lookup:
         self.indexed = dict.fromkeys(NGRAMS, 0)  # n -> n-grams indexed: those starting before it
 
     def draft(self, prompt: list[int], generated: list[int], k: int) -> list[int]:
-        """Up to k tokens after the latest earlier occurrence of the row's longest suffix found."""
         tokens = self.tokens
         if not tokens:
             tokens.extend(prompt)
@@ -135,10 +120,11 @@ class Speculator:
             return None
         start = int(self.cache.lengths[0])
         room = min(self.cache.max_length - start - 1, seq.params.max_new_tokens - len(seq.generated) - 1)
+        if room <= 0:
+            return None
         if seq.lookup is None:
             seq.lookup = Lookup()
-        k = min(DRAFT_TOKENS, room)
-        proposal = seq.lookup.draft(seq.prompt_ids, seq.generated, k) if room > 0 else []
+        proposal = seq.lookup.draft(seq.prompt_ids, seq.generated, min(DRAFT_TOKENS, room))
         if not proposal:
             return None
         logits = self.cache.extend(0, [seq.generated[-1], *proposal])  # (k + 1, V)

@@ -19,7 +19,7 @@ from service.generation.cache import SlotCache
 from service.generation.decoding import SamplingParams
 from service.generation.prefix import MIN_TOKENS, PrefixCache
 from service.generation.sequence import Sequence
-from service.generation.speculate import Lookup, draft
+from service.generation.speculate import NGRAMS, Lookup
 from service.manifest import load_model_dir
 from service.proto import inference_pb2 as pb
 from tests.fixtures.server import metric
@@ -118,11 +118,25 @@ async def test_per_request_switch_overrides_the_server(start_server):
     assert bad.status_code == 400 and "speculative" in bad.text
 
 
+def scan(tokens: list[int], k: int) -> list[int]:
+    """The drafts' definition, by a scan of every token: up to k tokens that followed the latest
+    earlier occurrence of the longest suffix (n in NGRAMS) found."""
+    for n in NGRAMS:
+        starts = [s for s in range(len(tokens) - n) if tokens[s : s + n] == tokens[-n:]]
+        if len(tokens) > n and starts:
+            return tokens[starts[-1] + n : starts[-1] + n + k]
+    return []
+
+
+def draft(tokens: list[int], k: int) -> list[int]:
+    return Lookup().draft(tokens, [], k)
+
+
 def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
-    tokens = np.asarray([1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 1, 2, 3])
+    tokens = [1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 1, 2, 3]
     assert draft(tokens, 2) == [4, 5]  # "1 2 3" last seen before at 5, followed by 4 5
-    assert draft(np.asarray([1, 2, 3, 4, 8, 4]), 3) == []  # only "4" recurs: no 3-token suffix seen before
-    assert draft(np.asarray([1, 2, 3]), 4) == []
+    assert draft([1, 2, 3, 4, 8, 4], 3) == []  # only "4" recurs: no 3-token suffix seen before
+    assert draft([1, 2, 3], 4) == []
 
 
 def test_a_rows_lookup_drafts_what_a_whole_scan_does_as_the_row_grows():
@@ -133,7 +147,7 @@ def test_a_rows_lookup_drafts_what_a_whole_scan_does_as_the_row_grows():
         lookup = Lookup()
         for _ in range(60):
             k = int(rng.integers(1, 17))
-            assert lookup.draft(prompt, generated, k) == draft(np.asarray(prompt + generated), k)
+            assert lookup.draft(prompt, generated, k) == scan(prompt + generated, k)
             generated += rng.integers(0, 4, int(rng.integers(1, 4))).tolist()  # a pass may keep several
 
 
