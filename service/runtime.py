@@ -118,7 +118,7 @@ class Runtime:
         from service.settings import usable_cores  # at the call: tests replace it
 
         s = self.settings
-        processes = max(1, s.workers) * (max(1, s.engines) if s.frontends > 0 else 1)
+        processes = max(1, s.engines) if s.frontends > 0 else max(1, s.workers)  # as the supervisor counts them
         return s.intra_op_threads > 1 and processes * s.compute_workers * s.intra_op_threads <= usable_cores()
 
     def session_options(self) -> ort.SessionOptions:
