@@ -70,9 +70,12 @@ async def test_auto_times_both_layouts_and_says_which_serves(start_server):
         assert MEASURED.match(got[name]["serving.execution_chosen_by"]), got[name]["serving.execution_chosen_by"]
     for _ in range(2 * MIN_SAMPLES):  # one call at a time: a batch each, both layouts timed on them
         await vectors(auto, texts[:2])
-    chosen = (await infos(auto))["tiny-embed"]["serving.execution_chosen_by"]
+    now = (await infos(auto))["tiny-embed"]
+    chosen = now["serving.execution_chosen_by"]
     assert re.match(r"^measured on the traffic: packed \d+\.\d\d us a token \(\d+ batches\), padded ", chosen), chosen
-    layout = got["tiny-embed"]["serving.execution"]
+    # the layout serving now: the traffic may have changed the one the load chose (packed and padded
+    # agree to ~1e-7, not bit for bit); the next batch is no exploring one (it comes 1 in 50 at most)
+    layout = now["serving.execution"]
     pinned = await start_server(encoder_layout=layout)
     why = f"settings (encoder_layout {layout})"
     pinned_by = (await infos(pinned))["tiny-embed"]["serving.execution_chosen_by"]
@@ -80,7 +83,10 @@ async def test_auto_times_both_layouts_and_says_which_serves(start_server):
     assert pinned_by.startswith(why) and (
         pinned_by == why if layout == "packed" else PASSES.fullmatch(pinned_by[len(why) :])
     ), pinned_by
-    np.testing.assert_array_equal(await vectors(auto, texts), await vectors(pinned, texts))
+    # one input a call: a padded batch of mixed lengths may split into passes, by a pass's cost that
+    # each server measures at its own load (and a row's padding moves its last bits)
+    for text in texts:
+        np.testing.assert_array_equal(await vectors(auto, [text]), await vectors(pinned, [text]), err_msg=layout)
 
 
 @pytest.mark.parametrize(
