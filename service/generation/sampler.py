@@ -11,7 +11,8 @@ done per batch, not per row (vLLM's sampler: one pass over the (B, V) logits):
   order, a top-p row ranks only the likeliest candidates its nucleus needs (`_nucleus`);
 - per row only what exactness needs: its nucleus, the sum over its own top-p prefix (numpy's
   pairwise summation rounds by length), its one draw from its own generator (a seeded request gives the
-  same tokens in any batch) and the search of that draw in its cumulative distribution.
+  same tokens in any batch) and the search of that draw in its cumulative distribution (without
+  top-k and top-p, by blocks: `_draw_unranked`).
 A row whose own work raises gets its exception back in place of a token; the others are unaffected.
 """
 
@@ -194,9 +195,28 @@ def _draw_ranked(probs: np.ndarray, order: np.ndarray, n: int, cut: bool, rng: n
     return int(order[min(i, n - 1)])
 
 
+DRAW_BLOCK = 256  # tokens a block: the unranked draw finds its block, then its token within it
+
+
 def _draw_unranked(e: np.ndarray, rng: np.random.Generator | None) -> int:
-    """One row's draw over the whole vocabulary in token-id order (e: unnormalised probabilities)."""
+    """One row's draw over the whole vocabulary in token-id order (e: unnormalised probabilities):
+    the draw's block from the running sum of the blocks' sums, then its token from the running sum
+    within that block. The same distribution as one running sum over the vocabulary, whose
+    sequential float64 adds cost 168 us a row at 50,257 tokens (the blocks' sums are pairwise, and
+    this costs ~20 us): a token differs only where the draw falls within rounding (~1e-12 of the
+    mass) of its edge. A token of zero probability is never drawn."""
     assert rng is not None, "greedy rows take the argmax and never draw"
-    cdf = np.cumsum(e, out=_SCRATCH.take("cdf", e.size))
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return min(i, e.size - 1)
+    full = e.size - e.size % DRAW_BLOCK
+    sums = e[:full].reshape(-1, DRAW_BLOCK).sum(axis=1)
+    if full < e.size:
+        sums = np.append(sums, e[full:].sum())
+    cum = np.cumsum(sums)  # the mass up to each block's end
+    target = rng.random() * cum[-1]
+    b = min(int(np.searchsorted(cum, target, side="right")), cum.size - 1)  # a block of positive mass
+    start = b * DRAW_BLOCK
+    block = e[start : start + DRAW_BLOCK]
+    i = int(np.searchsorted(np.cumsum(block), target - (cum[b - 1] if b else 0.0), side="right"))
+    if i >= block.size:  # past the block's own running sum by rounding: its last token of positive mass
+        positive = np.flatnonzero(block > 0)
+        i = int(positive[-1]) if positive.size else block.size - 1
+    return start + i

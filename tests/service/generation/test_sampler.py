@@ -3,13 +3,15 @@ top-p, seeds) and the same tokens as a per-row reference, written here, for any 
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.generation.decoding import SamplingParams, check_params, make_rng
-from service.generation.sampler import Row, choose_tokens
+from service.generation.sampler import Row, _draw_unranked, choose_tokens
 
 NO_SEEN = np.zeros(0, np.int64)
 
@@ -215,6 +217,53 @@ def test_top_p_at_real_vocabulary_sizes_equals_ranking_the_whole_vocabulary(voca
             reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
         ]
         assert choose_tokens(logits, rows) == expected
+
+
+@pytest.mark.parametrize("vocab", [255, 256, 257, 5_000, 50_257, 151_936])
+@pytest.mark.parametrize("shape", ["peaked", "flat", "tied", "holes"])
+def test_the_unranked_draw_by_blocks_equals_one_running_sum(vocab, shape):
+    """Without top-k and top-p the draw finds its block of 256 tokens, then its token in it: the
+    reference's one running sum over the vocabulary gives the same tokens at real vocabulary sizes
+    (vocabularies around one block, GPT-2's, Qwen's), and a token of zero probability (`holes`:
+    whole blocks and scattered tokens at -inf) is never drawn."""
+    data = np.random.default_rng(vocab)
+    scale = {"peaked": 6.0, "flat": 0.05, "tied": 2.0, "holes": 1.0}[shape]
+    logits = data.normal(0, scale, size=(8, vocab))
+    if shape == "tied":
+        logits = np.round(logits)
+    if shape == "holes":
+        logits[:, data.random(vocab) < 0.5] = -np.inf
+        logits[:, : min(vocab, 300)] = -np.inf  # the first block, and into the second, empty
+        logits[:, -1] = 0.0  # one finite score at least
+    logits = logits.astype(np.float32)
+    params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0.3, 0.7, 1.0, 1.0, 1.5, 4.0, 0.9, 1.2])]
+    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
+    expected_rngs = [make_rng(p.seed) for p in params]
+    for _ in range(4):
+        expected = [
+            reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
+        ]
+        got = choose_tokens(logits, rows)
+        assert got == expected
+        assert all(np.isfinite(logits[i, t]) for i, t in enumerate(got))
+
+
+def test_the_unranked_draw_at_the_top_of_the_mass_takes_a_token_of_positive_probability():
+    """A draw of the largest float under 1 lands at the end of the mass, where the blocks' pairwise
+    sums and a block's running sum may disagree in the last bit: the token is the last one of
+    positive probability, never a zero-probability token after it."""
+
+    class Top:
+        def random(self) -> float:
+            return float(np.nextafter(1.0, 0.0))
+
+    data = np.random.default_rng(7)
+    for vocab in (300, 5_000, 50_257):
+        for _ in range(20):
+            e = data.random(vocab) * (data.random(vocab) < 0.3)
+            e[-data.integers(1, 200) :] = 0.0  # the mass ends inside the last block(s)
+            last = int(np.flatnonzero(e)[-1])
+            assert _draw_unranked(e, cast(np.random.Generator, Top())) == last
 
 
 def test_the_unranked_draw_follows_the_softmax():
