@@ -143,10 +143,11 @@ def _sample_group(s: np.ndarray, top_k: int, rows: list[Row]) -> list[int | Exce
     # the likeliest candidates are ranked, as many as its nucleus needs (_nucleus).
     e = np.subtract(s, s.max(axis=1, keepdims=True), out=_SCRATCH.take("work", *s.shape))
     np.exp(e, out=e)  # (n, V) unnormalised probabilities
-    total = e.sum(axis=1)  # (n,)
+    total = e.sum(axis=1) if cut.any() else None  # (n,): the top-p rows' normaliser
     for i, r in enumerate(rows):
         try:
             if cut[i]:
+                assert total is not None
                 probs, order, n = _nucleus(s[i], e[i], float(total[i]), float(top_p[i]))
                 out.append(_draw_ranked(probs, order, n, True, r.rng))
             else:
