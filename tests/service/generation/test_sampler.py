@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.generation.decoding import SamplingParams, check_params, make_rng
-from service.generation.sampler import Row, _draw_unranked, choose_tokens
+from service.generation.sampler import Row, _draw_unranked, _top_candidates, choose_tokens
 
 NO_SEEN = np.zeros(0, np.int64)
 
@@ -29,7 +29,8 @@ def reference_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> n
 
 def reference_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng: np.random.Generator) -> int:
     """One row of logits (V,) -> its token, sampled alone: argmax when greedy; with top_k, one draw
-    among the top_k most likely (stable order) whose mass before each is under top_p, renormalised;
+    among the first top_k of the whole vocabulary ranked (stable order: ties at the k-th score keep
+    the lower ids) whose mass before each is under top_p, renormalised;
     without, the whole vocabulary ranked (stable order) for top_p, else one draw in token-id order."""
     scores = reference_penalty(logits, seen, p.repetition_penalty)
     if p.greedy:
@@ -37,8 +38,7 @@ def reference_token(logits: np.ndarray, p: SamplingParams, seen: np.ndarray, rng
     s = scores.astype(np.float64) / p.temperature
     top_p = 0.0 < p.top_p < 1.0
     if 0 < p.top_k < s.size:
-        part = np.argpartition(-s, p.top_k - 1)[: p.top_k]
-        order = part[np.argsort(-s[part], kind="stable")]
+        order = np.argsort(-s, kind="stable")[: p.top_k]
         probs = np.exp(s[order] - s[order[0]])
         probs /= probs.sum()
     elif top_p:
@@ -264,6 +264,45 @@ def test_the_unranked_draw_at_the_top_of_the_mass_takes_a_token_of_positive_prob
             e[-data.integers(1, 200) :] = 0.0  # the mass ends inside the last block(s)
             last = int(np.flatnonzero(e)[-1])
             assert _draw_unranked(e, cast(np.random.Generator, Top())) == last
+
+
+@pytest.mark.parametrize("vocab", [300, 5_000, 50_257])
+@pytest.mark.parametrize("shape", ["peaked", "flat", "tied", "holes"])
+def test_top_k_at_real_vocabulary_sizes_equals_ranking_the_whole_vocabulary(vocab, shape):
+    """top-k takes the tokens scoring at least the k-th best, found among the few above a bound
+    from block maxima (or the whole row where k passes the number of blocks), and keeps the first k
+    of the stable ranking: the reference's ranking of the whole vocabulary, ties included."""
+    data = np.random.default_rng(vocab + 1)
+    scale = {"peaked": 6.0, "flat": 0.05, "tied": 2.0, "holes": 1.0}[shape]
+    logits = data.normal(0, scale, size=(8, vocab))
+    if shape == "tied":
+        logits = np.round(logits)
+    if shape == "holes":
+        logits[:, data.random(vocab) < 0.7] = -np.inf
+    logits = logits.astype(np.float32)
+    ks = [1, 2, 40, 50, 196, 197, 1_000, vocab - 1]
+    params = [SamplingParams(temperature=0.8, top_k=k, top_p=0.9 if i % 2 else 1.0, seed=i) for i, k in enumerate(ks)]
+    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
+    expected_rngs = [make_rng(p.seed) for p in params]
+    for _ in range(3):
+        expected = [
+            reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
+        ]
+        assert choose_tokens(logits, rows) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 2_000), st.integers(0, 2**32), st.sampled_from(["normal", "tied", "holes"]))
+def test_top_candidates_are_every_token_at_least_the_m_th_best(vocab, seed, shape):
+    data = np.random.default_rng(seed)
+    s = data.normal(0, 3, size=vocab)
+    if shape == "tied":
+        s = np.round(s)
+    if shape == "holes":
+        s[data.random(vocab) < 0.8] = -np.inf
+    m = int(data.integers(1, vocab + 1))
+    floor = np.sort(s)[::-1][m - 1]
+    np.testing.assert_array_equal(_top_candidates(s, m), np.flatnonzero(s >= floor))
 
 
 def test_the_unranked_draw_follows_the_softmax():
