@@ -35,9 +35,11 @@ def adjusted(scores: np.ndarray, logits: np.ndarray, rows) -> np.ndarray:
 
 
 def min_p_cut(s: np.ndarray, rows) -> np.ndarray:
-    """s (n, V) scores after temperature: each row's tokens below min_p x its likeliest at -inf."""
+    """s (n, V) scores after temperature, the sampler's own work array: each row's tokens below
+    min_p x its likeliest set to -inf in place (a new (n, V) array each step cost more than the rest
+    of the sampling, its pages mapped anew) -> s."""
     cut = np.asarray([r.params.min_p for r in rows], np.float64)
-    if not cut.any():
-        return s
-    floor = s.max(axis=1) + np.log(np.where(cut > 0, cut, 1e-300))  # (n,) log(min_p * p_max) - log Z
-    return np.where((cut[:, None] > 0) & (s < floor[:, None]), -np.inf, s)
+    for i in np.flatnonzero(cut > 0):
+        row = s[i]
+        row[row < row.max() + np.log(cut[i])] = -np.inf  # log(min_p * p_max) - log Z
+    return s
