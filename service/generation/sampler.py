@@ -141,7 +141,15 @@ def _sample_group(s: np.ndarray, top_k: int, rows: list[Row]) -> list[int | Exce
     # costs 4 ms a row; 152k, 15 ms). Without top-p a row draws in token-id order; with it, only
     # the likeliest candidates are ranked, as many as its nucleus needs (_nucleus).
     e = np.subtract(s, s.max(axis=1, keepdims=True), out=_SCRATCH.take("work", *s.shape))
-    np.exp(e, out=e)  # (n, V) unnormalised probabilities
+    holes = [i for i, r in enumerate(rows) if r.params.min_p > 0 or r.constraint is not None]
+    if not holes:
+        np.exp(e, out=e)  # (n, V) unnormalised probabilities
+    else:
+        for i in range(len(rows)):
+            if i in holes:
+                _exp_with_holes(e[i])
+            else:
+                np.exp(e[i], out=e[i])
     total = e.sum(axis=1) if cut.any() else None  # (n,): the top-p rows' normaliser
     for i, r in enumerate(rows):
         try:
@@ -154,6 +162,16 @@ def _sample_group(s: np.ndarray, top_k: int, rows: list[Row]) -> list[int | Exce
         except Exception as exc:
             out.append(exc)
     return out
+
+
+def _exp_with_holes(row: np.ndarray) -> None:
+    """exp in place of a row that min_p or a constraint left mostly at -inf: only its finite scores
+    go through exp (numpy's exp takes a slow path on -inf: 266 against 60 us a row of 50,257), the
+    rest become 0, as exp(-inf) is."""
+    finite = np.flatnonzero(row > -np.inf)
+    kept = np.exp(row[finite])
+    row[...] = 0.0
+    row[finite] = kept
 
 
 BOUND_BLOCK = 256  # tokens whose maximum bounds the m-th best score (_top_candidates)

@@ -305,6 +305,30 @@ def test_top_candidates_are_every_token_at_least_the_m_th_best(vocab, seed, shap
     np.testing.assert_array_equal(_top_candidates(s, m), np.flatnonzero(s >= floor))
 
 
+@pytest.mark.parametrize("vocab", [5_000, 50_257])
+def test_min_p_rows_equal_the_reference_on_the_cut_scores(vocab):
+    """A min_p row's cut tokens become -inf and only its finite scores go through exp: its tokens
+    are the reference's on the logits cut by hand (the same float64 comparison after temperature),
+    beside rows without min_p in the same batch."""
+    data = np.random.default_rng(vocab + 2)
+    logits = data.normal(0, 3, size=(6, vocab)).astype(np.float32)
+    params = [
+        SamplingParams(temperature=t, min_p=q, seed=i)
+        for i, (t, q) in enumerate([(0.8, 0.05), (1.0, 0.0), (1.3, 0.2), (0.5, 0.01), (1.0, 0.5), (0.9, 0.0)])
+    ]
+    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
+    expected_rngs = [make_rng(p.seed) for p in params]
+    for _ in range(3):
+        expected = []
+        for row, p, rng in zip(logits, params, expected_rngs, strict=True):
+            scaled = row.astype(np.float64) / p.temperature
+            cut = row.copy()
+            if p.min_p > 0:
+                cut[scaled < scaled.max() + np.log(p.min_p)] = -np.inf
+            expected.append(reference_token(cut, SamplingParams(temperature=p.temperature, seed=p.seed), NO_SEEN, rng))
+        assert choose_tokens(logits, rows) == expected
+
+
 def test_the_unranked_draw_follows_the_softmax():
     """Without top-k and top-p a row draws in token-id order: over 40,000 seeded rows the
     frequencies are the softmax's within 4.5 standard deviations."""
