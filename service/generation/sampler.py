@@ -196,9 +196,15 @@ def _top_candidates(s: np.ndarray, m: int) -> np.ndarray:
         candidates = np.flatnonzero(s >= bound)
     else:
         candidates = np.arange(vocab)
-    scores = s[candidates]
-    floor = np.partition(scores, scores.size - m)[scores.size - m]  # the m-th best score
-    return candidates[scores >= floor]
+    if candidates.size >= m:
+        scores = s[candidates]
+        floor = np.partition(scores, scores.size - m)[scores.size - m]  # the m-th best score
+        top = candidates[scores >= floor]
+        if top.size >= m:
+            return top
+    # NaN scores (a broken graph's output) compare false with everything: the first m of the stable
+    # ranking, NaN last, as ranking the whole row gives
+    return np.sort(np.argsort(-s, kind="stable")[:m])
 
 
 FIRST_CANDIDATES = 64  # tokens ranked first for a top-p row; x8 until its nucleus is inside
