@@ -86,7 +86,7 @@ async def test_sigterm_drains_streams_on_both_engines_and_exits_0(tiny_models_ro
             firsts = [await call.read() for call in calls]  # every one admitted (half an engine) and decoding
             assert all(first.token_ids for first in firsts)
             group.proc.send_signal(signal.SIGTERM)
-            ended = await asyncio.gather(*(_finished(c) for c in calls))
+            ended = await asyncio.gather(*(_finished(c, f) for c, f in zip(calls, firsts, strict=True)))
         assert all(ended), "a stream in flight at SIGTERM did not finish"
         assert await asyncio.to_thread(group.wait) == 0, "".join(group.log)
         stopped = [line for line in group.log if "service.split.engine: engine stopped" in line]
