@@ -174,22 +174,24 @@ def _exp_with_holes(row: np.ndarray) -> None:
     row[finite] = kept
 
 
-BOUND_BLOCK = 256  # tokens whose maximum bounds the m-th best score (_top_candidates)
+# Tokens a block: a block's maximum bounds an m-th best score (_top_candidates), the blocks' sums
+# find a draw's block (_draw_unranked).
+BLOCK = 256
 
 
 def _top_candidates(s: np.ndarray, m: int) -> np.ndarray:
     """One row's scores (V,) -> the ids of every token scoring at least its m-th best (ties
-    included), ascending. Where m is at most the number of blocks of BOUND_BLOCK tokens, the m-th
+    included), ascending. Where m is at most the number of blocks of BLOCK tokens, the m-th
     largest block maximum bounds that score from below (m blocks hold a token at least that high),
     so one comparison over the row leaves a few candidates and only they are partitioned: ~50 us a
     row at 50,257 tokens, where partitioning the row costs 360 us (argpartition 660-920)."""
     vocab = s.size
     if m >= vocab:
         return np.arange(vocab)
-    full = vocab - vocab % BOUND_BLOCK
-    blocks = full // BOUND_BLOCK
+    full = vocab - vocab % BLOCK
+    blocks = full // BLOCK
     if m <= blocks:
-        peaks = s[:full].reshape(blocks, BOUND_BLOCK).max(axis=1)
+        peaks = s[:full].reshape(blocks, BLOCK).max(axis=1)
         if full < vocab:
             peaks = np.append(peaks, s[full:].max())
         bound = np.partition(peaks, peaks.size - m)[peaks.size - m]  # <= the m-th best score
@@ -245,9 +247,6 @@ def _draw_ranked(probs: np.ndarray, order: np.ndarray, n: int, cut: bool, rng: n
     return int(order[min(i, n - 1)])
 
 
-DRAW_BLOCK = 256  # tokens a block: the unranked draw finds its block, then its token within it
-
-
 def _draw_unranked(e: np.ndarray, rng: np.random.Generator | None) -> int:
     """One row's draw over the whole vocabulary in token-id order (e: unnormalised probabilities):
     the draw's block from the running sum of the blocks' sums, then its token from the running sum
@@ -256,15 +255,15 @@ def _draw_unranked(e: np.ndarray, rng: np.random.Generator | None) -> int:
     this costs ~20 us): a token differs only where the draw falls within rounding (~1e-12 of the
     mass) of its edge. A token of zero probability is never drawn."""
     assert rng is not None, "greedy rows take the argmax and never draw"
-    full = e.size - e.size % DRAW_BLOCK
-    sums = e[:full].reshape(-1, DRAW_BLOCK).sum(axis=1)
+    full = e.size - e.size % BLOCK
+    sums = e[:full].reshape(-1, BLOCK).sum(axis=1)
     if full < e.size:
         sums = np.append(sums, e[full:].sum())
     cum = np.cumsum(sums)  # the mass up to each block's end
     target = rng.random() * cum[-1]
     b = min(int(np.searchsorted(cum, target, side="right")), cum.size - 1)  # a block of positive mass
-    start = b * DRAW_BLOCK
-    block = e[start : start + DRAW_BLOCK]
+    start = b * BLOCK
+    block = e[start : start + BLOCK]
     i = int(np.searchsorted(np.cumsum(block), target - (cum[b - 1] if b else 0.0), side="right"))
     if i >= block.size:  # past the block's own running sum by rounding: its last token of positive mass
         positive = np.flatnonzero(block > 0)

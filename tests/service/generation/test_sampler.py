@@ -196,27 +196,48 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert {one(logits, SamplingParams(temperature=1.0, top_p=0.7), rng=rng) for _ in range(300)} == {0, 1}
 
 
+SCALES = {"peaked": 6.0, "flat": 0.05, "tied": 2.0, "holes": 1.0}
+
+
+def shaped_logits(data: np.random.Generator, rows: int, vocab: int, shape: str, holes: float = 0.5) -> np.ndarray:
+    """(rows, vocab) float64 logits: peaked, flat, tied (rounded: runs of equal scores), or with
+    holes (that share of the vocabulary at -inf)."""
+    logits = data.normal(0, SCALES[shape], size=(rows, vocab))
+    if shape == "tied":
+        logits = np.round(logits)
+    if shape == "holes":
+        logits[:, data.random(vocab) < holes] = -np.inf
+    return logits
+
+
+def steps_equal_the_reference(logits: np.ndarray, params: list[SamplingParams], steps: int) -> list[list[int]]:
+    """`steps` consecutive steps of the batched sampler on the same logits, each equal to the
+    reference's tokens row by row (every row's generator advancing as the reference's) -> the tokens."""
+    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
+    expected_rngs = [make_rng(p.seed) for p in params]
+    tokens = []
+    for _ in range(steps):
+        expected = [
+            reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
+        ]
+        got = choose_tokens(logits, rows)
+        assert got == expected
+        tokens.append(got)
+    return tokens
+
+
 @pytest.mark.parametrize("vocab", [5_000, 50_257])
 @pytest.mark.parametrize("shape", ["peaked", "flat", "tied"])
 def test_top_p_at_real_vocabulary_sizes_equals_ranking_the_whole_vocabulary(vocab, shape):
     """The nucleus is found among the likeliest candidates (64, then 8x more), never by sorting the
     vocabulary; peaked logits end inside the first 64, flat ones grow the candidates to the whole
     vocabulary, tied ones put the candidates' edge inside a run of equal scores."""
-    data = np.random.default_rng(vocab)
-    scale = {"peaked": 6.0, "flat": 0.05, "tied": 2.0}[shape]
-    logits = data.normal(0, scale, size=(6, vocab))
-    logits = (np.round(logits) if shape == "tied" else logits).astype(np.float32)
+    logits = shaped_logits(np.random.default_rng(vocab), 6, vocab, shape).astype(np.float32)
     params = [
         SamplingParams(temperature=t, top_p=q, seed=i)
         for i, (t, q) in enumerate([(0.7, 0.9), (1.0, 0.5), (1.3, 0.95), (0.5, 0.999), (1.0, 0.05), (0.9, 0.8)])
     ]
-    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
-    expected_rngs = [make_rng(p.seed) for p in params]
-    for _ in range(3):
-        expected = [
-            reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
-        ]
-        assert choose_tokens(logits, rows) == expected
+    steps_equal_the_reference(logits, params, 3)
 
 
 @pytest.mark.parametrize("vocab", [255, 256, 257, 5_000, 50_257, 151_936])
@@ -226,25 +247,13 @@ def test_the_unranked_draw_by_blocks_equals_one_running_sum(vocab, shape):
     reference's one running sum over the vocabulary gives the same tokens at real vocabulary sizes
     (vocabularies around one block, GPT-2's, Qwen's), and a token of zero probability (`holes`:
     whole blocks and scattered tokens at -inf) is never drawn."""
-    data = np.random.default_rng(vocab)
-    scale = {"peaked": 6.0, "flat": 0.05, "tied": 2.0, "holes": 1.0}[shape]
-    logits = data.normal(0, scale, size=(8, vocab))
-    if shape == "tied":
-        logits = np.round(logits)
+    logits = shaped_logits(np.random.default_rng(vocab), 8, vocab, shape)
     if shape == "holes":
-        logits[:, data.random(vocab) < 0.5] = -np.inf
         logits[:, : min(vocab, 300)] = -np.inf  # the first block, and into the second, empty
         logits[:, -1] = 0.0  # one finite score at least
     logits = logits.astype(np.float32)
     params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0.3, 0.7, 1.0, 1.0, 1.5, 4.0, 0.9, 1.2])]
-    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
-    expected_rngs = [make_rng(p.seed) for p in params]
-    for _ in range(4):
-        expected = [
-            reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
-        ]
-        got = choose_tokens(logits, rows)
-        assert got == expected
+    for got in steps_equal_the_reference(logits, params, 4):
         assert all(np.isfinite(logits[i, t]) for i, t in enumerate(got))
 
 
@@ -272,23 +281,10 @@ def test_top_k_at_real_vocabulary_sizes_equals_ranking_the_whole_vocabulary(voca
     """top-k takes the tokens scoring at least the k-th best, found among the few above a bound
     from block maxima (or the whole row where k passes the number of blocks), and keeps the first k
     of the stable ranking: the reference's ranking of the whole vocabulary, ties included."""
-    data = np.random.default_rng(vocab + 1)
-    scale = {"peaked": 6.0, "flat": 0.05, "tied": 2.0, "holes": 1.0}[shape]
-    logits = data.normal(0, scale, size=(8, vocab))
-    if shape == "tied":
-        logits = np.round(logits)
-    if shape == "holes":
-        logits[:, data.random(vocab) < 0.7] = -np.inf
-    logits = logits.astype(np.float32)
+    logits = shaped_logits(np.random.default_rng(vocab + 1), 8, vocab, shape, holes=0.7).astype(np.float32)
     ks = [1, 2, 40, 50, 196, 197, 1_000, vocab - 1]
     params = [SamplingParams(temperature=0.8, top_k=k, top_p=0.9 if i % 2 else 1.0, seed=i) for i, k in enumerate(ks)]
-    rows = [Row(p, NO_SEEN, make_rng(p.seed)) for p in params]
-    expected_rngs = [make_rng(p.seed) for p in params]
-    for _ in range(3):
-        expected = [
-            reference_token(row, p, NO_SEEN, rng) for row, p, rng in zip(logits, params, expected_rngs, strict=True)
-        ]
-        assert choose_tokens(logits, rows) == expected
+    steps_equal_the_reference(logits, params, 3)
 
 
 @settings(max_examples=200, deadline=None)
