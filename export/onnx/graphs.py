@@ -426,24 +426,59 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
 # ---- variants, derived from the fp32 graph; the gate measures each against PyTorch ---------------
 
 
+HOLD_MIN_BYTES = 1 << 20  # weight matrices and tables; biases, norm scales and shapes stay readable
+
+
 def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model: int) -> dict[str, int]:
     """onnxruntime's transformer optimizer (fusions); -> the fused operator counts.
 
     model_type "bert" for encoders (EmbedLayerNormalization, Attention, BiasGelu,
     SkipLayerNormalization), "gpt2" for decoders (LayerNorm / Gelu / SkipLayerNorm fusions; our
     mask-and-cache attention is left unfused, which the gate checks is still exact).
-    """
-    from onnxruntime.transformers.optimizer import optimize_model
 
-    model = optimize_model(str(src), model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
+    A decoder's graph is optimized with its weight matrices held aside (store.hold_weights): the
+    optimizer's symbolic shape inference serializes and copies the model several times, which with
+    GPT-2 small's 583 MB took 20 of its 23 s, and refuses a model past protobuf's 2 GiB. The
+    decoder fusions read no weight matrix; one that did would fail loudly, and so would a shape
+    inference that failed without them: the whole graph is optimized then, as it always was. The
+    graph written is the same either way (tests/export/test_export_optimize.py). An encoder's
+    graph is optimized whole: BERT's Attention fusion joins its Q, K and V matrices into one.
+    """
+    model, how = None, "weights held aside"
+    if model_type != "bert":
+        model = _optimize(store.load(src), model_type, n_heads, d_model, hold=True)
+    if model is None:
+        model, how = _optimize(store.load(src), model_type, n_heads, d_model, hold=False), "whole graph"
     store.data_file(dst).unlink(missing_ok=True)
     big = store.external(model.model)  # its tensors beside it, as store.save does (same file name)
     model.save_model_to_file(str(dst), use_external_data_format=big, size_threshold=store.MIN_EXTERNAL_TENSOR)
     if big:
         store.data_file(dst).chmod(0o644)
     counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
-    log.info("optimized %s -> %s: %s", src.name, dst.name, counts)
+    log.info("optimized %s -> %s (%s): %s", src.name, dst.name, how, counts)
     return counts
+
+
+def _optimize(model: onnx.ModelProto, model_type: str, n_heads: int, d_model: int, hold: bool):
+    """optimize_model on model (changed in place); hold: with its weights held aside, and None
+    where a fusion read one or shape inference failed without them. -> the optimizer's OnnxModel."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    if not hold:
+        return optimize_model(model, model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
+    held = store.hold_weights(model, HOLD_MIN_BYTES)
+    try:
+        optimized = optimize_model(model, model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
+    except onnx.checker.ValidationError as e:  # onnx's reader, asked for a held weight
+        if store.HELD not in str(e):
+            raise
+        log.info("optimizer: a fusion reads a weight matrix (%s); running it on the whole graph", e)
+        return None
+    if not optimized.enable_shape_infer:  # the optimizer turns it off where it failed
+        log.info("optimizer: shape inference failed with the weights held aside; running it on the whole graph")
+        return None
+    store.restore_weights(optimized.model, held)
+    return optimized
 
 
 def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:

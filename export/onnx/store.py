@@ -71,6 +71,36 @@ def save(model: onnx.ModelProto, path: Path | str) -> Path | None:
     return data
 
 
+HELD = "held-by-the-caller"  # where a held weight says it is: no such file, so reading it fails loudly
+
+
+def hold_weights(model: onnx.ModelProto, min_bytes: int) -> dict[str, bytes]:
+    """Takes the bytes of every initializer of at least min_bytes out of model (in place), leaving
+    its name, type and shape, marked as stored outside in a file that does not exist: a tool that
+    reads such a weight fails rather than reading something else. A graph tool that only rewrites
+    nodes (a fusion, a shape inference) then works on a model of kilobytes; `restore_weights` puts
+    the bytes back. -> {name: bytes}."""
+    held: dict[str, bytes] = {}
+    for init in model.graph.initializer:
+        if init.HasField("raw_data") and len(init.raw_data) >= min_bytes:
+            held[init.name] = init.raw_data
+            init.ClearField("raw_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            init.external_data.add(key="location", value=HELD)
+    return held
+
+
+def restore_weights(model: onnx.ModelProto, held: dict[str, bytes]) -> None:
+    """Gives back what `hold_weights` took, to the initializers still in model (by name; a tool may
+    have dropped some); `held` is emptied as it goes, so the bytes are never in memory twice."""
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL and any(e.value == HELD for e in init.external_data):
+            init.raw_data = held.pop(init.name)
+            init.ClearField("external_data")
+            init.ClearField("data_location")
+    held.clear()
+
+
 def load(path: Path | str) -> onnx.ModelProto:
     """The graph at path with its tensors, wherever they are stored."""
     return onnx.load(str(path), load_external_data=True)
