@@ -203,6 +203,10 @@ class Generation:
     def reference(self) -> list[list[int]]:
         return parity.reference_generations(self.model, self.prompts)
 
+    @cached_property
+    def forced(self) -> parity.ForcedReference:
+        return parity.ForcedReference.decoder(self.model)
+
     def export(self, paths: dict[str, Path]) -> None:
         ox.export_decoder(self.model, paths["decoder"])
 
@@ -210,7 +214,9 @@ class Generation:
         model, graph = self.model, paths["decoder"]
         figures = parity.decoder_parity(model, graph, self.prompts, variant, reference=self.reference)
         if not exact(variant):
-            figures.update(parity.decoder_quality(model, graph, self.sample, self.sample_name, variant))
+            figures.update(
+                parity.decoder_quality(model, graph, self.sample, self.sample_name, variant, reference=self.forced)
+            )
         if variant == "fp16" and self.device == "cuda":
             figures["cuda"] = gpu_gate.decoder_figures(model, graph, self.prompts, self.reference)
         return figures
@@ -237,6 +243,10 @@ class Translation:
         return parity.reference_translations(self.model, self.sources)
 
     @cached_property
+    def forced(self) -> parity.ForcedReference:
+        return parity.ForcedReference.translator(self.model)
+
+    @cached_property
     def sample(self) -> tuple[str, Sequence[Any]]:
         start = self.model.config.decoder_start_token_id
         return self.quality_sample or (
@@ -260,7 +270,9 @@ class Translation:
         figures = parity.translator_parity(model, encoder, decoder, sources, variant, reference=ref)
         if not exact(variant):
             figures.update(
-                parity.translator_quality(model, encoder, decoder, self.sample[1], self.sample[0], variant=variant)
+                parity.translator_quality(
+                    model, encoder, decoder, self.sample[1], self.sample[0], variant=variant, reference=self.forced
+                )
             )
         if variant == "fp16" and self.device == "cuda":
             figures["cuda"] = gpu_gate.translator_figures(model, encoder, decoder, sources, ref)
@@ -271,7 +283,7 @@ class Translation:
             alone, peak = figures["packed"]["alone_max_abs_diff"], figures["packed"]["cross_kv_peak"]
             figures["packed"].update(
                 packed.translator_quality(
-                    model, paths["packed"], decoder, self.sample[1], self.sample[0], variant, alone, peak
+                    model, paths["packed"], decoder, self.sample[1], self.sample[0], variant, alone, peak, self.forced
                 )
             )
         return figures

@@ -502,6 +502,47 @@ def forced_logits(step: Step, seq: Sequence[int]) -> np.ndarray:
     return step(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int64)[None, :], None)[0][0]
 
 
+class ForcedReference:
+    """PyTorch's teacher-forced logits (T, V) per sequence, each computed once per export: the
+    quality gate of every reduced-precision variant (fp16, int8, int4; a translator's padded and
+    packed encoders alike) compares with the same rows, which PyTorch recomputed for each before
+    (GPT-2 small: 2.9 s a variant). Held by the model's kind (export/kinds.py); it keeps
+    (tokens x V) float32 logits, 200 MB for GPT-2 small's 996 gate tokens, held while the next
+    variant is built and gated, whose own peak is higher (docs/performance.md)."""
+
+    def __init__(self, compute: Callable[..., np.ndarray]):
+        self.compute = compute
+        self._rows: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, *key_parts: Sequence[int]) -> np.ndarray:
+        key = tuple(tuple(int(t) for t in part) for part in key_parts)
+        rows = self._rows.get(key)
+        if rows is None:
+            rows = self.compute(*key_parts)
+            rows.flags.writeable = False  # shared by every variant's gate
+            self._rows[key] = rows
+        return rows
+
+    @staticmethod
+    def decoder(model) -> ForcedReference:
+        """A `GPTDecoder`'s logits of one sequence's prefill (inputs seq[:-1])."""
+        step = torch_step(model)
+        return ForcedReference(lambda seq: forced_logits(step, seq))
+
+    @staticmethod
+    def translator(model) -> ForcedReference:
+        """A `Translator`'s decoder logits over a target (inputs tgt[:-1]), given its source."""
+
+        def compute(src: Sequence[int], tgt: Sequence[int]) -> np.ndarray:
+            ids = torch.tensor([list(src)])
+            mask = torch.ones_like(ids)
+            with torch.no_grad():
+                cross = model.encode(ids, mask)
+            return forced_logits(torch_step(lambda i, m, p, past: model.decode(i, m, p, past, cross, mask)), tgt)
+
+        return ForcedReference(compute)
+
+
 def _batch_diff(step: Step, seqs: Sequence[Sequence[int]], alone: Sequence[np.ndarray], pad_id: int) -> float:
     """Max abs difference between each sequence's prefill logits computed alone (`alone`) and
     computed together with the others in one left-padded batch, over its first BATCH_TOKENS
@@ -515,14 +556,21 @@ def _batch_diff(step: Step, seqs: Sequence[Sequence[int]], alone: Sequence[np.nd
     )
 
 
-def decoder_quality(model, graph: Path, sequences: Sequence[Sequence[int]], sample: str, variant: str = "int8") -> dict:
-    """Teacher-forced quality of a decoder graph vs `GPTDecoder` over token sequences (<= context)."""
-    ref, got = torch_step(model), onnx_step(session(graph), max_length=model.config.max_positions)
+def decoder_quality(
+    model,
+    graph: Path,
+    sequences: Sequence[Sequence[int]],
+    sample: str,
+    variant: str = "int8",
+    reference: ForcedReference | None = None,
+) -> dict:
+    """Teacher-forced quality of a decoder graph vs `GPTDecoder` over token sequences (<= context);
+    reference: the export's `ForcedReference.decoder(model)`, shared by its variants."""
+    ref = reference or ForcedReference.decoder(model)
+    got = onnx_step(session(graph), max_length=model.config.max_positions)
     alone = [forced_logits(got, s) for s in sequences]
     batch = _batch_diff(got, sequences[:BATCH_ROWS], alone[:BATCH_ROWS], model.config.pad_token_id)
-    return quality_figures(
-        ((forced_logits(ref, s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch, variant
-    )
+    return quality_figures(((ref(s), a, np.asarray(s[1:])) for s, a in zip(sequences, alone)), sample, batch, variant)
 
 
 def translator_quality(
@@ -533,11 +581,14 @@ def translator_quality(
     sample: str,
     encode: Callable | None = None,
     variant: str = "int8",
+    reference: ForcedReference | None = None,
 ) -> dict:
     """Teacher-forced quality of encoder + decoder graphs vs `Translator` over (source ids, target ids
     starting with the decoder start token) pairs, one pair at a time (no padding involved).
     encode: source rows -> (cross K/V, source mask) in place of the padded encoder graph's run
-    (the packed encoder, export/onnx/packed.py)."""
+    (the packed encoder, export/onnx/packed.py); reference: the export's
+    `ForcedReference.translator(model)`, shared by its variants and both encoders."""
+    reference = reference or ForcedReference.translator(model)
     dec, pad = session(decoder_graph), model.config.pad_token_id
     if encode is None:
         enc = session(encoder_graph)
@@ -550,18 +601,10 @@ def translator_quality(
         cross, mask = encode(src_rows)
         return onnx_step(dec, cross_feeds(cross, mask), model.config.max_positions)
 
-    refs, alone = [], []
-    for src, tgt in pairs:
-        ids = torch.tensor([src])
-        mask = torch.ones_like(ids)
-        with torch.no_grad():
-            ref_cross = model.encode(ids, mask)
-        ref = torch_step(lambda i, m, p, past, cross=ref_cross, mask=mask: model.decode(i, m, p, past, cross, mask))
-        refs.append(forced_logits(ref, tgt))
-        alone.append(forced_logits(graph_step([src]), tgt))
+    alone = [forced_logits(graph_step([src]), tgt) for src, tgt in pairs]
     head = pairs[:BATCH_ROWS]  # sources and targets of different lengths: both sides padded
     batch = _batch_diff(graph_step([s for s, _ in head]), [t for _, t in head], alone[:BATCH_ROWS], pad)
-    rows = ((r, a, np.asarray(t[1:])) for r, a, (_, t) in zip(refs, alone, pairs))
+    rows = ((reference(s, t), a, np.asarray(t[1:])) for a, (s, t) in zip(alone, pairs))
     return quality_figures(rows, sample, batch, variant)
 
 

@@ -490,17 +490,19 @@ def make_fp16(src: Path, dst: Path, keep_io_types: bool) -> None:
     """float16 weights and compute (for GPU). keep_io_types=True keeps float32 inputs/outputs.
 
     The converter clamps constants to +-1e4, so the masks' float32 minimum becomes -1e4 rather
-    than -inf and a fully masked row still gives finite values.
+    than -inf and a fully masked row still gives finite values. It types the graph first: onnx's
+    `infer_shapes_path` does that on the files, and the converter runs without its own shape
+    inference, which serializes the model in memory (refused past protobuf's 2 GiB; on GPT-2
+    small's 583 MB the same file in 6.7 instead of 8.3 s and 1.3 instead of 2.5 GB).
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    if not store.past_protobuf(src):
-        model = convert_float_to_float16(store.load(src), keep_io_types=keep_io_types)
-    else:  # its shape inference serializes the model: run onnx's on the files instead
-        typed = dst.with_name(f".{src.name}.typed.onnx")  # beside src: its data file's name still resolves
+    typed = dst.with_name(f".{src.name}.typed.onnx")  # beside src: its data file's name still resolves
+    try:
         onnx.shape_inference.infer_shapes_path(str(src), str(typed))
         model = convert_float_to_float16(store.load(typed), keep_io_types=keep_io_types, disable_shape_infer=True)
-        typed.unlink()
+    finally:
+        typed.unlink(missing_ok=True)
     store.save(model, dst)
 
 

@@ -362,6 +362,7 @@ def translator_quality(
     variant: str,
     alone_max_abs_diff: float,
     cross_kv_peak: float,
+    reference: parity.ForcedReference | None = None,
 ) -> dict:
     """A reduced-precision packed encoder with its decoder graph, teacher-forced on the sample as
     parity.translator_quality judges the padded ones; `quality_ok` also needs each source's cross
@@ -376,6 +377,7 @@ def translator_quality(
         sample,
         encode=lambda rows: translator_cross(sess, rows, pad, GATE_ROW_TOKENS[0], align),
         variant=variant,
+        reference=reference,
     )
     alone_ok = alone_max_abs_diff <= parity.batch_limit(variant, cross_kv_peak)
     figures["quality_ok"] = figures["quality_ok"] and alone_ok
