@@ -429,10 +429,8 @@ def export_translator(model: Translator, encoder_path: Path, decoder_path: Path)
 HOLD_MIN_BYTES = 1 << 20  # weight matrices and tables; biases, norm scales and shapes stay readable
 
 
-def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model: int) -> dict[str, int] | None:
-    """onnxruntime's transformer optimizer (fusions); -> the fused operator counts, or None where
-    nothing can be fused (a graph past protobuf's 2 GiB whose fusions need its weights; nothing
-    is written then).
+def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model: int) -> dict[str, int]:
+    """onnxruntime's transformer optimizer (fusions); -> the fused operator counts.
 
     model_type "bert" for encoders (EmbedLayerNormalization, Attention, BiasGelu,
     SkipLayerNormalization), "gpt2" for decoders (LayerNorm / Gelu / SkipLayerNorm fusions; our
@@ -441,7 +439,7 @@ def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model:
     A decoder's graph is optimized with its weight matrices held aside (store.hold_weights): the
     optimizer's symbolic shape inference serializes and copies the model several times, which
     took 4 of its 7.7 s on GPT-2 small's 583 MB (3.6 s now), and refuses a model past protobuf's
-    2 GiB (a 1.1B Llama now gets its 44 SkipSimplifiedLayerNormalization fusions). The decoder
+    2 GiB (held aside, a 1.1B Llama's fuses: export/build.py says why such a model gets none). The decoder
     fusions read no weight matrix; one that did would fail loudly, and so would a shape inference
     that failed without them: the whole graph is optimized then, as it always was. The graph
     written is the same either way (tests/export/test_export_optimize.py). An encoder's graph is
@@ -451,8 +449,6 @@ def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model:
     if model_type != "bert":
         model = _optimize(store.load(src), model_type, n_heads, d_model, hold=True)
     if model is None:
-        if store.past_protobuf(src):  # its shape inference refuses the whole model: nothing would be fused
-            return None
         model, how = _optimize(store.load(src), model_type, n_heads, d_model, hold=False), "whole graph"
     store.data_file(dst).unlink(missing_ok=True)
     big = store.external(model.model)  # its tensors beside it, as store.save does (same file name)
