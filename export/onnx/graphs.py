@@ -478,7 +478,9 @@ def _optimize(model: onnx.ModelProto, model_type: str, n_heads: int, d_model: in
     if not optimized.enable_shape_infer:  # the optimizer turns it off where it failed
         log.info("optimizer: shape inference failed with the weights held aside; running it on the whole graph")
         return None
-    store.restore_weights(optimized.model, held)
+    if missing := store.restore_weights(optimized.model, held):
+        log.info("optimizer: held weights copied under new names (%s); running it on the whole graph", missing[:3])
+        return None
     return optimized
 
 

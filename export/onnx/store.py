@@ -90,15 +90,22 @@ def hold_weights(model: onnx.ModelProto, min_bytes: int) -> dict[str, bytes]:
     return held
 
 
-def restore_weights(model: onnx.ModelProto, held: dict[str, bytes]) -> None:
+def restore_weights(model: onnx.ModelProto, held: dict[str, bytes]) -> list[str]:
     """Gives back what `hold_weights` took, to the initializers still in model (by name; a tool may
-    have dropped some); `held` is emptied as it goes, so the bytes are never in memory twice."""
+    have dropped some); `held` is emptied as it goes, so the bytes are never in memory twice.
+    -> the names of held initializers whose bytes are not in `held` (a tool copied one under a
+    new name): the model is not whole then."""
+    missing = []
     for init in model.graph.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL and any(e.value == HELD for e in init.external_data):
+            if init.name not in held:
+                missing.append(init.name)
+                continue
             init.raw_data = held.pop(init.name)
             init.ClearField("external_data")
             init.ClearField("data_location")
     held.clear()
+    return missing
 
 
 def load(path: Path | str) -> onnx.ModelProto:

@@ -46,8 +46,13 @@ def test_hold_and_restore_give_back_the_same_model():
     with pytest.raises(onnx.checker.ValidationError, match=store.HELD):
         numpy_helper.to_array(model.graph.initializer[0])  # read by mistake: loud
     np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[1]), small)
-    store.restore_weights(model, held)
+    kept = dict(held)
+    assert store.restore_weights(model, held) == []
     assert held == {} and model.SerializeToString() == before
+    # A held weight copied under a new name has no bytes to get back: said, not guessed.
+    store.hold_weights(model, big.nbytes)
+    model.graph.initializer[0].name = "w_copy"
+    assert store.restore_weights(model, kept) == ["w_copy"]
 
 
 @pytest.mark.parametrize("kind", ["generation", "translation"])
