@@ -11,8 +11,9 @@ Both are no-ops where the C library is not glibc.
 Every block mapped afresh costs a page fault per page touched: GPT-2 small's default conversion
 took 22.4 million minor faults (85 GB of 4 KiB pages zeroed by the kernel), 75 of its 178 s in
 the kernel, on an AMD EPYC VM. `python -m export` therefore runs in a process whose malloc asks for
-transparent huge pages (glibc's `glibc.malloc.hugetlb=1` tunable, read at start: `huge_pages_env`,
-export/__main__.py runs the CLI again with it), where the kernel grants them on request
+transparent huge pages (glibc's `glibc.malloc.hugetlb=1` tunable, read at start:
+`huge_pages_env` in service/memory.py; export/__main__.py runs the CLI again with it, as
+`python -m service` does), where the kernel grants them on request
 (/sys/kernel/mm/transparent_hugepage/enabled `madvise`): 2 MiB pages, a fault per 512 of the
 small ones (4.5 million faults, 36 s in the kernel, 119 s in all for that conversion).
 `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` in the caller's environment opts out.
@@ -23,15 +24,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import platform
-from collections.abc import Mapping
-from pathlib import Path
+
+from service.memory import HUGETLB, THP_ENABLED, huge_pages_env
+
+__all__ = ["HUGETLB", "THP_ENABLED", "huge_pages_env", "release", "settle"]
 
 log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-HUGETLB = "glibc.malloc.hugetlb"  # glibc 2.35+: 1 = madvise(MADV_HUGEPAGE) on what malloc maps
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MMAP_THRESHOLD = 1 << 20  # blocks of 1 MiB and more are mapped, and unmapped when freed
 
 _libc = None
@@ -63,22 +63,3 @@ def release() -> None:
     lib = _glibc()
     if lib is not None:
         lib.malloc_trim(0)
-
-
-def huge_pages_env(environ: Mapping[str, str], thp: Path = THP_ENABLED) -> dict[str, str] | None:
-    """environ with glibc's malloc asking for transparent huge pages (GLIBC_TUNABLES gains
-    `glibc.malloc.hugetlb=1`), or None where that would change nothing: the caller's tunables
-    already say (either way), the kernel grants huge pages only on request and this is not so
-    (`always` needs no asking, `never` refuses), or the C library is not glibc 2.35 or newer."""
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if HUGETLB in tunables:
-        return None
-    library, version = platform.libc_ver()
-    try:
-        if library != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
-            return None
-        if "[madvise]" not in thp.read_text():
-            return None
-    except (OSError, ValueError):
-        return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{HUGETLB}=1") if t)}

@@ -7,16 +7,19 @@
     python -m service --http-port 8080    # OpenAI-compatible HTTP beside gRPC (-1: off; service/http/)
 
 Exits 0 after a graceful SIGTERM / SIGINT shutdown, 1 when it cannot start (the log says why:
-a bad model directory, strict provider fallback, a port in use).
+a bad model directory, strict provider fallback, a port in use). Runs itself again at once with
+malloc on transparent huge pages where the kernel grants them on request (service/memory.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import sys
 
+from service.memory import huge_pages_env
 from service.settings import Settings
 from service.supervisor import Supervisor
 from service.worker import auto_engines, auto_frontends, auto_workers, configure_logging
@@ -49,4 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # The same command again, its malloc on transparent huge pages where the kernel grants them on
+    # request (service/memory.py `huge_pages_env`; GLIBC_TUNABLES=glibc.malloc.hugetlb=0 opts out).
+    if sys.executable and (env := huge_pages_env(os.environ)) is not None:
+        os.execve(sys.executable, sys.orig_argv, env)
     sys.exit(main())

@@ -26,6 +26,9 @@ import ctypes.util
 import gc
 import logging
 import os
+import platform
+from collections.abc import Mapping
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +119,32 @@ class MemoryTrimmer:
             if self.due(resident_bytes(), self._free_bytes()):
                 gc.collect()  # on the loop: finalizers of asyncio and grpc objects expect its thread
                 await asyncio.to_thread(self.trim)
+
+
+HUGETLB = "glibc.malloc.hugetlb"  # glibc 2.35+: 1 = madvise(MADV_HUGEPAGE) on what malloc maps
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages_env(environ: Mapping[str, str], thp: Path = THP_ENABLED) -> dict[str, str] | None:
+    """environ with glibc's malloc asking for transparent huge pages (GLIBC_TUNABLES gains
+    `glibc.malloc.hugetlb=1`), or None where that would change nothing: the caller's tunables
+    already say (either way), the kernel grants huge pages only on request and this is not so
+    (`always` needs no asking, `never` refuses), or the C library is not glibc 2.35 or newer.
+
+    `python -m service` and `python -m export` run again with it (glibc reads its tunables at
+    start). The service's decode steps read the KV cache in small pieces spread over gigabytes
+    (a row's keys per head, per layer) and its weights whole every step: on 4 KiB pages the TLB
+    misses cost GPT-2 small's int8 8-row step 4-5 % (docs/performance.md). Opt out with
+    `GLIBC_TUNABLES=glibc.malloc.hugetlb=0`."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if HUGETLB in tunables:
+        return None
+    library, version = platform.libc_ver()
+    try:
+        if library != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
+            return None
+        if "[madvise]" not in thp.read_text():
+            return None
+    except (OSError, ValueError):
+        return None
+    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{HUGETLB}=1") if t)}
