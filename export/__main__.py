@@ -19,7 +19,7 @@ import importlib
 import os
 import sys
 
-from export.memory import huge_pages_env
+from service.memory import huge_pages_env
 
 COMMANDS = {
     "models": "export.cli",

@@ -25,10 +25,6 @@ import ctypes
 import ctypes.util
 import logging
 
-from service.memory import HUGETLB, THP_ENABLED, huge_pages_env
-
-__all__ = ["HUGETLB", "THP_ENABLED", "huge_pages_env", "release", "settle"]
-
 log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

@@ -445,11 +445,14 @@ def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model:
     written is the same either way (tests/export/test_export_optimize.py). An encoder's graph is
     optimized whole: BERT's Attention fusion joins its Q, K and V matrices into one.
     """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    shape = {"model_type": model_type, "num_heads": n_heads, "hidden_size": d_model, "opt_level": 0}
     model, how = None, "weights held aside"
     if model_type != "bert":
-        model = _optimize(store.load(src), model_type, n_heads, d_model, hold=True)
+        model = _optimize_held(store.load(src), shape)
     if model is None:
-        model, how = _optimize(store.load(src), model_type, n_heads, d_model, hold=False), "whole graph"
+        model, how = optimize_model(store.load(src), **shape), "whole graph"
     store.data_file(dst).unlink(missing_ok=True)
     big = store.external(model.model)  # its tensors beside it, as store.save does (same file name)
     model.save_model_to_file(str(dst), use_external_data_format=big, size_threshold=store.MIN_EXTERNAL_TENSOR)
@@ -460,16 +463,15 @@ def make_optimized(src: Path, dst: Path, model_type: str, n_heads: int, d_model:
     return counts
 
 
-def _optimize(model: onnx.ModelProto, model_type: str, n_heads: int, d_model: int, hold: bool):
-    """optimize_model on model (changed in place); hold: with its weights held aside, and None
-    where a fusion read one or shape inference failed without them. -> the optimizer's OnnxModel."""
+def _optimize_held(model: onnx.ModelProto, shape: dict):
+    """optimize_model(model, **shape) with the model's weights held aside (model changed in place)
+    -> the optimizer's OnnxModel with them back, or None where a fusion read one, shape inference
+    failed without them, or one was copied under a new name."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    if not hold:
-        return optimize_model(model, model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
     held = store.hold_weights(model, HOLD_MIN_BYTES)
     try:
-        optimized = optimize_model(model, model_type=model_type, num_heads=n_heads, hidden_size=d_model, opt_level=0)
+        optimized = optimize_model(model, **shape)
     except onnx.checker.ValidationError as e:  # onnx's reader, asked for a held weight
         if store.HELD not in str(e):
             raise

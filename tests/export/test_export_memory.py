@@ -1,16 +1,15 @@
-"""The export CLI's malloc on transparent huge pages (export/memory.py `huge_pages_env`)."""
+"""The export CLI's malloc on transparent huge pages (service/memory.py `huge_pages_env`, which
+`python -m export` and `python -m service` run again with)."""
 
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from export import memory
+from service import memory
+from tests.fixtures.process import recorded_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,29 +51,12 @@ def test_not_without_a_glibc_that_knows_the_tunable(tmp_path, monkeypatch, libc)
     assert memory.huge_pages_env({}, tmp_path / "no-such-file") is None
 
 
-def _starts(tmp_path: Path, tunables: str | None) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """`python -m export` (no command: its usage, exit 2), each process start's GLIBC_TUNABLES
-    written down by a sitecustomize on PYTHONPATH."""
-    hook = tmp_path / "hook"
-    hook.mkdir(exist_ok=True)
-    log = tmp_path / "starts.txt"
-    log.unlink(missing_ok=True)
-    (hook / "sitecustomize.py").write_text(
-        f"import os\nwith open({str(log)!r}, 'a') as f:\n    f.write(os.environ.get('GLIBC_TUNABLES', '-') + '\\n')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT)])
-    if tunables is not None:
-        env["GLIBC_TUNABLES"] = tunables
-    done = subprocess.run([sys.executable, "-m", "export"], env=env, cwd=ROOT, capture_output=True, text=True)
-    return done, log.read_text().splitlines()
-
-
 def test_the_cli_runs_again_on_huge_pages_once(tmp_path):
     if memory.huge_pages_env({}) is None:
         pytest.skip("this machine's kernel or C library gives nothing to ask for")
-    done, starts = _starts(tmp_path, None)
+    done, starts = recorded_starts(tmp_path, ["-m", "export"], None)
     assert done.returncode == 2 and done.stdout.count("python -m export <command>") == 1, done
     assert starts == ["-", "glibc.malloc.hugetlb=1"]
-    done, starts = _starts(tmp_path, "glibc.malloc.hugetlb=0")  # the opt-out: one start, as it was
+    # the opt-out: one start, as it was
+    done, starts = recorded_starts(tmp_path, ["-m", "export"], "glibc.malloc.hugetlb=0")
     assert done.returncode == 2 and starts == ["glibc.malloc.hugetlb=0"]

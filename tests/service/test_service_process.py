@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import Client, embed_request
 from service import protogen
-from tests.fixtures.process import ServiceProcess, run_service
+from tests.fixtures.process import ServiceProcess, recorded_starts, run_service
 from tests.paths import ROOT
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -108,27 +108,6 @@ def test_port_in_use_refuses_to_start(embed_models_root):
     assert result.returncode == 1 and f"cannot bind gRPC to 127.0.0.1:{port}" in result.stderr
 
 
-def _starts(tmp_path, tunables: str | None) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """`python -m service --help` (its usage, exit 0), each process start's GLIBC_TUNABLES written
-    down by a sitecustomize on PYTHONPATH."""
-    import os
-
-    hook, log = tmp_path / "hook", tmp_path / "starts.txt"
-    hook.mkdir(exist_ok=True)
-    log.unlink(missing_ok=True)
-    (hook / "sitecustomize.py").write_text(
-        f"import os\nwith open({str(log)!r}, 'a') as f:\n    f.write(os.environ.get('GLIBC_TUNABLES', '-') + '\\n')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT)])
-    if tunables is not None:
-        env["GLIBC_TUNABLES"] = tunables
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--help"], env=env, cwd=ROOT, capture_output=True, text=True
-    )
-    return done, log.read_text().splitlines()
-
-
 def test_the_service_runs_again_on_huge_pages_once(tmp_path):
     """Its malloc on transparent huge pages (service/memory.py `huge_pages_env`): the KV cache and
     the weights read on 2 MiB pages, where the kernel grants them on request."""
@@ -136,8 +115,8 @@ def test_the_service_runs_again_on_huge_pages_once(tmp_path):
 
     if huge_pages_env({}) is None:
         pytest.skip("this machine's kernel or C library gives nothing to ask for")
-    done, starts = _starts(tmp_path, None)
+    done, starts = recorded_starts(tmp_path, ["-m", "service", "--help"], None)
     assert done.returncode == 0 and "--models" in done.stdout, done
     assert starts == ["-", "glibc.malloc.hugetlb=1"]
-    done, starts = _starts(tmp_path, "glibc.malloc.hugetlb=0")  # the opt-out: one start, as it was
+    done, starts = recorded_starts(tmp_path, ["-m", "service", "--help"], "glibc.malloc.hugetlb=0")  # the opt-out
     assert done.returncode == 0 and starts == ["glibc.malloc.hugetlb=0"]
